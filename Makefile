@@ -1,0 +1,32 @@
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= configs/example.yaml
+
+.PHONY: venv run test lint bench clean
+
+$(BIN)/mcp-supervisor: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/mcp-supervisor
+
+# The example's extensions are console scripts of this package: put the venv first on PATH.
+run: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/mcp-supervisor daemon -c $(CONFIG)
+
+test: venv
+	$(BIN)/ruff check supervisor tests bench
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+
+lint: venv
+	$(BIN)/ruff check supervisor tests bench
+	$(BIN)/ruff format --check supervisor tests bench
+
+bench: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/restart.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
