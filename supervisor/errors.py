@@ -1,0 +1,54 @@
+"""Errors that cross module boundaries. Each message is one sentence a user can act on."""
+
+from __future__ import annotations
+
+__all__ = (
+    "CallFailed",
+    "ExtensionUnavailable",
+    "SpawnError",
+    "StartFailed",
+    "SupervisorError",
+    "UnknownExtension",
+)
+
+
+class SupervisorError(Exception):
+    """Base class; ``str(exc)`` is shown to users as is."""
+
+
+class UnknownExtension(SupervisorError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no extension named {name!r} is configured")
+        self.name = name
+
+
+class ExtensionUnavailable(SupervisorError):
+    """The extension is not running. ``retryable`` when it is on its way back (starting, backoff)."""
+
+    def __init__(self, name: str, state: str, *, retryable: bool, detail: str | None = None) -> None:
+        message = f"extension {name!r} is {state}"
+        if detail:
+            message += f" ({detail})"
+        message += "; try again shortly" if retryable else ""
+        super().__init__(message)
+        self.name, self.state, self.retryable = name, state, retryable
+
+
+class CallFailed(SupervisorError):
+    """A tool call reached the extension but did not produce a result."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SpawnError(SupervisorError):
+    """The child process could not be started. ``permanent`` when retrying cannot help."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class StartFailed(SupervisorError):
+    """The child started but did not complete the MCP handshake and tool listing."""

@@ -1,0 +1,107 @@
+"""The extension state machine's vocabulary: states, exit records and the status snapshot.
+
+::
+
+                  start()                handshake ok
+    STOPPED ───────────────▶ STARTING ──────────────────▶ RUNNING
+       ▲                      ▲    │ spawn/handshake          │ exit / crash
+       │ stop()               │    │ failed                   ▼
+       │                      └────┴──────────────────── BACKOFF  (policy says restart)
+       │                                                      │
+    STOPPING ◀── stop() from any live state                   │ policy says give up,
+                                                              ▼ or a permanent error
+                                                           FAILED
+
+A snapshot is immutable and written by the extension's watcher task only, so readers
+(control socket, gateway) never take a lock and never see a half-updated record.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ("ExitStatus", "Snapshot", "State")
+
+
+class State(enum.StrEnum):
+    STOPPED = enum.auto()
+    STARTING = enum.auto()
+    RUNNING = enum.auto()
+    BACKOFF = enum.auto()
+    STOPPING = enum.auto()
+    FAILED = enum.auto()
+
+    @property
+    def is_live(self) -> bool:
+        """A watcher task exists for this state (it may be about to restart the child)."""
+        return self in (State.STARTING, State.RUNNING, State.BACKOFF, State.STOPPING)
+
+    @property
+    def is_transient(self) -> bool:
+        """The extension is on its way to running; a call may wait for it."""
+        return self in (State.STARTING, State.BACKOFF)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How one child process ended: an exit code, or the signal that killed it."""
+
+    returncode: int
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def describe(self) -> str:
+        return f"killed by {self.signal_name}" if self.signal_name else f"exited with code {self.returncode}"
+
+    def as_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"at": self.at.isoformat()}
+        if self.signal_name:
+            record["signal"] = self.signal_name
+        else:
+            record["code"] = self.returncode
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One extension's status at one moment."""
+
+    name: str
+    state: State
+    since: datetime
+    pid: int | None = None
+    restarts: int = 0  # automatic restarts since the extension was created
+    failures: int = 0  # consecutive runs that did not stay up for backoff.reset_after
+    last_exit: ExitStatus | None = None
+    last_error: str | None = None
+    tools: int = 0
+    next_restart: datetime | None = None
+    in_flight: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-ready status record of the control protocol."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "since": self.since.isoformat(),
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "failures": self.failures,
+            "last_exit": self.last_exit.as_dict() if self.last_exit else None,
+            "last_error": self.last_error,
+            "tools": self.tools,
+            "next_restart": self.next_restart.isoformat() if self.next_restart else None,
+            "in_flight": self.in_flight,
+        }
