@@ -1,0 +1,240 @@
+"""Child processes: spawn in a session of their own, notice exit at once, kill the whole tree.
+
+Exit detection uses a pidfd watched by the event loop, and we reap the child ourselves.
+``asyncio``'s ``Process.wait()`` is not enough: on CPython 3.11 it resolves only once every
+pipe is closed, so a grandchild holding stdout hides the exit (tests/test_process.py shows it).
+
+Every child and its descendants carry an environment marker. Teardown kills the process
+group and then sweeps marked processes, which finds descendants that left the group with
+``setsid``. A daemon start sweeps what a crashed earlier daemon left behind the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+import psutil
+import structlog
+
+from .errors import SpawnError
+
+__all__ = ("MARKER_ENV", "ChildProcess", "find_marked", "spawn", "sweep_marked", "terminate_tree")
+
+log = structlog.get_logger(__name__)
+
+MARKER_ENV = "MCP_SUPERVISOR_MARK"
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork and exec
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@dataclass(eq=False)
+class ChildProcess:
+    """A running child with non-blocking pipes and an exit event.
+
+    Resource handling: created by :func:`spawn`; :func:`terminate_tree` kills it and its
+    descendants and closes the pipes. The exit event fires when the child itself exits,
+    whatever its descendants do with the pipes.
+    """
+
+    pid: int
+    marker: str
+    stdin: asyncio.StreamWriter
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    exited: anyio.Event
+    _popen: subprocess.Popen[bytes]
+    _pipes: tuple[asyncio.BaseTransport, ...]
+    returncode: int | None = None
+    terminated: bool = False  # terminate_tree() has run to the end
+    _pidfd: int = -1
+
+    @property
+    def pgid(self) -> int:
+        return self.pid  # start_new_session: the child leads its group; never ask getpgid() after reaping
+
+    def _on_pidfd_readable(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        try:
+            _, status = os.waitpid(self.pid, 0)  # the pidfd says it exited: this cannot block
+            self.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:  # reaped elsewhere; the code is lost
+            self.returncode = 255
+        self._popen.returncode = self.returncode  # so Popen.__del__ does not track it as running
+        self.exited.set()
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self.stdin.close()
+
+    def close_pipes(self) -> None:
+        """Close our ends of all three pipes. Idempotent."""
+        for transport in self._pipes:
+            transport.close()
+
+
+async def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+    pipe_limit: int = 1 << 16,
+) -> ChildProcess:
+    """Start *argv* in a new session with stdio pipes; it dies with the daemon (PDEATHSIG).
+
+    *env* is the complete environment; the marker is added to it. Spawning happens in the
+    event loop's thread, which lives as long as the daemon, as PDEATHSIG fires when the
+    *thread* that forked the child exits.
+
+    Error handling: raises :class:`SpawnError`, ``permanent`` when retrying cannot help.
+    """
+    popen = _popen(argv, env={**env, MARKER_ENV: marker}, cwd=cwd)
+    with anyio.CancelScope(shield=True):  # a cancel here would leave a child nobody watches
+        return await _attach(popen, marker, pipe_limit)
+
+
+async def _attach(popen: subprocess.Popen[bytes], marker: str, pipe_limit: int) -> ChildProcess:
+    loop = asyncio.get_running_loop()
+    assert popen.stdin and popen.stdout and popen.stderr
+    stdout = asyncio.StreamReader(limit=pipe_limit)
+    stderr = asyncio.StreamReader(limit=pipe_limit)
+    out_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout
+    )
+    err_transport, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(stderr), popen.stderr
+    )
+    write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # provides drain() flow control
+    in_transport, _ = await loop.connect_write_pipe(lambda: write_protocol, popen.stdin)
+    stdin = asyncio.StreamWriter(in_transport, write_protocol, None, loop)
+
+    pipes = (in_transport, out_transport, err_transport)
+    child = ChildProcess(popen.pid, marker, stdin, stdout, stderr, anyio.Event(), popen, pipes)
+    child._pidfd = os.pidfd_open(popen.pid)
+    loop.add_reader(child._pidfd, child._on_pidfd_readable)
+    return child
+
+
+
+def _popen(argv: Sequence[str], *, env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
+    """fork+exec on the calling (event loop) thread; blocks only until exec succeeded or failed."""
+    parent_pid = os.getpid()
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=lambda: _die_with_parent(parent_pid),
+            close_fds=True,
+        )
+    except FileNotFoundError as exc:
+        what = f"working directory {cwd!r}" if cwd and not os.path.isdir(cwd) else f"command {argv[0]!r}"
+        raise SpawnError(f"{what} not found", permanent=True) from exc
+    except PermissionError as exc:
+        raise SpawnError(f"command {argv[0]!r} is not executable: {exc.strerror}", permanent=True) from exc
+    except OSError as exc:
+        raise SpawnError(f"cannot start {argv[0]!r}: {exc.strerror or exc}", permanent=False) from exc
+
+
+async def terminate_tree(child: ChildProcess, *, grace: float, term_grace: float = 3.0) -> None:
+    """Close stdin, wait up to *grace* s, SIGTERM the group, wait, SIGKILL, sweep marked strays.
+
+    Shielded and bounded: returns within about ``grace + term_grace + 2`` seconds even if the
+    caller is cancelled. Never raises. Afterwards no process carrying the child's marker is
+    alive (zombies aside, which are dead and only wait for their parent to reap them).
+    """
+    with anyio.CancelScope(shield=True):
+        child.close_stdin()
+        with anyio.move_on_after(grace):
+            await child.exited.wait()
+        for sig, wait in ((signal.SIGTERM, term_grace), (signal.SIGKILL, 2.0)):
+            strays = await anyio.to_thread.run_sync(find_marked, child.marker)
+            if child.returncode is None:
+                strays.add(child.pid)
+            if not strays:
+                break
+            _killpg_quietly(child.pgid, sig)
+            _kill_quietly(strays, sig)  # those that left the group with setsid
+            await _wait_gone(strays, wait)
+        with anyio.move_on_after(2.0):
+            await child.exited.wait()
+        child.close_pipes()
+        child.terminated = True
+
+
+async def sweep_marked(prefix: str, *, keep: str | None = None) -> int:
+    """SIGKILL every process whose marker starts with *prefix* (except marker prefix *keep*)."""
+    victims = await anyio.to_thread.run_sync(find_marked, prefix, keep)
+    _kill_quietly(victims, signal.SIGKILL)
+    await _wait_gone(victims, 2.0)
+    return len(victims)
+
+
+def find_marked(prefix: str, keep: str | None = None) -> set[int]:
+    """Pids of live (non-zombie) processes whose marker starts with *prefix*. Blocking: run in a thread."""
+    found: set[int] = set()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            mark = proc.environ().get(MARKER_ENV)
+        except (psutil.Error, OSError):  # gone, or another user's process
+            continue
+        if mark and mark.startswith(prefix) and not (keep and mark.startswith(keep)):
+            found.add(proc.pid)
+    return found
+
+
+def _killpg_quietly(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _kill_quietly(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+async def _wait_gone(pids: Iterable[int], within: float) -> None:
+    """Wait until every pid has exited (pidfd events, no polling), at most *within* s."""
+    loop = asyncio.get_running_loop()
+    waiters: list[tuple[int, asyncio.Future[None]]] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already gone
+            continue
+        future: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=future: f.done() or f.set_result(None))
+        waiters.append((fd, future))
+    try:
+        with anyio.move_on_after(within):
+            for _, future in waiters:
+                await future
+    finally:
+        for fd, _ in waiters:
+            loop.remove_reader(fd)
+            os.close(fd)

@@ -1,0 +1,81 @@
+"""Shared fixtures: real fixture servers, per-test process markers and a leftover check."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import process
+from supervisor.config import ExtensionConfig
+from supervisor.extension import Extension
+
+SERVERS = Path(__file__).parent / "servers"
+
+
+def server_argv(script: str, *args: str) -> list[str]:
+    return [sys.executable, str(SERVERS / script), *args]
+
+
+def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
+    """A config for a fixture server with test-friendly timings (no backoff unless asked)."""
+    settings: dict[str, Any] = {
+        "command": sys.executable,
+        "args": [str(SERVERS / script), *args],
+        "backoff": {"initial": 0.0, "jitter": 0.0, "reset_after": 60},
+        "start_timeout": 10,
+        "stop_timeout": 1,
+        "call_timeout": 10,
+    }
+    settings.update(overrides)
+    return ExtensionConfig.model_validate(settings)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def marker_prefix() -> Iterator[str]:
+    """A marker prefix of this test's own; after the test no process may carry it."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    leftovers = process.find_marked(prefix)
+    for pid in leftovers:  # clean up before failing, so one failure does not cascade
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    assert not leftovers, f"processes outlived the test: {sorted(leftovers)}"
+
+
+@pytest.fixture
+def make_extension(marker_prefix: str) -> Callable[..., Extension]:
+    def make(config: ExtensionConfig, name: str = "fx") -> Extension:
+        return Extension(name, config, environ=dict(os.environ), marker_prefix=marker_prefix)
+
+    return make
+
+
+@pytest.fixture
+async def task_group() -> AsyncIterator[anyio.abc.TaskGroup]:
+    """A long-lived task group standing in for the daemon's; cancelled (not awaited) at the end."""
+    async with anyio.create_task_group() as tg:
+        yield tg
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory: unix socket paths are limited to 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="mcps-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,213 @@
+"""process.py: spawning, exit detection by event, and killing whole process trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from supervisor import process
+from supervisor.errors import SpawnError
+
+from .conftest import server_argv
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+EXIT_LEAVING_GRANDCHILD = (
+    "import subprocess, sys\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])  # inherits stdout\n"
+    "sys.exit(3)\n"
+)
+
+ASYNCIO_WAIT_PROBE = """
+import asyncio, os, signal, subprocess, sys
+async def main():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import sys; sys.stdin.readline()\\n" + sys.argv[1],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    waiter = asyncio.ensure_future(proc.wait())
+    await asyncio.sleep(0.1)  # the watcher waits before the child exits
+    proc.stdin.write(b"go\\n")
+    while proc.returncode is None:
+        await asyncio.sleep(0.01)
+    done, _ = await asyncio.wait([waiter], timeout=0.5)
+    print("wait() returned" if done else "wait() blocked", flush=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    await waiter
+asyncio.run(main())
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def spawn(argv: list[str], marker: str, **kwargs: object) -> process.ChildProcess:
+    return await process.spawn(argv, env=dict(os.environ), cwd=None, marker=marker, **kwargs)  # type: ignore[arg-type]
+
+
+async def read_stderr_line(child: process.ChildProcess, startswith: str) -> str:
+    with anyio.fail_after(10):
+        while line := (await child.stderr.readline()).decode():
+            if line.startswith(startswith):
+                return line
+    raise AssertionError(f"no stderr line starting with {startswith!r}")
+
+
+class TestSpawn:
+    async def test_command_not_found_is_permanent(self, marker_prefix: str) -> None:
+        """A missing command is a permanent error that names the command."""
+        with pytest.raises(SpawnError, match="command 'no-such-command-xyz' not found") as info:
+            await spawn(["no-such-command-xyz"], marker_prefix)
+        assert info.value.permanent
+
+    async def test_not_executable_is_permanent(self, marker_prefix: str, tmp_path: Path) -> None:
+        """A file without the execute bit is a permanent error."""
+        script = tmp_path / "script.sh"
+        script.write_text("#!/bin/sh\n")
+        with pytest.raises(SpawnError, match="is not executable") as info:
+            await spawn([str(script)], marker_prefix)
+        assert info.value.permanent
+
+    async def test_missing_cwd_is_named(self, marker_prefix: str) -> None:
+        """A missing working directory is reported as such, not as a missing command."""
+        with pytest.raises(SpawnError, match="working directory '/no/such/dir' not found"):
+            await process.spawn([sys.executable], env={}, cwd="/no/such/dir", marker=marker_prefix)
+
+    async def test_child_gets_environment_and_marker_in_own_session(self, marker_prefix: str) -> None:
+        """The child sees the given environment plus the marker, and leads a new session."""
+        code = (
+            "import os, json\n"
+            "print(json.dumps([os.environ['GREETING'], os.environ['MCP_SUPERVISOR_MARK'], os.getsid(0)]))"
+        )
+        child = await process.spawn(
+            [sys.executable, "-c", code], env={**os.environ, "GREETING": "hi"}, cwd=None, marker=marker_prefix
+        )
+        with anyio.fail_after(10):
+            greeting, mark, sid = json.loads(await child.stdout.readline())
+            await child.exited.wait()
+        assert (greeting, mark, sid) == ("hi", marker_prefix, child.pid)
+        await process.terminate_tree(child, grace=0)
+
+
+class TestExitDetection:
+    async def test_exit_noticed_while_grandchild_holds_stdout(self, marker_prefix: str) -> None:
+        """The exit event fires at the child's exit even though its stdout stays open."""
+        child = await spawn([sys.executable, "-c", EXIT_LEAVING_GRANDCHILD], marker_prefix)
+        with anyio.fail_after(5):
+            await child.exited.wait()
+        assert child.returncode == 3
+        assert not child.stdout.at_eof()  # the grandchild still holds the pipe
+        await process.terminate_tree(child, grace=0)
+
+    def test_asyncio_wait_alone_would_miss_that_exit(self) -> None:
+        """Why process.py watches a pidfd: a wait() pending at exit blocks until every pipe closes.
+
+        (On CPython 3.11 a wait() begun after the exit was recorded returns at once; a watcher
+        is already waiting when the child dies, and that one blocks.) Run in its own
+        interpreter: asyncio's transports complain when their loop closes under them.
+        """
+        result = subprocess.run(
+            [sys.executable, "-c", ASYNCIO_WAIT_PROBE, EXIT_LEAVING_GRANDCHILD],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        assert result.stdout.strip() == "wait() blocked", result.stdout + result.stderr
+
+    async def test_signal_death_reported_as_negative_code(self, marker_prefix: str) -> None:
+        """A child killed by SIGKILL reports returncode -9, within milliseconds."""
+        child = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], marker_prefix)
+        killed_at = time.monotonic()
+        os.kill(child.pid, signal.SIGKILL)
+        with anyio.fail_after(5):
+            await child.exited.wait()
+        assert child.returncode == -signal.SIGKILL
+        assert time.monotonic() - killed_at < 1.0
+        await process.terminate_tree(child, grace=0)
+
+
+class TestTerminateTree:
+    async def test_kills_grandchild_and_setsid_great_grandchild(self, marker_prefix: str) -> None:
+        """Teardown leaves nothing alive, including a descendant that left the process group."""
+        child = await spawn(server_argv("tree.py"), marker_prefix)
+        pids = json.loads((await read_stderr_line(child, "tree: pids")).split(" ", 2)[2])
+        assert os.getsid(pids["great_grandchild"]) != os.getsid(child.pid)
+        with anyio.fail_after(10):
+            await process.terminate_tree(child, grace=1)
+        assert [name for name, pid in pids.items() if alive(pid)] == []
+
+    async def test_graceful_exit_on_stdin_eof_needs_no_signal(self, marker_prefix: str) -> None:
+        """A child that exits on stdin EOF ends with its own code 0, quickly."""
+        child = await spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], marker_prefix)
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            await process.terminate_tree(child, grace=5)
+        assert child.returncode == 0
+        assert time.monotonic() - started < 2
+
+    async def test_escalates_to_sigkill_for_a_stubborn_child(self, marker_prefix: str) -> None:
+        """A child ignoring stdin EOF and SIGTERM is SIGKILLed after the graces."""
+        child = await spawn(server_argv("stubborn.py"), marker_prefix)
+        await read_stderr_line(child, "stubborn")
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            await process.terminate_tree(child, grace=0.2, term_grace=0.3)
+        assert child.returncode == -signal.SIGKILL
+        assert time.monotonic() - started < 3
+
+    async def test_finishes_even_when_the_caller_is_cancelled(self, marker_prefix: str) -> None:
+        """Teardown is shielded: cancelling the caller does not leave the tree running."""
+        child = await spawn(server_argv("tree.py"), marker_prefix)
+        pids = json.loads((await read_stderr_line(child, "tree: pids")).split(" ", 2)[2])
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await process.terminate_tree(child, grace=0.2)
+        assert [pid for pid in pids.values() if alive(pid)] == []
+
+
+class TestSweep:
+    async def test_sweeps_prefix_but_keeps_own_children(self, marker_prefix: str) -> None:
+        """sweep_marked kills what an earlier daemon left and spares the current one's."""
+        old = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], f"{marker_prefix}1:")
+        ours = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], f"{marker_prefix}2:")
+        assert await process.sweep_marked(marker_prefix, keep=f"{marker_prefix}2:") == 1
+        with anyio.fail_after(5):
+            await old.exited.wait()
+        assert alive(ours.pid)
+        await process.terminate_tree(old, grace=0)
+        await process.terminate_tree(ours, grace=0)
+
+
+class TestDeathSignal:
+    def test_child_dies_with_a_sigkilled_parent(self, marker_prefix: str) -> None:
+        """PDEATHSIG: SIGKILL of the spawning process takes its direct child down with it."""
+        parent_code = (
+            "import anyio, os, sys\n"
+            "from supervisor import process\n"
+            "async def main():\n"
+            "    child = await process.spawn([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+            "                                env=dict(os.environ), cwd=None, marker=sys.argv[1])\n"
+            "    print(child.pid, flush=True)\n"
+            "    await anyio.sleep(60)\n"
+            "anyio.run(main)\n"
+        )
+        parent = subprocess.Popen([sys.executable, "-c", parent_code, marker_prefix], stdout=subprocess.PIPE)
+        assert parent.stdout is not None
+        child_pid = int(parent.stdout.readline())
+        assert alive(child_pid)
+        parent.kill()
+        parent.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling with a deadline: the child is not ours to wait for
+        assert not alive(child_pid)
