@@ -26,6 +26,13 @@ def server_argv(script: str, *args: str) -> list[str]:
     return [sys.executable, str(SERVERS / script), *args]
 
 
+async def eventually(predicate: Callable[[], bool], within: float = 5.0, interval: float = 0.01) -> None:
+    """Poll *predicate* until true, failing after *within* s. For conditions that fire no event."""
+    with anyio.fail_after(within):
+        while not predicate():  # noqa: ASYNC110 - bounded poll; callers have no event to wait on
+            await anyio.sleep(interval)
+
+
 def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
     """A config for a fixture server with test-friendly timings (no backoff unless asked)."""
     settings: dict[str, Any] = {

@@ -1,0 +1,347 @@
+"""One supervised extension: its state machine, its watcher task, its calls.
+
+The watcher task is the only writer of the state and the only task that opens and closes the
+child's connection; everyone else reads :meth:`Extension.snapshot` and borrows the connection
+for calls. Each lifetime (``start()`` to stopped or failed) has its own cancel scope and done
+event, so any number of concurrent ``stop()`` calls share one teardown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from mcp import MCPError
+
+from . import transport
+from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
+from .errors import CallFailed, ExtensionUnavailable, SpawnError
+from .state import ExitStatus, Snapshot, State
+
+if TYPE_CHECKING:
+    from .config import ExtensionConfig
+
+__all__ = ("Extension",)
+
+log = structlog.get_logger(__name__)
+
+ChangeHook = Callable[[Snapshot], None]
+
+
+def policy_of(config: ExtensionConfig) -> RestartPolicy:
+    b = config.backoff
+    return RestartPolicy(
+        mode=config.restart,
+        backoff=Backoff(initial=b.initial, maximum=b.max, multiplier=b.multiplier, jitter=b.jitter),
+        max_restarts=config.max_restarts,
+        reset_after=b.reset_after,
+    )
+
+
+class Extension:
+    """A stdio MCP server kept running according to its restart policy.
+
+    Args:
+        name: the extension's configured name.
+        config: its settings; replaced only by building a new Extension.
+        environ: the daemon's environment; ``config.env`` is merged over it.
+        marker_prefix: identifies this daemon's children (see :mod:`supervisor.process`).
+        on_change: called with each new snapshot (sync, must not block).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: ExtensionConfig,
+        *,
+        environ: Mapping[str, str],
+        marker_prefix: str,
+        on_change: ChangeHook | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.policy = policy_of(config)
+        self._env = {**environ, **config.env}
+        self._marker_prefix = marker_prefix
+        self._on_change = on_change
+        self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
+        self._changed = anyio.Event()
+        self._stderr: deque[str] = deque(maxlen=config.log_lines)
+        self._tools: tuple[types.Tool, ...] = ()
+        self._connection: transport.Connection | None = None
+        self._in_flight = 0
+        self._runs = 0
+        self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
+        # One lifetime: set by start(), ended by the watcher.
+        self._scope: anyio.CancelScope | None = None
+        self._done: anyio.Event | None = None
+        self._stop_requested = False
+        self._gave_up = False
+        self._restart_at = 0.0
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        return replace(self._snapshot, tools=len(self._tools), in_flight=self._in_flight)
+
+    def tools(self) -> list[types.Tool]:
+        """The running child's tools; a copy the caller may change."""
+        return [tool.model_copy(deep=True) for tool in self._tools]
+
+    def logs(self, lines: int) -> list[str]:
+        """The last *lines* lines the child wrote to stderr (bounded by ``log_lines``)."""
+        return list(self._stderr)[-lines:] if lines > 0 else []
+
+    async def wait_for(self, predicate: Callable[[Snapshot], bool]) -> Snapshot:
+        """Return the first snapshot, current or future, that satisfies *predicate*."""
+        while True:
+            changed = self._changed
+            snapshot = self.snapshot()
+            if predicate(snapshot):
+                return snapshot
+            await changed.wait()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Run a watcher in the daemon's long-lived *tg*, unless one is live. Returns at once.
+
+        A stopped or failed extension starts afresh with a new failure budget. A start while a
+        stop is in progress waits for the stop to finish, then starts.
+        """
+        while self._done is not None and not self._done.is_set():
+            if not self._stop_requested:
+                return
+            await self._done.wait()
+        # No await between the check above and these assignments: one watcher per lifetime.
+        self._scope, self._done = anyio.CancelScope(), anyio.Event()
+        self._stop_requested = self._gave_up = False
+        await tg.start(self._watch)
+
+    async def stop(self) -> None:
+        """Return once the child's process tree is gone. Idempotent; safe to call concurrently."""
+        if self._done is None or self._done.is_set():
+            return
+        assert self._scope is not None
+        self._stop_requested = True
+        self._scope.cancel()  # lands in the handshake, the running wait or the backoff sleep
+        await self._done.wait()
+
+    async def restart(self, tg: TaskGroup) -> None:
+        self._restarting += 1
+        try:
+            await self.stop()
+            await self.start(tg)
+        finally:
+            self._restarting -= 1
+
+    # ---- calls ---------------------------------------------------------------------------
+
+    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Forward one call; wait for running (if on the way) and answer within ``call_timeout``.
+
+        Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
+        while starting or in backoff), :class:`CallFailed` when the call itself fails.
+        """
+        timeout = self.config.call_timeout
+        connection: transport.Connection | None = None
+        with anyio.move_on_after(timeout):
+            connection = await self._wait_connection()
+            if tool not in {t.name for t in self._tools}:
+                raise CallFailed(f"extension {self.name!r} has no tool {tool!r}", code=types.INVALID_PARAMS)
+            self._in_flight += 1
+            try:
+                return await connection.call_tool(tool, arguments)
+            except MCPError as exc:
+                raise self._call_failed(tool, exc) from None
+            except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
+                log.warning("extension.bad_result", tool=tool, error=str(exc).splitlines()[0][:300])
+                raise CallFailed(f"extension {self.name!r} returned an invalid result for {tool!r}") from None
+            finally:
+                self._in_flight -= 1
+        if connection is None:
+            state = self._snapshot.state
+            raise ExtensionUnavailable(
+                self.name, state.value, retryable=True, detail=f"not running after {timeout:g}s"
+            )
+        raise CallFailed(
+            f"tool {tool!r} of {self.name!r} did not answer within {timeout:g}s", code=types.REQUEST_TIMEOUT
+        )
+
+    async def _wait_connection(self) -> transport.Connection:
+        while True:
+            changed = self._changed
+            state = self._snapshot.state
+            if state is State.RUNNING and self._connection is not None:
+                return self._connection
+            on_the_way = state.is_transient or state is State.RUNNING  # RUNNING: just crashed
+            restarting = self._restarting and state in (State.STOPPING, State.STOPPED)
+            if not (on_the_way or restarting):
+                raise ExtensionUnavailable(
+                    self.name, state.value, retryable=False, detail=self._snapshot.last_error
+                )
+            await changed.wait()
+
+    def _call_failed(self, tool: str, exc: MCPError) -> CallFailed:
+        if exc.code == types.CONNECTION_CLOSED:
+            message = f"extension {self.name!r} exited during the call to {tool!r}; it may be restarting"
+        else:
+            message = f"{self.name}/{tool}: {exc.message}"
+        return CallFailed(message, code=exc.code)
+
+    # ---- the watcher ---------------------------------------------------------------------
+
+    async def _watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        assert self._scope is not None and self._done is not None
+        done = self._done
+        with self._scope, structlog.contextvars.bound_contextvars(extension=self.name):
+            try:
+                self._set(State.STARTING, failures=0, last_error=None, next_restart=None)
+                task_status.started()
+                while await self._run_once():
+                    await anyio.sleep(max(0.0, self._restart_at - time.monotonic()))  # stop() lands here
+                    self._set(State.STARTING, restarts=self._snapshot.restarts + 1, next_restart=None)
+            except Exception as exc:  # a bug of ours: fail this extension, keep the daemon
+                log.exception("extension.watcher_crashed")
+                self._gave_up = True
+                self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
+            finally:
+                self._connection, self._tools = None, ()
+                final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
+                self._set(final, pid=None, next_restart=None)
+                done.set()
+
+    async def _run_once(self) -> bool:
+        """Start the child, serve until it ends, tear it down. Returns whether to restart."""
+        self._runs += 1
+        marker = f"{self._marker_prefix}{self.name}:{self._runs}"
+        try:
+            async with transport.connect(
+                [self.config.command, *self.config.args],
+                env=self._env,
+                cwd=self.config.cwd,
+                marker=marker,
+                stop_timeout=self.config.stop_timeout,
+                max_message_bytes=self.config.max_message_bytes,
+                on_stderr=self._on_stderr,
+                on_tools_changed=self._refresh_tools,
+            ) as connection:
+                try:
+                    return await self._serve(connection)
+                finally:
+                    if self._stop_requested:
+                        self._set(State.STOPPING)  # the context's exit tears the tree down
+        except SpawnError as exc:
+            kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
+            return self._decide(Outcome(kind, error=str(exc)))
+
+    async def _serve(self, connection: transport.Connection) -> bool:
+        child = connection.child
+        self._set(State.STARTING, pid=child.pid)
+        try:
+            with anyio.fail_after(self.config.start_timeout):
+                tools = await connection.handshake()
+        except TimeoutError:
+            error = f"no MCP handshake within {self.config.start_timeout:g}s"
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error))
+        except Exception as exc:  # MCPError, or a malformed initialize/tools result
+            if connection.ended.is_set() or isinstance(exc, MCPError):
+                with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
+                    await child.exited.wait()  # an exit during startup explains the failure best
+            exit_status = ExitStatus(child.returncode) if child.returncode is not None else None
+            error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
+
+        self._tools, self._connection = tuple(tools), connection
+        started = time.monotonic()
+        self._set(State.RUNNING, last_error=None)
+        await connection.ended.wait()
+        self._connection = None
+        uptime = time.monotonic() - started
+        if child.returncode is None:  # stdio broke or a message was too large: it gets killed
+            return self._decide(Outcome(OutcomeKind.CRASHED, uptime, error=connection.failure))
+        exit_status = ExitStatus(child.returncode)
+        if child.returncode == 0:
+            return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
+        crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
+        return self._decide(crashed)
+
+    def _decide(self, outcome: Outcome) -> bool:
+        """Record how the run ended and what comes next; called before the tree is torn down."""
+        failures = self.policy.next_failures(outcome, self._snapshot.failures)
+        changes: dict[str, Any] = {"failures": failures}
+        if outcome.exit is not None:
+            changes["last_exit"] = outcome.exit
+        if outcome.error is not None:
+            changes["last_error"] = outcome.error
+        level = log.info if outcome.kind is OutcomeKind.CLEAN_EXIT else log.warning
+        level(
+            "extension.exited",
+            kind=outcome.kind.value,
+            uptime=round(outcome.uptime, 3),
+            error=outcome.error,
+            returncode=outcome.exit.returncode if outcome.exit else None,
+        )
+        if self.policy.should_restart(outcome, failures):
+            delay = self.policy.backoff.delay(failures)
+            self._restart_at = time.monotonic() + delay
+            self._set(State.BACKOFF, next_restart=_now() + timedelta(seconds=delay), **changes)
+            return True
+        self._gave_up = self.policy.gave_up(outcome, failures)
+        self._set(State.STOPPING, **changes)
+        return False
+
+    async def _refresh_tools(self) -> None:
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            tools = await connection.list_tools()
+        except Exception as exc:
+            log.warning("extension.tools_refresh_failed", error=_first_line(exc))
+            return
+        if connection is self._connection:  # still the same run
+            self._tools = tuple(tools)
+            log.info("extension.tools_changed", tools=len(tools))
+            self._notify()
+
+    def _on_stderr(self, line: str) -> None:
+        self._stderr.append(line)
+        log.info("extension.stderr", line=line)
+
+    def _set(self, state: State, **changes: Any) -> None:
+        previous = self._snapshot
+        since = previous.since if state is previous.state else _now()
+        self._snapshot = replace(previous, state=state, since=since, **changes)
+        if state is not previous.state:
+            log.info(
+                "extension.state",
+                state=state.value,
+                previous=previous.state.value,
+                pid=self._snapshot.pid,
+                error=self._snapshot.last_error,
+            )
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+        if self._on_change is not None:
+            self._on_change(self.snapshot())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]

@@ -1,0 +1,258 @@
+"""A child's stdio as an MCP client session.
+
+:func:`connect` spawns the child, pumps its pipes and yields a :class:`Connection` holding a
+handshake-era ``ClientSession``. It replaces the SDK's ``stdio_client``, which leaks
+grandchildren, misses a crash while a grandchild holds stdout, and splits lines in quadratic
+time. The connection ends when the child exits, its stdout breaks, or a message exceeds the
+size cap; the context's exit kills the whole process tree, shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp import ClientSession
+from mcp.shared.message import SessionMessage
+
+from . import process
+from .process import ChildProcess
+
+__all__ = ("Connection", "connect", "split_lines")
+
+log = structlog.get_logger(__name__)
+
+CHUNK = 1 << 16
+STDERR_LINE_CAP = 8 << 10  # longer stderr lines are truncated, not buffered
+EXIT_FLUSH_GRACE = 0.25  # after the child exits, time to read what it wrote last
+MAX_TOOLS = 10_000  # a server paginating forever must not grow our cache forever
+
+ToolsChanged = Callable[[], Awaitable[None]]
+
+
+class Connection:
+    """One live child: its process, its MCP session and why the connection ended.
+
+    Other tasks may call :meth:`call_tool` and :meth:`list_tools` concurrently; only the task
+    that entered :func:`connect` ends the connection.
+    """
+
+    def __init__(self, child: ChildProcess) -> None:
+        self.child = child
+        self.session: ClientSession | None = None
+        self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
+        self.failure: str | None = None  # why it ended, unless the child's exit says it all
+
+    def end(self, failure: str | None = None) -> None:
+        if not self.ended.is_set():
+            self.failure = failure
+            self.ended.set()
+
+    async def handshake(self) -> list[types.Tool]:
+        """``initialize`` then ``tools/list``: the extension is usable once this returns."""
+        await self._session.initialize()
+        return await self.list_tools()
+
+    async def list_tools(self) -> list[types.Tool]:
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        while len(tools) < MAX_TOOLS:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await self._session.list_tools(params=params)
+            tools += page.tools
+            if not (cursor := page.next_cursor):
+                break
+        return tools[:MAX_TOOLS]
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel."""
+        return await self._session.call_tool(name, arguments)
+
+    @property
+    def _session(self) -> ClientSession:
+        assert self.session is not None, "used outside connect()"
+        return self.session
+
+
+@asynccontextmanager
+async def connect(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+    stop_timeout: float,
+    max_message_bytes: int,
+    on_stderr: Callable[[str], None],
+    on_tools_changed: ToolsChanged,
+) -> AsyncIterator[Connection]:
+    """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
+
+    Resource handling: the task that enters this context must exit it. Exiting closes the
+    session, then closes stdin, waits *stop_timeout*, and kills the process tree, shielded
+    from cancellation. The pipes are drained until the tree is gone, so a child blocked on a
+    full pipe still shuts down gracefully.
+
+    Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
+    """
+    child = await process.spawn(argv, env=env, cwd=cwd, marker=marker)
+    connection = Connection(child)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    stdout_eof = anyio.Event()
+    drains: list[anyio.CancelScope] = []
+
+    def end(failure: str | None) -> None:
+        read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
+        connection.end(failure)
+
+    async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
+        scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
+        drains.append(scope)
+        with scope:
+            await pump(*args)
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            await on_tools_changed()
+        elif isinstance(message, Exception):
+            log.warning("extension.bad_message", error=_one_line(message))
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        log.info("extension.log", level=params.level, logger=params.logger, data=params.data)
+
+    try:
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(drain, _pump_stdout, child, read_send, max_message_bytes, end, stdout_eof)
+            pumps.start_soon(drain, _pump_stderr, child, on_stderr)
+            pumps.start_soon(_pump_stdin, child, write_recv, end)
+            pumps.start_soon(_watch_exit, child, stdout_eof, end)
+            try:
+                async with ClientSession(
+                    read_recv, write_send, message_handler=on_message, logging_callback=on_log
+                ) as session:
+                    connection.session = session
+                    yield connection
+            finally:
+                write_send.close()
+                await process.terminate_tree(child, grace=stop_timeout)
+                for scope in drains:
+                    scope.cancel()
+                pumps.cancel_scope.cancel()
+    finally:
+        if not child.terminated:  # failed before the pumps ran: nothing graceful left to do
+            await process.terminate_tree(child, grace=0)
+
+
+def split_lines(buffer: bytearray, scan_from: int) -> tuple[list[bytes], int]:
+    """Cut complete lines off the front of *buffer*; return them and where to resume scanning.
+
+    Only bytes from *scan_from* on are searched, so a long line arriving in many chunks is
+    scanned once in total: linear time.
+    """
+    lines: list[bytes] = []
+    start = 0
+    while (newline := buffer.find(b"\n", scan_from)) >= 0:
+        lines.append(bytes(buffer[start:newline]))
+        start = scan_from = newline + 1
+    if start:
+        del buffer[:start]
+    return lines, len(buffer)
+
+
+async def _pump_stdout(
+    child: ChildProcess,
+    sink: MemoryObjectSendStream[SessionMessage | Exception],
+    max_message_bytes: int,
+    end: Callable[[str | None], None],
+    eof: anyio.Event,
+) -> None:
+    """Deliver stdout lines as messages; once the session is gone or broken, just drain."""
+    buffer, scan_from = bytearray(), 0
+    delivering = True
+    try:
+        while chunk := await child.stdout.read(CHUNK):
+            if not delivering:
+                continue
+            buffer += chunk
+            lines, scan_from = split_lines(buffer, scan_from)
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    await sink.send(_parse(line))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    delivering = False
+                    break
+            if delivering and len(buffer) > max_message_bytes:
+                delivering, buffer = False, bytearray()
+                log.error("extension.message_too_large", limit=max_message_bytes)
+                end(f"it sent a message over the {max_message_bytes}-byte limit")
+    finally:
+        eof.set()
+    if delivering:  # EOF: an exit explains itself; give the exit event a moment to arrive
+        with anyio.move_on_after(EXIT_FLUSH_GRACE):
+            await child.exited.wait()
+        end(None if child.exited.is_set() else "it closed its stdout")
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        return exc
+
+
+async def _pump_stdin(
+    child: ChildProcess,
+    source: MemoryObjectReceiveStream[SessionMessage],
+    end: Callable[[str | None], None],
+) -> None:
+    try:
+        async with source:
+            async for message in source:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                child.stdin.write(data.encode() + b"\n")
+                await child.stdin.drain()
+    except (ConnectionError, RuntimeError, anyio.BrokenResourceError):
+        end("the child closed its stdin")
+
+
+async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> None:
+    buffer, scan_from = bytearray(), 0
+    while chunk := await child.stderr.read(CHUNK):
+        buffer += chunk
+        lines, scan_from = split_lines(buffer, scan_from)
+        if len(buffer) > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
+            lines.append(bytes(buffer))
+            buffer.clear()
+            scan_from = 0
+        for line in lines:
+            on_line(_decode(line[:STDERR_LINE_CAP]))
+    if buffer:
+        on_line(_decode(buffer[:STDERR_LINE_CAP]))
+
+
+async def _watch_exit(
+    child: ChildProcess, stdout_eof: anyio.Event, end: Callable[[str | None], None]
+) -> None:
+    await child.exited.wait()
+    # EOF normally follows at once, after the last response; a grandchild holding the pipe
+    # must not delay noticing the exit by more than the grace.
+    with anyio.move_on_after(EXIT_FLUSH_GRACE):
+        await stdout_eof.wait()
+    end(None)
+
+
+def _decode(line: bytes | bytearray) -> str:
+    return line.decode("utf-8", "replace").rstrip("\r")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
