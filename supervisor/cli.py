@@ -1,0 +1,419 @@
+"""The ``mcp-supervisor`` command: parses arguments, asks the daemon, prints. Nothing else.
+
+Every failure ends as one sentence on stderr prefixed ``mcp-supervisor:`` and one of the exit
+codes below; ``main`` never raises for a failure it knows about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, NoReturn
+
+import anyio
+
+from supervisor import client, config
+from supervisor.client import DaemonUnreachable, RemoteError
+from supervisor.errors import SupervisorError
+
+__all__ = ("EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main")
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the operation failed; the message says why
+EXIT_USAGE = 2  # bad command line or bad config
+EXIT_UNREACHABLE = 3  # no daemon on the control socket
+
+_PROG = "mcp-supervisor"
+_QUERY_TIMEOUT = 30.0  # status, tools, logs: they answer from memory
+_ALL_CONCURRENCY = 16  # requests in flight for --all, well under the daemon's connection cap
+_MAX_LOG_LINES = 10_000
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: ``42s``, ``3m 12s``, ``5h 2m``, ``2d 4h``."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _size(count: int) -> str:
+    """A human byte count: ``512 B``, ``4.2 kB``, ``5.2 MB``."""
+    value = float(count)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def _when(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _exit_text(last_exit: dict[str, Any] | None) -> str | None:
+    if not last_exit:
+        return None
+    if last_exit.get("signal"):
+        return f"killed by {last_exit['signal']}"
+    return f"exited with code {last_exit.get('code')}"
+
+
+def _detail(record: dict[str, Any], now: datetime) -> str:
+    """The most useful fact about one extension in its current state."""
+    state = record["state"]
+    reason = record.get("last_error") or _exit_text(record.get("last_exit"))
+    if state == "running":
+        calls = record.get("in_flight") or 0
+        return f"{calls} call{'s' if calls != 1 else ''} in flight" if calls else ""
+    if state == "backoff":
+        at = _when(record.get("next_restart"))
+        wait = f"restart in {max(0.0, (at - now).total_seconds()):.1f}s" if at else "restart pending"
+        text = f"{wait} (attempt {record.get('failures') or 1})"
+        return f"{text}; {reason}" if reason else text
+    if state in ("failed", "stopped"):
+        return reason or ""
+    return ""
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns two spaces apart; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]) for row in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _status_table(records: list[dict[str, Any]], now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    rows = [("NAME", "STATE", "PID", "UPTIME", "RESTARTS", "TOOLS", "DETAIL")]
+    for record in records:
+        since = _when(record.get("since"))
+        uptime = _duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
+        pid = record.get("pid")
+        rows.append(
+            (
+                record["name"],
+                record["state"],
+                str(pid) if pid else "-",
+                uptime,
+                str(record.get("restarts", 0)),
+                str(record.get("tools", 0)),
+                _detail(record, now),
+            )
+        )
+    return _table(rows)
+
+
+def _tools_table(tools: list[dict[str, Any]], width: int) -> str:
+    rows = [("EXTENSION", "TOOL", "DESCRIPTION")]
+    rows += [(t["extension"], t["name"], (t.get("description") or "").strip().split("\n")[0]) for t in tools]
+    used = sum(max(len(row[i]) for row in rows) + 2 for i in range(2))
+    room = max(width - used, 20)
+    return _table([(*row[:2], row[2] if len(row[2]) <= room else row[2][: room - 1] + "…") for row in rows])
+
+
+def _content_line(item: dict[str, Any]) -> str:
+    """One line standing for a non-text content item."""
+    kind = item.get("type", "?")
+    if kind in ("image", "audio"):
+        return f"[{kind} {item.get('mimeType', '?')}, {len(item.get('data', ''))} bytes base64]"
+    if kind == "resource_link":
+        size = _size(item["size"]) if isinstance(item.get("size"), int) else None
+        return "[" + " ".join(str(p) for p in (kind, item.get("uri"), item.get("mimeType"), size) if p) + "]"
+    if kind == "resource":
+        resource = item.get("resource") or {}
+        head = " ".join(str(p) for p in (kind, resource.get("uri"), resource.get("mimeType")) if p)
+        if "text" in resource:
+            return f"[{head}, {len(resource['text'])} characters]"
+        return f"[{head}, {len(resource.get('blob', ''))} bytes base64]"
+    return f"[{kind}]"
+
+
+def _render_result(result: dict[str, Any]) -> str:
+    """A tool result for people: text as is, other content one line each, else structured JSON."""
+    parts: list[str] = []
+    has_text = False
+    for item in result.get("content") or []:
+        if item.get("type") == "text":
+            has_text = True
+            parts.append(item.get("text", "").removesuffix("\n"))
+        else:
+            parts.append(_content_line(item))
+    if result.get("structuredContent") is not None and not has_text:
+        parts.append(json.dumps(result["structuredContent"], indent=2))
+    return "\n".join(parts)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2))
+
+
+def _fail(message: str) -> None:
+    print(f"{_PROG}: {message}", file=sys.stderr)
+
+
+async def _status(args: argparse.Namespace) -> int:
+    params = {"name": args.name} if args.name else {}
+    result = await client.request(args.socket, "status", params, timeout=_QUERY_TIMEOUT)
+    if args.json:
+        _print_json(result)
+    else:
+        print(_status_table(result["extensions"]))
+    return EXIT_OK
+
+
+def _action_problem(command: str, record: dict[str, Any], wait: bool) -> str | None:
+    """Why *record* means the *command* failed, or None."""
+    state = record["state"]
+    wanted = "stopped" if command == "stop" else "running"
+    if state == wanted or (not wait and state != "failed"):
+        return None
+    reason = record.get("last_error") or _exit_text(record.get("last_exit")) or f"it is {state}"
+    return f"extension {record['name']!r} failed to {command}: {reason}"
+
+
+async def _act_on_all(args: argparse.Namespace, wait: bool) -> list[dict[str, Any] | RemoteError]:
+    """Run the command on every configured extension at once; outcomes in configured order."""
+    status = await client.request(args.socket, "status", timeout=_QUERY_TIMEOUT)
+    names = [record["name"] for record in status["extensions"]]
+    outcomes: dict[str, dict[str, Any] | RemoteError] = {}
+    limiter = anyio.CapacityLimiter(_ALL_CONCURRENCY)
+
+    async def act(name: str) -> None:
+        async with limiter:
+            try:
+                outcomes[name] = await client.request(args.socket, args.command, {"name": name, "wait": wait})
+            except RemoteError as exc:
+                outcomes[name] = RemoteError(exc.code, f"{name}: {exc}", exc.data)
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(act, name)
+    return [outcomes[name] for name in names]
+
+
+async def _action(args: argparse.Namespace) -> int:
+    wait = not args.no_wait
+    if args.name:
+        outcomes = [await client.request(args.socket, args.command, {"name": args.name, "wait": wait})]
+    else:
+        outcomes = await _act_on_all(args, wait)
+    records = [outcome for outcome in outcomes if isinstance(outcome, dict)]
+    if records:
+        print(_status_table(records))
+    problems = [
+        str(outcome) if isinstance(outcome, RemoteError) else _action_problem(args.command, outcome, wait)
+        for outcome in outcomes
+    ]
+    failures = [problem for problem in problems if problem]
+    for problem in failures:
+        _fail(problem)
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+async def _tools(args: argparse.Namespace) -> int:
+    params = {"name": args.name} if args.name else {}
+    result = await client.request(args.socket, "tools", params, timeout=_QUERY_TIMEOUT)
+    if args.json:
+        _print_json(result)
+    else:
+        print(_tools_table(result["tools"], shutil.get_terminal_size((100, 24)).columns))
+    return EXIT_OK
+
+
+def _arguments(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _UsageError(f"--args is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _UsageError(f'--args must be a JSON object such as \'{{"text": "hi"}}\', not {text!r}')
+    return value
+
+
+async def _call(args: argparse.Namespace) -> int:
+    params = {"name": args.name, "tool": args.tool, "arguments": _arguments(args.args)}
+    result = await client.request(args.socket, "call", params)
+    failed = bool(result.get("isError"))
+    if args.json:
+        _print_json(result)
+    elif failed:
+        text = _render_result(result) or "no details"
+        separator = "\n" if "\n" in text else " "
+        _fail(f"tool {args.tool!r} of {args.name!r} reported an error:{separator}{text}")
+    else:
+        text = _render_result(result)
+        if text:
+            print(text)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+async def _logs(args: argparse.Namespace) -> int:
+    result = await client.request(
+        args.socket, "logs", {"name": args.name, "lines": args.lines}, timeout=_QUERY_TIMEOUT
+    )
+    for line in result["lines"]:
+        print(line.removesuffix("\n"))
+    return EXIT_OK
+
+
+def _load(path: str, overrides: dict[str, Any] | None = None) -> config.Settings:
+    try:
+        return config.load(path, overrides=overrides)
+    except config.ConfigError as exc:
+        if len(exc.errors) == 1 and exc.errors[0].startswith(path):
+            raise  # already names the file: "x.yaml: No such file or directory"
+        problems = "\n".join(f"  {line}" for line in exc.errors)
+        raise config.ConfigError([f"{path} is not valid:\n{problems}"]) from None
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    names = list(_load(args.config).extensions)
+    listed = f": {', '.join(names)}" if names else ""
+    print(f"{args.config}: OK ({len(names)} extension{'' if len(names) == 1 else 's'}{listed})")
+    return EXIT_OK
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    settings = _load(args.config or config.default_config_path(), {"socket": args.socket})
+    from supervisor import daemon  # lazily: client commands need not import the whole daemon
+
+    return anyio.run(daemon.run, settings, backend="asyncio")
+
+
+def _line_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= value <= _MAX_LOG_LINES:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {_MAX_LOG_LINES}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=_PROG, description="Supervise stdio MCP servers.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    socket_help = "the daemon's control socket (default: $MCP_SUPERVISOR_SOCKET, else a per-user path)"
+    remote = _Parser(add_help=False)
+    remote.add_argument("--socket", metavar="PATH", help=socket_help)
+
+    def add(
+        name: str, run: Callable[..., Any], help_text: str, *, is_async: bool = True
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, parents=[remote] if is_async else [], help=help_text, description=help_text
+        )
+        sub.set_defaults(run=run, is_async=is_async)
+        return sub
+
+    sub = add("daemon", _daemon, "run the supervisor in the foreground", is_async=False)
+    sub.add_argument("-c", "--config", metavar="CONFIG", help="config file (default: $MCP_SUPERVISOR_CONFIG)")
+    sub.add_argument("--socket", metavar="PATH", help="control socket, overriding the config")
+    sub = add("status", _status, "show the state of each extension")
+    sub.add_argument("name", nargs="?", metavar="NAME")
+    sub.add_argument("--json", action="store_true", help="print the raw status records")
+    for verb in ("start", "stop", "restart"):
+        sub = add(verb, _action, f"{verb} one extension, or all of them")
+        sub.add_argument("name", nargs="?", metavar="NAME")
+        sub.add_argument("--all", action="store_true", help="every configured extension")
+        sub.add_argument("--no-wait", action="store_true", help="return without waiting for the outcome")
+    sub = add("tools", _tools, "list the tools of running extensions")
+    sub.add_argument("name", nargs="?", metavar="NAME")
+    sub.add_argument("--json", action="store_true", help="print the raw tool list")
+    sub = add("call", _call, "call one tool and print its result")
+    sub.add_argument("name", metavar="NAME")
+    sub.add_argument("tool", metavar="TOOL")
+    sub.add_argument("--args", metavar="JSON", help="the tool's arguments, a JSON object")
+    sub.add_argument("--json", action="store_true", help="print the raw result")
+    sub = add("logs", _logs, "print the last lines an extension wrote to stderr")
+    sub.add_argument("name", metavar="NAME")
+    sub.add_argument("-n", "--lines", type=_line_count, default=50, metavar="N", help="how many (default 50)")
+    sub = add("check-config", _check_config, "validate a config file", is_async=False)
+    sub.add_argument("config", metavar="CONFIG")
+    return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command in ("start", "stop", "restart") and bool(args.name) == bool(args.all):
+        raise _UsageError(f"give either NAME or --all (see '{_PROG} {args.command} --help')")
+    if getattr(args, "is_async", False) and not args.socket:
+        args.socket = config.default_socket_path()
+    return args
+
+
+def _report(exc: BaseException) -> int:
+    """Print *exc* as one sentence and return its exit code; re-raise what is not ours (a bug)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BrokenPipeError):  # `mcp-supervisor logs x | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILED
+    if isinstance(exc, _UsageError | config.ConfigError):
+        code = EXIT_USAGE
+    elif isinstance(exc, DaemonUnreachable):
+        code = EXIT_UNREACHABLE
+    elif isinstance(exc, SupervisorError):
+        code = EXIT_FAILED
+    elif isinstance(exc, OSError):
+        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
+        return EXIT_FAILED
+    elif isinstance(exc, KeyboardInterrupt):
+        _fail("interrupted")
+        return EXIT_FAILED
+    else:
+        raise exc
+    _fail(str(exc))
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``mcp-supervisor`` command and return its exit code (``sys.exit(main())``)."""
+    try:
+        args = _parse(argv)
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except _UsageError as exc:
+        return _report(exc)
+    run: Callable[[argparse.Namespace], Any] = args.run
+    try:
+        if args.is_async:
+            command: Callable[[], Awaitable[int]] = partial(run, args)
+            return anyio.run(command, backend="asyncio")
+        return run(args)
+    except (Exception, KeyboardInterrupt, BaseExceptionGroup) as exc:
+        return _report(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""The control socket: JSON-RPC 2.0 over a unix socket, one JSON object per line.
+
+Resource handling: :func:`serve` owns the listener, the socket file and a task group with one
+task per connection; that task reads, handles and writes its requests one after another, so a
+slow or hostile client only ever blocks itself. Error handling: whatever a client sends and
+whatever a handler raises becomes a JSON-RPC error for that one client, never reaching the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError, UnknownExtension
+
+if TYPE_CHECKING:
+    import mcp_types
+
+    from supervisor.state import Snapshot
+
+__all__ = (
+    "CALL_FAILED",
+    "EXTENSION_UNAVAILABLE",
+    "IDLE_TIMEOUT",
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "MAX_CONNECTIONS",
+    "MAX_FRAME",
+    "METHODS",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "SUPERVISOR_ERROR",
+    "UNKNOWN_EXTENSION",
+    "Backend",
+    "Method",
+    "serve",
+)
+
+log = structlog.get_logger(__name__)
+
+MAX_FRAME = 1 << 20  # bytes in one request line, newline excluded
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT = 300.0  # seconds a connection may make no progress (no request, or a reply not read)
+
+# JSON-RPC 2.0 standard codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Application codes (the -32000..-32099 "server error" range).
+SUPERVISOR_ERROR = -32000
+CALL_FAILED = -32002
+EXTENSION_UNAVAILABLE = -32003
+UNKNOWN_EXTENSION = -32004
+
+_ACCEPT_RETRY_DELAY = 0.1  # after EMFILE and friends, so the accept loop does not spin
+_TRANSIENT_ACCEPT_ERRORS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+)
+_TOO_LARGE = "request too large (over 1 MiB)"
+_PROBE_TIMEOUT = 5.0  # connecting to an existing socket to see whether a daemon is behind it
+
+
+class Backend(Protocol):
+    """What the control server needs from the daemon."""
+
+    def status(self, name: str | None = None) -> list[Snapshot]: ...
+    async def start(self, name: str, *, wait: bool = True) -> Snapshot: ...
+    async def stop(self, name: str, *, wait: bool = True) -> Snapshot: ...
+    async def restart(self, name: str, *, wait: bool = True) -> Snapshot: ...
+    def tools(self, name: str | None = None) -> list[tuple[str, mcp_types.Tool]]: ...
+    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
+    def logs(self, name: str, lines: int) -> list[str]: ...
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _OptionalName(_Params):
+    name: str | None = Field(None, min_length=1)
+
+
+class _Action(_Params):
+    name: str = Field(min_length=1)
+    wait: bool = True
+
+
+class _Call(_Params):
+    name: str = Field(min_length=1)
+    tool: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Logs(_Params):
+    name: str = Field(min_length=1)
+    lines: int = Field(50, ge=1, le=10_000)
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One control method: its params model and its handler."""
+
+    params: type[BaseModel]
+    handler: Callable[[Backend, Any], Awaitable[Any]]
+
+
+async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
+    return {"extensions": [snapshot.as_dict() for snapshot in backend.status(params.name)]}
+
+
+async def _start(backend: Backend, params: _Action) -> dict[str, Any]:
+    return (await backend.start(params.name, wait=params.wait)).as_dict()
+
+
+async def _stop(backend: Backend, params: _Action) -> dict[str, Any]:
+    return (await backend.stop(params.name, wait=params.wait)).as_dict()
+
+
+async def _restart(backend: Backend, params: _Action) -> dict[str, Any]:
+    return (await backend.restart(params.name, wait=params.wait)).as_dict()
+
+
+async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
+    records = [
+        {
+            "extension": extension,
+            "name": tool.name,
+            "description": tool.description,
+            "inputSchema": tool.input_schema,
+        }
+        for extension, tool in backend.tools(params.name)
+    ]
+    return {"tools": records}
+
+
+async def _call(backend: Backend, params: _Call) -> dict[str, Any]:
+    result = await backend.call(params.name, params.tool, params.arguments)
+    record = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+    record.pop("resultType", None)  # a 2026 protocol field; our clients do not know it
+    return record
+
+
+async def _logs(backend: Backend, params: _Logs) -> dict[str, Any]:
+    return {"lines": backend.logs(params.name, params.lines)}
+
+
+METHODS: Mapping[str, Method] = MappingProxyType(
+    {
+        "status": Method(_OptionalName, _status),
+        "start": Method(_Action, _start),
+        "stop": Method(_Action, _stop),
+        "restart": Method(_Action, _restart),
+        "tools": Method(_OptionalName, _tools),
+        "call": Method(_Call, _call),
+        "logs": Method(_Logs, _logs),
+    }
+)
+
+
+class _RpcError(Exception):
+    """A JSON-RPC error to send back; ``request_id`` is None when the id could not be read."""
+
+    def __init__(self, code: int, message: str, data: Any = None, *, request_id: Any = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data, self.request_id = code, message, data, request_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    id: Any
+    method: str
+    params: Any
+    notification: bool
+
+
+def _parse_request(line: bytes) -> _Request:
+    """Decode one line into a request, or raise the error to reply with."""
+    try:
+        message = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _RpcError(PARSE_ERROR, "parse error: the request is not valid UTF-8") from None
+    except RecursionError:
+        raise _RpcError(PARSE_ERROR, "parse error: the request is nested too deeply") from None
+    except ValueError as exc:
+        raise _RpcError(PARSE_ERROR, f"parse error: {exc}") from None
+    if isinstance(message, list):
+        raise _RpcError(INVALID_REQUEST, "batch requests are not supported")
+    if not isinstance(message, dict):
+        raise _RpcError(INVALID_REQUEST, "a request must be a JSON object")
+    request_id = message.get("id")
+    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, int | str)):
+        raise _RpcError(INVALID_REQUEST, "the id must be a string, an integer or null")
+    if message.get("jsonrpc") != "2.0":
+        raise _RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"', request_id=request_id)
+    method = message.get("method")
+    if not isinstance(method, str):
+        raise _RpcError(INVALID_REQUEST, "method must be a string", request_id=request_id)
+    return _Request(request_id, method, message.get("params", {}), notification="id" not in message)
+
+
+def _application_error(exc: SupervisorError) -> _RpcError:
+    if isinstance(exc, UnknownExtension):
+        return _RpcError(UNKNOWN_EXTENSION, str(exc))
+    if isinstance(exc, ExtensionUnavailable):
+        return _RpcError(EXTENSION_UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable})
+    if isinstance(exc, CallFailed):
+        return _RpcError(CALL_FAILED, str(exc), {"code": exc.code} if exc.code is not None else None)
+    return _RpcError(SUPERVISOR_ERROR, str(exc))
+
+
+_PARAM_PROBLEMS = {"extra_forbidden": "unexpected parameter", "missing": "required parameter is missing"}
+
+
+def _describe_invalid_params(method: str, exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors(include_url=False):
+        what = _PARAM_PROBLEMS.get(error["type"]) or error["msg"][:1].lower() + error["msg"][1:]
+        problems.append(f"{'.'.join(str(part) for part in error['loc'])}: {what}")
+    return f"invalid params for {method!r}: " + "; ".join(problems)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def _encode_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return _encode({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+async def _dispatch(backend: Backend, request: _Request) -> bytes:
+    """Run one request and return its encoded reply; every failure is an :class:`_RpcError`."""
+    method = METHODS.get(request.method)
+    if method is None:
+        raise _RpcError(METHOD_NOT_FOUND, f"unknown method {request.method!r}")
+    if not isinstance(request.params, dict):
+        raise _RpcError(INVALID_PARAMS, "params must be a JSON object")
+    try:
+        params = method.params.model_validate(request.params)
+    except ValidationError as exc:
+        raise _RpcError(INVALID_PARAMS, _describe_invalid_params(request.method, exc)) from None
+    try:
+        result = await method.handler(backend, params)
+        return _encode({"jsonrpc": "2.0", "id": request.id, "result": result})
+    except SupervisorError as exc:
+        raise _application_error(exc) from None
+    except Exception as exc:
+        log.exception("control.handler_crashed", method=request.method)
+        raise _RpcError(INTERNAL_ERROR, f"internal error: {_one_line(exc)}") from None
+
+
+class _FrameTooLarge(Exception):
+    pass
+
+
+class _Server:
+    """The accept loop and the per-connection conversation; one instance per serve() call."""
+
+    def __init__(self, backend: Backend, *, max_connections: int, idle_timeout: float) -> None:
+        self._backend = backend
+        self._max_connections = max_connections
+        self._idle_timeout = idle_timeout
+        self._allowed_uids = frozenset({os.geteuid(), 0})
+        self._active = 0
+
+    async def run(self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as connections:
+            task_status.started()
+            while True:
+                try:
+                    stream = await _accept(listener)
+                except anyio.BrokenResourceError as exc:
+                    cause = exc.__cause__
+                    if not (isinstance(cause, OSError) and cause.errno in _TRANSIENT_ACCEPT_ERRORS):
+                        raise
+                    log.warning("control.accept_failed", error=str(cause))
+                    await anyio.sleep(_ACCEPT_RETRY_DELAY)
+                    continue
+                if stream is None:
+                    continue
+                if self._active >= self._max_connections:
+                    log.warning("control.too_many_connections", limit=self._max_connections)
+                    await self._refuse(stream, "too many connections")
+                    continue
+                self._active += 1
+                connections.start_soon(self._connection, stream)
+
+    async def _refuse(self, stream: anyio.abc.SocketStream, message: str) -> None:
+        """Tell a fresh client why it is turned away; a small reply never fills a new socket."""
+        with (
+            anyio.move_on_after(1),
+            contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
+        ):
+            await stream.send(_encode_error(None, SUPERVISOR_ERROR, message))
+        await stream.aclose()
+
+    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            async with stream:
+                await self._converse(stream)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            log.debug("control.client_gone")
+        except Exception:
+            log.exception("control.connection_crashed")
+        finally:
+            self._active -= 1
+
+    async def _converse(self, stream: anyio.abc.SocketStream) -> None:
+        pid, uid = _peer_credentials(stream)
+        if uid not in self._allowed_uids:
+            log.warning("control.peer_refused", uid=uid, pid=pid)
+            message = f"permission denied: uid {uid} may not use this socket"
+            await self._send(stream, _encode_error(None, SUPERVISOR_ERROR, message))
+            return
+        reader = BufferedByteReceiveStream(stream)
+        while True:
+            try:
+                line = await self._receive_line(reader)
+            except _FrameTooLarge:
+                log.warning("control.frame_too_large", limit=MAX_FRAME, pid=pid)
+                await self._send(stream, _encode_error(None, INVALID_REQUEST, _TOO_LARGE))
+                return
+            if line is None:
+                return
+            if not line.strip():
+                continue
+            reply = await self._handle(line)
+            if reply is not None and not await self._send(stream, reply):
+                return
+
+    async def _receive_line(self, reader: BufferedByteReceiveStream) -> bytes | None:
+        """The next request line; None when the client has gone or stayed idle too long."""
+        with anyio.move_on_after(self._idle_timeout):
+            try:
+                line = await reader.receive_until(b"\n", MAX_FRAME)
+            except anyio.DelimiterNotFound:
+                raise _FrameTooLarge from None
+            except anyio.IncompleteRead:
+                return None
+            if len(line) > MAX_FRAME:  # a long line can arrive whole in one read
+                raise _FrameTooLarge
+            return line
+        log.debug("control.connection_idle", timeout=self._idle_timeout)
+        return None
+
+    async def _send(self, stream: anyio.abc.SocketStream, payload: bytes) -> bool:
+        """Write one reply; False if the client did not read it within the idle timeout."""
+        with anyio.move_on_after(self._idle_timeout):
+            await stream.send(payload)
+            return True
+        log.warning("control.client_not_reading", timeout=self._idle_timeout)
+        return False
+
+    async def _handle(self, line: bytes) -> bytes | None:
+        """The encoded reply to one request line, or None for a notification."""
+        started = time.perf_counter()
+        try:
+            request = _parse_request(line)
+        except _RpcError as exc:
+            log.warning("control.bad_request", code=exc.code, error=exc.message)
+            return _encode_error(exc.request_id, exc.code, exc.message, exc.data)
+        try:
+            reply: bytes | None = await _dispatch(self._backend, request)
+        except _RpcError as exc:
+            log.warning("control.request_failed", method=request.method, code=exc.code, error=exc.message)
+            reply = _encode_error(request.id, exc.code, exc.message, exc.data)
+        duration_ms = round((time.perf_counter() - started) * 1000, 2)
+        log.debug("control.request", method=request.method, duration_ms=duration_ms)
+        return None if request.notification else reply
+
+
+async def _accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream | None:
+    """Accept one client as a transport-based stream; None if it hung up already.
+
+    anyio 4.16's UNIXSocketStream waits with ``loop.add_reader(future.set_result)``: a cancel
+    (idle timeout, shutdown) landing in the loop iteration where the socket becomes ready makes
+    asyncio log ``InvalidStateError``. The transport-based SocketStream has no such race.
+    """
+    accepted = await listener.accept()
+    raw: socket.socket = accepted.extra(anyio.abc.SocketAttribute.raw_socket)
+    sock = socket.socket(fileno=raw.detach())
+    try:
+        return await anyio.abc.SocketStream.from_socket(sock)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        log.debug("control.client_gone", error=str(exc))
+        return None
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
+    """The (pid, uid) of the process at the other end, from SO_PEERCRED."""
+    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
+
+
+def _prepare_directory(path: str) -> None:
+    """Create the socket's directory 0700, or warn when an existing one is open to others."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+    except FileNotFoundError:
+        os.makedirs(directory, mode=0o700)
+        os.chmod(directory, 0o700)
+        return
+    if mode & 0o077:
+        log.warning("control.socket_dir_open", path=directory, mode=oct(mode))
+
+
+async def _remove_stale(path: str) -> None:
+    """Unlink a socket no daemon answers on; refuse when one does."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise SupervisorError(f"{path} exists and is not a socket")
+    try:
+        with anyio.fail_after(_PROBE_TIMEOUT):
+            probe = await anyio.connect_unix(path)
+    except ConnectionRefusedError:
+        log.info("control.stale_socket_removed", path=path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    except TimeoutError:
+        raise SupervisorError(f"another daemon is listening on {path}") from None
+    await probe.aclose()
+    raise SupervisorError(f"another daemon is listening on {path}")
+
+
+async def _listen(path: str) -> anyio.abc.SocketListener:
+    try:
+        _prepare_directory(path)
+        await _remove_stale(path)
+        return await anyio.create_unix_listener(path, mode=0o600)  # chmod before listen()
+    except OSError as exc:
+        raise SupervisorError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
+
+
+def _unlink_if_ours(path: str, identity: tuple[int, int]) -> None:
+    with contextlib.suppress(OSError):
+        if _identity(path) == identity:
+            os.unlink(path)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+async def serve(
+    backend: Backend,
+    path: str,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    idle_timeout: float = IDLE_TIMEOUT,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the control protocol on the unix socket *path* until cancelled.
+
+    Args:
+        backend: the daemon the methods act on.
+        path: the socket file; its directory is created 0700 if missing, the socket is 0600.
+        max_connections: clients served at once; one more is told "too many connections".
+        idle_timeout: a connection that makes no progress for this many seconds is closed.
+        task_status: ``started()`` once the socket accepts connections.
+
+    Raises:
+        SupervisorError: another daemon is listening on *path*, or it cannot be bound.
+
+    Resource handling: the socket file is removed on exit unless another process replaced it.
+    """
+    listener = await _listen(path)
+    identity = _identity(path)
+    server = _Server(backend, max_connections=max_connections, idle_timeout=idle_timeout)
+    log.info("control.listening", path=path)
+    try:
+        async with listener:
+            await server.run(listener, task_status)
+    finally:
+        _unlink_if_ours(path, identity)
+        log.info("control.closed", path=path)
