@@ -24,6 +24,7 @@ from mcp import MCPError
 from . import transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
+from .process import ChildProcess
 from .state import ExitStatus, Snapshot, State
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class Extension:
         environ: the daemon's environment; ``config.env`` is merged over it.
         marker_prefix: identifies this daemon's children (see :mod:`supervisor.process`).
         on_change: called with each new snapshot (sync, must not block).
+        hurry: once set, teardowns skip their graces (the daemon's forced shutdown).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Extension:
         environ: Mapping[str, str],
         marker_prefix: str,
         on_change: ChangeHook | None = None,
+        hurry: anyio.Event | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -72,6 +75,7 @@ class Extension:
         self._env = {**environ, **config.env}
         self._marker_prefix = marker_prefix
         self._on_change = on_change
+        self._hurry = hurry
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
@@ -233,6 +237,7 @@ class Extension:
                 max_message_bytes=self.config.max_message_bytes,
                 on_stderr=self._on_stderr,
                 on_tools_changed=self._refresh_tools,
+                hurry=self._hurry,
             ) as connection:
                 try:
                     return await self._serve(connection)
@@ -256,7 +261,7 @@ class Extension:
             if connection.ended.is_set() or isinstance(exc, MCPError):
                 with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
                     await child.exited.wait()  # an exit during startup explains the failure best
-            exit_status = ExitStatus(child.returncode) if child.returncode is not None else None
+            exit_status = _exit_status(child)
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
 
@@ -268,7 +273,8 @@ class Extension:
         uptime = time.monotonic() - started
         if child.returncode is None:  # stdio broke or a message was too large: it gets killed
             return self._decide(Outcome(OutcomeKind.CRASHED, uptime, error=connection.failure))
-        exit_status = ExitStatus(child.returncode)
+        exit_status = _exit_status(child)
+        assert exit_status is not None
         if child.returncode == 0:
             return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
         crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
@@ -336,6 +342,12 @@ class Extension:
         changed.set()
         if self._on_change is not None:
             self._on_change(self.snapshot())
+
+
+def _exit_status(child: ChildProcess) -> ExitStatus | None:
+    if child.returncode is None:
+        return None
+    return ExitStatus(child.returncode, at=child.exited_at or _now())
 
 
 def _now() -> datetime:

@@ -19,6 +19,7 @@ import signal
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import anyio
 import psutil
@@ -60,6 +61,7 @@ class ChildProcess:
     _popen: subprocess.Popen[bytes]
     _pipes: tuple[asyncio.BaseTransport, ...]
     returncode: int | None = None
+    exited_at: datetime | None = None  # when the exit was noticed (wall clock)
     terminated: bool = False  # terminate_tree() has run to the end
     _pidfd: int = -1
 
@@ -78,6 +80,7 @@ class ChildProcess:
         except ChildProcessError:  # reaped elsewhere; the code is lost
             self.returncode = 255
         self._popen.returncode = self.returncode  # so Popen.__del__ does not track it as running
+        self.exited_at = datetime.now(UTC)
         self.exited.set()
 
     def close_stdin(self) -> None:
@@ -133,7 +136,6 @@ async def _attach(popen: subprocess.Popen[bytes], marker: str, pipe_limit: int) 
     return child
 
 
-
 def _popen(argv: Sequence[str], *, env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
     """fork+exec on the calling (event loop) thread; blocks only until exec succeeded or failed."""
     parent_pid = os.getpid()
@@ -158,18 +160,23 @@ def _popen(argv: Sequence[str], *, env: dict[str, str], cwd: str | None) -> subp
         raise SpawnError(f"cannot start {argv[0]!r}: {exc.strerror or exc}", permanent=False) from exc
 
 
-async def terminate_tree(child: ChildProcess, *, grace: float, term_grace: float = 3.0) -> None:
+async def terminate_tree(
+    child: ChildProcess, *, grace: float, term_grace: float = 3.0, hurry: anyio.Event | None = None
+) -> None:
     """Close stdin, wait up to *grace* s, SIGTERM the group, wait, SIGKILL, sweep marked strays.
 
-    Shielded and bounded: returns within about ``grace + term_grace + 2`` seconds even if the
-    caller is cancelled. Never raises. Afterwards no process carrying the child's marker is
-    alive (zombies aside, which are dead and only wait for their parent to reap them).
+    Shielded and bounded: returns within about ``grace + term_grace + 4`` seconds even if the
+    caller is cancelled. Once *hurry* is set (a forced shutdown), the graces are skipped and
+    what is left is SIGKILLed at once. Never raises. Afterwards no process carrying the
+    child's marker is alive (zombies aside: dead, and only waiting for their parent to reap them).
     """
+    hurry = hurry or anyio.Event()
     with anyio.CancelScope(shield=True):
         child.close_stdin()
-        with anyio.move_on_after(grace):
-            await child.exited.wait()
+        await _wait_until(child.exited, hurry, within=grace)
         for sig, wait in ((signal.SIGTERM, term_grace), (signal.SIGKILL, 2.0)):
+            if sig is signal.SIGTERM and hurry.is_set():
+                continue
             strays = await anyio.to_thread.run_sync(find_marked, child.marker)
             if child.returncode is None:
                 strays.add(child.pid)
@@ -177,11 +184,24 @@ async def terminate_tree(child: ChildProcess, *, grace: float, term_grace: float
                 break
             _killpg_quietly(child.pgid, sig)
             _kill_quietly(strays, sig)  # those that left the group with setsid
-            await _wait_gone(strays, wait)
+            await _wait_gone(strays, wait, hurry=None if sig is signal.SIGKILL else hurry)
         with anyio.move_on_after(2.0):
             await child.exited.wait()
         child.close_pipes()
         child.terminated = True
+
+
+async def _wait_until(event: anyio.Event, hurry: anyio.Event, *, within: float) -> None:
+    """Wait for *event*, at most *within* s, and no longer once *hurry* is set."""
+    with anyio.move_on_after(within):
+        async with anyio.create_task_group() as tg:
+
+            async def wait_then_stop(which: anyio.Event) -> None:
+                await which.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait_then_stop, event)
+            tg.start_soon(wait_then_stop, hurry)
 
 
 async def sweep_marked(prefix: str, *, keep: str | None = None) -> int:
@@ -218,23 +238,32 @@ def _kill_quietly(pids: Iterable[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-async def _wait_gone(pids: Iterable[int], within: float) -> None:
-    """Wait until every pid has exited (pidfd events, no polling), at most *within* s."""
+async def _wait_gone(pids: Iterable[int], within: float, *, hurry: anyio.Event | None = None) -> None:
+    """Wait until every pid has exited (pidfd events, no polling): at most *within* s, or until *hurry*."""
     loop = asyncio.get_running_loop()
-    waiters: list[tuple[int, asyncio.Future[None]]] = []
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:  # already gone
-            continue
-        future: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, lambda f=future: f.done() or f.set_result(None))
-        waiters.append((fd, future))
+    fds: list[int] = []
+    all_gone = anyio.Event()
+    remaining = 0
+
+    def gone(fd: int) -> None:
+        nonlocal remaining
+        loop.remove_reader(fd)
+        remaining -= 1
+        if remaining == 0:
+            all_gone.set()
+
     try:
-        with anyio.move_on_after(within):
-            for _, future in waiters:
-                await future
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # already gone
+                continue
+            fds.append(fd)
+            remaining += 1
+            loop.add_reader(fd, gone, fd)
+        if remaining:
+            await _wait_until(all_gone, hurry or anyio.Event(), within=within)
     finally:
-        for fd, _ in waiters:
+        for fd in fds:
             loop.remove_reader(fd)
             os.close(fd)

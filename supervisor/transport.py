@@ -90,13 +90,14 @@ async def connect(
     max_message_bytes: int,
     on_stderr: Callable[[str], None],
     on_tools_changed: ToolsChanged,
+    hurry: anyio.Event | None = None,
 ) -> AsyncIterator[Connection]:
     """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
 
     Resource handling: the task that enters this context must exit it. Exiting closes the
     session, then closes stdin, waits *stop_timeout*, and kills the process tree, shielded
-    from cancellation. The pipes are drained until the tree is gone, so a child blocked on a
-    full pipe still shuts down gracefully.
+    from cancellation; *hurry* cuts the graces short. The pipes are drained until the tree is
+    gone, so a child blocked on a full pipe still shuts down gracefully.
 
     Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
     """
@@ -140,7 +141,7 @@ async def connect(
                     yield connection
             finally:
                 write_send.close()
-                await process.terminate_tree(child, grace=stop_timeout)
+                await process.terminate_tree(child, grace=stop_timeout, hurry=hurry)
                 for scope in drains:
                     scope.cancel()
                 pumps.cancel_scope.cancel()

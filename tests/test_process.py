@@ -165,6 +165,19 @@ class TestTerminateTree:
         assert child.returncode == -signal.SIGKILL
         assert time.monotonic() - started < 3
 
+    async def test_hurry_cuts_a_long_grace_short(self, marker_prefix: str) -> None:
+        """A forced shutdown (hurry) SIGKILLs a stubborn child without waiting out a 30 s grace."""
+        child = await spawn(server_argv("stubborn.py"), marker_prefix)
+        await read_stderr_line(child, "stubborn")
+        hurry = anyio.Event()
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: process.terminate_tree(child, grace=30, term_grace=30, hurry=hurry))
+            await anyio.sleep(0.2)
+            hurry.set()
+        assert child.returncode == -signal.SIGKILL
+        assert time.monotonic() - started < 3
+
     async def test_finishes_even_when_the_caller_is_cancelled(self, marker_prefix: str) -> None:
         """Teardown is shielded: cancelling the caller does not leave the tree running."""
         child = await spawn(server_argv("tree.py"), marker_prefix)

@@ -1,0 +1,167 @@
+"""The daemon: the set of extensions, the control socket, signals, and the task group they live in.
+
+Startup phases: install the signal handlers, bind the control socket (which also refuses a
+second daemon on the same socket), sweep processes that a crashed earlier daemon on this
+socket left behind, launch the autostart extensions concurrently, then serve until
+SIGTERM/SIGINT. Shutdown stops every
+extension in parallel within ``shutdown_timeout``. A second signal, or that timeout, stops
+being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so
+the process trees still die before the daemon exits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from . import control, logs, process
+from .config import Settings
+from .errors import SupervisorError, UnknownExtension
+from .extension import Extension
+from .state import Snapshot, State
+
+__all__ = ("Daemon", "run")
+
+log = structlog.get_logger(__name__)
+
+
+class Daemon:
+    """The extensions of one config, each started in the daemon's task group *tg*.
+
+    Implements :class:`supervisor.control.Backend`; the control socket is a thin layer on it.
+    """
+
+    def __init__(self, settings: Settings, *, tg: TaskGroup, environ: Mapping[str, str]) -> None:
+        self.settings = settings
+        self.instance = instance_key(settings.socket)
+        self.marker_prefix = f"{self.instance}:{os.getpid()}:"
+        self._tg = tg
+        self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self._extensions = {
+            name: Extension(name, config, environ=environ, marker_prefix=self.marker_prefix, hurry=self.hurry)
+            for name, config in settings.extensions.items()
+        }
+
+    def get(self, name: str) -> Extension:
+        try:
+            return self._extensions[name]
+        except KeyError:
+            raise UnknownExtension(name) from None
+
+    def status(self, name: str | None = None) -> list[Snapshot]:
+        if name is not None:
+            return [self.get(name).snapshot()]
+        return [ext.snapshot() for ext in self._extensions.values()]
+
+    async def start(self, name: str, *, wait: bool = True) -> Snapshot:
+        ext = self.get(name)
+        await ext.start(self._tg)
+        return await _settled(ext) if wait else ext.snapshot()
+
+    async def stop(self, name: str, *, wait: bool = True) -> Snapshot:
+        ext = self.get(name)
+        if wait:
+            await ext.stop()
+        else:
+            self._tg.start_soon(ext.stop)
+        return ext.snapshot()
+
+    async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
+        ext = self.get(name)
+        if not wait:
+            self._tg.start_soon(ext.restart, self._tg)
+            return ext.snapshot()
+        await ext.restart(self._tg)
+        return await _settled(ext)
+
+    def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
+        chosen = [self.get(name)] if name is not None else self._extensions.values()
+        return [(ext.name, tool) for ext in chosen for tool in ext.tools()]
+
+    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        return await self.get(name).call_tool(tool, arguments)
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return self.get(name).logs(lines)
+
+    async def autostart(self) -> None:
+        """Launch every autostart extension; returns once their watchers run (not once ready)."""
+        for ext in self._extensions.values():
+            if ext.config.autostart:
+                await ext.start(self._tg)
+
+    async def stop_all(self) -> None:
+        """Stop every extension in parallel; returns once all their process trees are gone."""
+        async with anyio.create_task_group() as stoppers:
+            for ext in self._extensions.values():
+                stoppers.start_soon(ext.stop)
+
+
+async def _settled(ext: Extension) -> Snapshot:
+    """Wait until a start has an answer: running, or why not (backoff, failed, stopped)."""
+    return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING))
+
+
+def instance_key(socket_path: str) -> str:
+    """Names this daemon's children by its socket, so a successor finds what it left behind."""
+    return hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:12]
+
+
+async def run(settings: Settings) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the process exit code."""
+    logs.configure()
+    log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
+    async with anyio.create_task_group() as tg:
+        daemon = Daemon(settings, tg=tg, environ=dict(os.environ))
+        # Signals first: a SIGTERM during startup must still tear down what was spawned.
+        await tg.start(_serve_signals, daemon, tg)
+        try:
+            await tg.start(control.serve, daemon, settings.socket)
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            tg.cancel_scope.cancel()
+            return 1
+        swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
+        if swept:
+            log.warning("daemon.swept_orphans", count=swept)
+        await daemon.autostart()
+        log.info("daemon.ready", extensions=len(settings.extensions))
+    log.info("daemon.stopped")
+    return 0
+
+
+async def _serve_signals(
+    daemon: Daemon, tg: TaskGroup, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Signal handlers only note the signal; the work happens here, in the event loop."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        task_status.started()
+        shutting_down = False
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                log.warning("daemon.reload_unsupported", hint="restart the daemon to apply config changes")
+            elif not shutting_down:
+                shutting_down = True
+                log.info("daemon.shutting_down", signal=signal.Signals(signum).name)
+                tg.start_soon(_shutdown, daemon, tg)
+            else:
+                log.warning("daemon.forced_shutdown", signal=signal.Signals(signum).name)
+                daemon.hurry.set()  # skip the graces: SIGKILL what is left
+                tg.cancel_scope.cancel()
+
+
+async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:
+    with anyio.move_on_after(daemon.settings.shutdown_timeout) as scope:
+        await daemon.stop_all()
+    if scope.cancelled_caught:
+        log.warning("daemon.shutdown_timeout", timeout=daemon.settings.shutdown_timeout)
+        daemon.hurry.set()
+    tg.cancel_scope.cancel()

@@ -1,0 +1,286 @@
+"""The daemon as users run it: a real `mcp-supervisor daemon` process, driven by the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from supervisor import process
+from supervisor.daemon import instance_key
+
+from .conftest import SERVERS
+
+pytestmark = pytest.mark.timeout(60)
+
+CLI = [sys.executable, "-m", "supervisor"]
+
+
+def extension(script: str, *args: str, **overrides: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "command": sys.executable,
+        "args": [str(SERVERS / script), *args],
+        "backoff": {"initial": 0, "jitter": 0},
+        "stop_timeout": 1,
+        "start_timeout": 10,
+    }
+    settings.update(overrides)
+    return settings
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll with a deadline; for conditions in another process that send us no event."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class Daemon:
+    """A daemon subprocess on a config of its own, and the CLI pointed at it."""
+
+    def __init__(self, directory: Path, extensions: dict[str, Any]) -> None:
+        self.socket = str(directory / "control.sock")
+        self.config = directory / "config.json"
+        self.config.write_text(json.dumps({"socket": self.socket, "extensions": extensions}))
+        self.log = directory / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log)
+        until(lambda: os.path.exists(self.socket) or self.proc.poll() is not None)  # type: ignore[union-attr]
+        return self
+
+    @property
+    def instance(self) -> str:
+        return f"{instance_key(self.socket)}:"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args, "--socket", self.socket], capture_output=True, text=True, timeout=30
+        )
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        result = self.cli("status", "--json")
+        assert result.returncode == 0, result.stderr
+        return {record["name"]: record for record in json.loads(result.stdout)["extensions"]}
+
+    def wait_state(self, name: str, state: str, within: float = 10.0) -> dict[str, Any]:
+        until(lambda: self.status()[name]["state"] == state, within)
+        return self.status()[name]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def make(extensions: dict[str, Any], *, start: bool = True, directory: Path | None = None) -> Daemon:
+        daemon = Daemon(directory or short_tmp, extensions)
+        started.append(daemon)
+        return daemon.start() if start else daemon
+
+    yield make
+    for daemon in started:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.kill()
+            daemon.proc.wait()
+    for daemon in started:  # whatever a killed daemon left behind
+        leftovers = process.find_marked(daemon.instance)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
+
+
+class TestCommands:
+    def test_start_stop_restart_through_the_cli(self, daemons: Callable[..., Daemon]) -> None:
+        """The CLI's stop, start and restart act on a real daemon and report the outcome."""
+        daemon = daemons({"fx": extension("quick.py")})
+        first = daemon.wait_state("fx", "running")
+
+        stopped = daemon.cli("stop", "fx")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped" in stopped.stdout
+        assert daemon.status()["fx"]["state"] == "stopped" and not alive(first["pid"])
+
+        started = daemon.cli("start", "fx")
+        assert started.returncode == 0, started.stderr
+        second = daemon.status()["fx"]
+        assert second["state"] == "running" and second["pid"] != first["pid"]
+
+        restarted = daemon.cli("restart", "fx")
+        assert restarted.returncode == 0, restarted.stderr
+        third = daemon.status()["fx"]
+        assert third["state"] == "running" and third["pid"] != second["pid"] and not alive(second["pid"])
+
+        table = daemon.cli("status")
+        assert table.returncode == 0 and "fx" in table.stdout and "running" in table.stdout
+        assert daemon.terminate() == 0
+
+    def test_call_tools_and_logs(self, daemons: Callable[..., Daemon]) -> None:
+        """tools, call and logs reach the running extension."""
+        daemon = daemons({"fx": extension("quick.py", env={"QUICK_STDERR_AT_START": "3"})})
+        daemon.wait_state("fx", "running")
+        assert "echo" in daemon.cli("tools").stdout
+        called = daemon.cli("call", "fx", "echo", "--args", '{"text": "hello"}')
+        assert (called.returncode, called.stdout.strip()) == (0, "hello")
+        until(lambda: "start line 3" in daemon.cli("logs", "fx", "-n", "5").stdout)
+        assert daemon.terminate() == 0
+
+    def test_start_of_a_broken_extension_exits_1_with_the_reason(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """A start that ends failed exits 1 and says why in one sentence."""
+        daemon = daemons({"broken": extension("quick.py", command="no-such-command-xyz", autostart=False)})
+        result = daemon.cli("start", "broken")
+        assert result.returncode == 1
+        assert "command 'no-such-command-xyz' not found" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert daemon.terminate() == 0
+
+    def test_unknown_extension(self, daemons: Callable[..., Daemon]) -> None:
+        """Acting on an extension that is not configured exits 1 and names it."""
+        daemon = daemons({"fx": extension("quick.py")})
+        result = daemon.cli("stop", "nosuch")
+        assert result.returncode == 1 and "no extension named 'nosuch'" in result.stderr
+        assert daemon.terminate() == 0
+
+    def test_no_daemon_exits_3(self, short_tmp: Path) -> None:
+        """Without a daemon the CLI exits 3 with one clear sentence."""
+        sock = str(short_tmp / "none.sock")
+        result = subprocess.run(
+            [*CLI, "status", "--socket", sock], capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 3
+        assert result.stderr.strip() == f"mcp-supervisor: no daemon is listening on {sock}"
+
+
+class TestSupervision:
+    def test_kill_9_of_a_child_is_followed_by_a_restart(self, daemons: Callable[..., Daemon]) -> None:
+        """SIGKILL of the child: the daemon records the signal and runs a new child."""
+        daemon = daemons({"fx": extension("quick.py")})
+        first = daemon.wait_state("fx", "running")
+        os.kill(first["pid"], signal.SIGKILL)
+        until(lambda: daemon.status()["fx"]["restarts"] == 1 and daemon.status()["fx"]["state"] == "running")
+        after = daemon.status()["fx"]
+        assert after["pid"] != first["pid"] and after["last_exit"]["signal"] == "SIGKILL"
+        assert daemon.terminate() == 0
+
+    def test_a_failing_extension_does_not_disturb_a_healthy_one(self, daemons: Callable[..., Daemon]) -> None:
+        """A crash-looping extension leaves its neighbour's process and calls alone."""
+        daemon = daemons(
+            {"healthy": extension("quick.py"), "flappy": extension("exit_now.py", restart="always")}
+        )
+        healthy = daemon.wait_state("healthy", "running")
+        until(lambda: daemon.status()["flappy"]["restarts"] >= 5)
+        for n in range(5):
+            called = daemon.cli("call", "healthy", "echo", "--args", json.dumps({"text": str(n)}))
+            assert called.stdout.strip() == str(n)
+        after = daemon.status()["healthy"]
+        assert (after["pid"], after["restarts"], after["state"]) == (healthy["pid"], 0, "running")
+        assert daemon.terminate() == 0
+
+    def test_second_daemon_on_the_same_socket_refuses(
+        self, daemons: Callable[..., Daemon], short_tmp: Path
+    ) -> None:
+        """A second daemon exits 1 and the first keeps serving."""
+        first = daemons({"fx": extension("quick.py")})
+        first.wait_state("fx", "running")
+        config = short_tmp / "second.json"
+        config.write_text(json.dumps({"socket": first.socket, "extensions": {}}))
+        proc = subprocess.run([*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 1
+        assert "another daemon is listening" in proc.stderr
+        assert first.status()["fx"]["state"] == "running"
+        assert first.terminate() == 0
+
+
+class TestShutdown:
+    def test_sigterm_leaves_no_process_of_any_tree(self, daemons: Callable[..., Daemon]) -> None:
+        """SIGTERM stops every extension, grandchildren and setsid descendants included, then exits 0."""
+        daemon = daemons(
+            {"tree": extension("tree.py"), "plain": extension("quick.py"), "sdk": extension("echo.py")}
+        )
+        for name in ("tree", "plain", "sdk"):
+            daemon.wait_state(name, "running")
+        pids = json.loads(daemon.cli("call", "tree", "pids").stdout)
+        assert len(process.find_marked(daemon.instance)) >= 5
+        assert daemon.terminate() == 0
+        assert [name for name, pid in pids.items() if alive(pid)] == []
+        assert process.find_marked(daemon.instance) == set()
+        assert not os.path.exists(daemon.socket)
+
+    def test_sigterm_during_startup_still_tears_down(self, daemons: Callable[..., Daemon]) -> None:
+        """A SIGTERM while an extension is still starting exits 0 with nothing left behind."""
+        daemon = daemons({"slow": extension("hang_init.py", start_timeout=30)})
+        daemon.wait_state("slow", "starting")
+        assert daemon.terminate() == 0
+        assert process.find_marked(daemon.instance) == set()
+
+    def test_second_sigterm_skips_the_grace(self, daemons: Callable[..., Daemon]) -> None:
+        """With a stubborn child and a 30 s stop_timeout, a second SIGTERM ends it all in seconds."""
+        daemon = daemons({"stubborn": extension("stubborn.py", stop_timeout=30)})
+        daemon.wait_state("stubborn", "running")
+        assert daemon.proc is not None
+        started = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        until(lambda: any(e.get("event") == "daemon.shutting_down" for e in daemon.events()))
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(timeout=15) == 0
+        assert time.monotonic() - started < 10
+        assert process.find_marked(daemon.instance) == set()
+
+    def test_sigkill_leaves_no_direct_child_and_the_next_start_sweeps(
+        self, daemons: Callable[..., Daemon], short_tmp: Path
+    ) -> None:
+        """PDEATHSIG takes the direct children down; the next daemon sweeps the orphaned grandchildren."""
+        daemon = daemons({"tree": extension("tree.py"), "plain": extension("quick.py")})
+        direct = [daemon.wait_state(name, "running")["pid"] for name in ("tree", "plain")]
+        descendants = json.loads(daemon.cli("call", "tree", "pids").stdout)
+        assert daemon.proc is not None
+        daemon.proc.kill()
+        daemon.proc.wait()
+        until(lambda: not any(alive(pid) for pid in direct))
+        assert alive(descendants["grandchild"])  # orphaned, still marked
+
+        successor = daemons({}, directory=short_tmp)
+        until(lambda: any(e.get("event") == "daemon.swept_orphans" for e in successor.events()))
+        assert not alive(descendants["grandchild"]) and not alive(descendants["great_grandchild"])
+        assert successor.terminate() == 0
+
+
+class TestBadInput:
+    def test_broken_config_names_field_and_line(self, short_tmp: Path) -> None:
+        """`daemon` with a broken config exits 2 and names the field and line."""
+        config = short_tmp / "bad.yaml"
+        config.write_text("extensions:\n  fx:\n    command: x\n    restart: sometimes\n")
+        result = subprocess.run(
+            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30
+        )
+        assert result.returncode == 2
+        assert "extensions.fx.restart (line 4)" in result.stderr
+        assert "Traceback" not in result.stderr
