@@ -14,13 +14,16 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
-from supervisor import client, config
+from supervisor import client, paths
 from supervisor.client import DaemonUnreachable, RemoteError
-from supervisor.errors import SupervisorError
+from supervisor.errors import ConfigError, SupervisorError
+
+if TYPE_CHECKING:
+    from supervisor.config import Settings
 
 __all__ = ("EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main")
 
@@ -284,14 +287,16 @@ async def _logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load(path: str, overrides: dict[str, Any] | None = None) -> config.Settings:
+def _load(path: str, overrides: dict[str, Any] | None = None) -> Settings:
+    from supervisor import config  # pydantic-settings: only the commands that read a config pay for it
+
     try:
         return config.load(path, overrides=overrides)
-    except config.ConfigError as exc:
+    except ConfigError as exc:
         if len(exc.errors) == 1 and exc.errors[0].startswith(path):
             raise  # already names the file: "x.yaml: No such file or directory"
         problems = "\n".join(f"  {line}" for line in exc.errors)
-        raise config.ConfigError([f"{path} is not valid:\n{problems}"]) from None
+        raise ConfigError([f"{path} is not valid:\n{problems}"]) from None
 
 
 def _check_config(args: argparse.Namespace) -> int:
@@ -302,7 +307,7 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _daemon(args: argparse.Namespace) -> int:
-    settings = _load(args.config or config.default_config_path(), {"socket": args.socket})
+    settings = _load(args.config or paths.default_config_path(), {"socket": args.socket})
     from supervisor import daemon  # lazily: client commands need not import the whole daemon
 
     return anyio.run(daemon.run, settings, backend="asyncio")
@@ -367,7 +372,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.command in ("start", "stop", "restart") and bool(args.name) == bool(args.all):
         raise _UsageError(f"give either NAME or --all (see '{_PROG} {args.command} --help')")
     if getattr(args, "is_async", False) and not args.socket:
-        args.socket = config.default_socket_path()
+        args.socket = paths.default_socket_path()
     return args
 
 
@@ -379,7 +384,7 @@ def _report(exc: BaseException) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILED
-    if isinstance(exc, _UsageError | config.ConfigError):
+    if isinstance(exc, _UsageError | ConfigError):
         code = EXIT_USAGE
     elif isinstance(exc, DaemonUnreachable):
         code = EXIT_UNREACHABLE

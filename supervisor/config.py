@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -19,7 +19,9 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from .errors import SupervisorError
+from .errors import ConfigError
+from .paths import ENV_PREFIX as _ENV
+from .paths import default_config_path, default_socket_path
 
 __all__ = (
     "BackoffConfig",
@@ -34,17 +36,8 @@ __all__ = (
     "load",
 )
 
-_ENV = "MCP_SUPERVISOR_"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
-
-
-class ConfigError(SupervisorError):
-    """The configuration is unusable. ``errors`` holds one line per problem; ``str(exc)`` joins them."""
-
-    def __init__(self, errors: Iterable[str]) -> None:
-        self.errors: tuple[str, ...] = tuple(errors)
-        super().__init__("\n".join(self.errors))
 
 
 @dataclass
@@ -60,24 +53,6 @@ _CONTEXT: ContextVar[_Context | None] = ContextVar("mcp_supervisor_config", defa
 def _environ() -> Mapping[str, str]:  # outside load() (models built directly): the process environment
     ctx = _CONTEXT.get()
     return os.environ if ctx is None else ctx.environ
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None) -> str:
-    """``$MCP_SUPERVISOR_SOCKET``, else ``/run/...`` for root, else under ``$XDG_RUNTIME_DIR`` or ``/tmp``."""
-    env = os.environ if environ is None else environ
-    if env.get(_ENV + "SOCKET"):
-        return env[_ENV + "SOCKET"]
-    if os.geteuid() == 0:
-        return "/run/mcp-supervisor/control.sock"
-    if env.get("XDG_RUNTIME_DIR"):
-        return os.path.join(env["XDG_RUNTIME_DIR"], "mcp-supervisor", "control.sock")
-    return f"/tmp/mcp-supervisor-{os.geteuid()}/control.sock"
-
-
-def default_config_path(environ: Mapping[str, str] | None = None) -> str:
-    """The config file: ``$MCP_SUPERVISOR_CONFIG``, else ``/etc/mcp-supervisor/config.yaml``."""
-    env = os.environ if environ is None else environ
-    return env.get(_ENV + "CONFIG") or "/etc/mcp-supervisor/config.yaml"
 
 
 def _expand(value: str) -> str:

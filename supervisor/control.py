@@ -9,12 +9,8 @@ whatever a handler raises becomes a JSON-RPC error for that one client, never re
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import socket
-import stat
-import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +23,7 @@ import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from supervisor import sockets
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError, UnknownExtension
 
 if TYPE_CHECKING:
@@ -55,6 +52,8 @@ __all__ = (
 
 log = structlog.get_logger(__name__)
 
+_TOO_LARGE = "request too large (over 1 MiB)"
+
 MAX_FRAME = 1 << 20  # bytes in one request line, newline excluded
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT = 300.0  # seconds a connection may make no progress (no request, or a reply not read)
@@ -70,13 +69,6 @@ SUPERVISOR_ERROR = -32000
 CALL_FAILED = -32002
 EXTENSION_UNAVAILABLE = -32003
 UNKNOWN_EXTENSION = -32004
-
-_ACCEPT_RETRY_DELAY = 0.1  # after EMFILE and friends, so the accept loop does not spin
-_TRANSIENT_ACCEPT_ERRORS = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
-)
-_TOO_LARGE = "request too large (over 1 MiB)"
-_PROBE_TIMEOUT = 5.0  # connecting to an existing socket to see whether a daemon is behind it
 
 
 class Backend(Protocol):
@@ -294,13 +286,13 @@ class _Server:
             task_status.started()
             while True:
                 try:
-                    stream = await _accept(listener)
+                    stream = await sockets.accept(listener)
                 except anyio.BrokenResourceError as exc:
                     cause = exc.__cause__
-                    if not (isinstance(cause, OSError) and cause.errno in _TRANSIENT_ACCEPT_ERRORS):
+                    if not (isinstance(cause, OSError) and cause.errno in sockets.TRANSIENT_ACCEPT_ERRORS):
                         raise
                     log.warning("control.accept_failed", error=str(cause))
-                    await anyio.sleep(_ACCEPT_RETRY_DELAY)
+                    await anyio.sleep(sockets.ACCEPT_RETRY_DELAY)
                     continue
                 if stream is None:
                     continue
@@ -332,7 +324,7 @@ class _Server:
             self._active -= 1
 
     async def _converse(self, stream: anyio.abc.SocketStream) -> None:
-        pid, uid = _peer_credentials(stream)
+        pid, uid = sockets.peer_credentials(stream)
         if uid not in self._allowed_uids:
             log.warning("control.peer_refused", uid=uid, pid=pid)
             message = f"permission denied: uid {uid} may not use this socket"
@@ -395,90 +387,6 @@ class _Server:
         return None if request.notification else reply
 
 
-async def _accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream | None:
-    """Accept one client as a transport-based stream; None if it hung up already.
-
-    anyio 4.16's UNIXSocketStream waits with ``loop.add_reader(future.set_result)``: a cancel
-    (idle timeout, shutdown) landing in the loop iteration where the socket becomes ready makes
-    asyncio log ``InvalidStateError``. The transport-based SocketStream has no such race.
-    """
-    accepted = await listener.accept()
-    raw: socket.socket = accepted.extra(anyio.abc.SocketAttribute.raw_socket)
-    sock = socket.socket(fileno=raw.detach())
-    try:
-        return await anyio.abc.SocketStream.from_socket(sock)
-    except (OSError, ValueError) as exc:
-        sock.close()
-        log.debug("control.client_gone", error=str(exc))
-        return None
-    except BaseException:
-        sock.close()
-        raise
-
-
-def _peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
-    """The (pid, uid) of the process at the other end, from SO_PEERCRED."""
-    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-    creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return pid, uid
-
-
-def _prepare_directory(path: str) -> None:
-    """Create the socket's directory 0700, or warn when an existing one is open to others."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        mode = stat.S_IMODE(os.stat(directory).st_mode)
-    except FileNotFoundError:
-        os.makedirs(directory, mode=0o700)
-        os.chmod(directory, 0o700)
-        return
-    if mode & 0o077:
-        log.warning("control.socket_dir_open", path=directory, mode=oct(mode))
-
-
-async def _remove_stale(path: str) -> None:
-    """Unlink a socket no daemon answers on; refuse when one does."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise SupervisorError(f"{path} exists and is not a socket")
-    try:
-        with anyio.fail_after(_PROBE_TIMEOUT):
-            probe = await anyio.connect_unix(path)
-    except ConnectionRefusedError:
-        log.info("control.stale_socket_removed", path=path)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    except TimeoutError:
-        raise SupervisorError(f"another daemon is listening on {path}") from None
-    await probe.aclose()
-    raise SupervisorError(f"another daemon is listening on {path}")
-
-
-async def _listen(path: str) -> anyio.abc.SocketListener:
-    try:
-        _prepare_directory(path)
-        await _remove_stale(path)
-        return await anyio.create_unix_listener(path, mode=0o600)  # chmod before listen()
-    except OSError as exc:
-        raise SupervisorError(f"cannot listen on {path}: {exc.strerror or exc}") from exc
-
-
-def _unlink_if_ours(path: str, identity: tuple[int, int]) -> None:
-    with contextlib.suppress(OSError):
-        if _identity(path) == identity:
-            os.unlink(path)
-
-
-def _identity(path: str) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_dev, st.st_ino
-
-
 async def serve(
     backend: Backend,
     path: str,
@@ -501,13 +409,13 @@ async def serve(
 
     Resource handling: the socket file is removed on exit unless another process replaced it.
     """
-    listener = await _listen(path)
-    identity = _identity(path)
+    listener = await sockets.listen(path)
+    identity = sockets.identity(path)
     server = _Server(backend, max_connections=max_connections, idle_timeout=idle_timeout)
     log.info("control.listening", path=path)
     try:
         async with listener:
             await server.run(listener, task_status)
     finally:
-        _unlink_if_ours(path, identity)
+        sockets.unlink_if_ours(path, identity)
         log.info("control.closed", path=path)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = (
     "CallFailed",
+    "ConfigError",
     "ExtensionUnavailable",
     "SpawnError",
     "StartFailed",
@@ -52,3 +55,11 @@ class SpawnError(SupervisorError):
 
 class StartFailed(SupervisorError):
     """The child started but did not complete the MCP handshake and tool listing."""
+
+
+class ConfigError(SupervisorError):
+    """The configuration is unusable. ``errors`` holds one line per problem; ``str(exc)`` joins them."""
+
+    def __init__(self, errors: Iterable[str]) -> None:
+        self.errors: tuple[str, ...] = tuple(errors)
+        super().__init__("\n".join(self.errors))

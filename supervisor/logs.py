@@ -35,7 +35,7 @@ def configure(*, json: bool | None = None, level: int = logging.INFO, stream: Te
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(stream),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # structlog.testing.capture_logs must see every logger
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(

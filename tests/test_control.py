@@ -20,7 +20,6 @@ import anyio
 import anyio.abc
 import mcp_types as types
 import pytest
-import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
 
@@ -46,10 +45,9 @@ def sock_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """Captured log events; a fresh logger, so a logger cached by an earlier configure() is bypassed."""
+def logs() -> Iterator[list[dict[str, Any]]]:
+    """Captured log events."""
     with capture_logs() as events:
-        monkeypatch.setattr(control, "log", structlog.get_logger(control.__name__))
         yield events
 
 
@@ -528,13 +526,13 @@ class TestSocketFile:
     async def test_an_open_directory_is_kept_but_reported(
         self, sock_dir: Path, logs: list[dict[str, Any]]
     ) -> None:
-        """An existing directory open to others keeps its mode and logs control.socket_dir_open."""
+        """An existing directory open to others keeps its mode and logs socket.dir_open."""
         (sock_dir / "run").mkdir(mode=0o755)
         os.chmod(sock_dir / "run", 0o755)
         async with serving(FakeBackend(), sock_dir):
             pass
         assert stat.S_IMODE(os.stat(sock_dir / "run").st_mode) == 0o755
-        assert [e["log_level"] for e in logs if e["event"] == "control.socket_dir_open"] == ["warning"]
+        assert [e["log_level"] for e in logs if e["event"] == "socket.dir_open"] == ["warning"]
 
     async def test_a_stale_socket_is_replaced(self, sock_dir: Path) -> None:
         """A socket file nobody listens on is removed and bound again."""
