@@ -28,7 +28,7 @@ from .errors import SupervisorError, UnknownExtension
 from .extension import Extension
 from .state import Snapshot, State
 
-__all__ = ("Daemon", "run")
+__all__ = ("Daemon", "instance_key", "run")
 
 log = structlog.get_logger(__name__)
 

@@ -37,7 +37,7 @@ log = structlog.get_logger(__name__)
 ChangeHook = Callable[[Snapshot], None]
 
 
-def policy_of(config: ExtensionConfig) -> RestartPolicy:
+def _policy_of(config: ExtensionConfig) -> RestartPolicy:
     b = config.backoff
     return RestartPolicy(
         mode=config.restart,
@@ -71,7 +71,7 @@ class Extension:
     ) -> None:
         self.name = name
         self.config = config
-        self.policy = policy_of(config)
+        self.policy = _policy_of(config)
         self._env = {**environ, **config.env}
         self._marker_prefix = marker_prefix
         self._on_change = on_change
