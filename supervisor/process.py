@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import os
 import signal
+import struct
 import subprocess
+import termios
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +30,15 @@ import structlog
 
 from .errors import SpawnError
 
-__all__ = ("MARKER_ENV", "ChildProcess", "find_marked", "spawn", "sweep_marked", "terminate_tree")
+__all__ = (
+    "MARKER_ENV",
+    "ChildProcess",
+    "PipeReader",
+    "find_marked",
+    "spawn",
+    "sweep_marked",
+    "terminate_tree",
+)
 
 log = structlog.get_logger(__name__)
 
@@ -43,6 +54,83 @@ def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork
         os._exit(1)
 
 
+class PipeReader(asyncio.Protocol):
+    """One pipe from the child, read in chunks, with at most *high_water* bytes buffered.
+
+    Unlike ``asyncio.StreamReader`` it can tell when nothing is left in flight
+    (:meth:`drained`): once a dead child's last bytes are delivered, its session can end
+    at once, even while a grandchild keeps the pipe open.
+    """
+
+    def __init__(self, high_water: int = 1 << 20) -> None:
+        self._buffer = bytearray()
+        self._high_water = high_water
+        self._eof = False
+        self._paused = False
+        self._ready: asyncio.Future[None] | None = None
+        self._transport: asyncio.ReadTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.ReadTransport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if len(self._buffer) >= self._high_water and not self._paused and self._transport:
+            self._transport.pause_reading()  # backpressure: the child blocks on a full pipe
+            self._paused = True
+        self._wake()
+
+    def eof_received(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._eof = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    async def read(self) -> bytes:
+        """Everything buffered, waiting for at least one byte; ``b""`` at end of file."""
+        while not self._buffer and not self._eof:
+            self._ready = asyncio.get_running_loop().create_future()
+            try:
+                await self._ready
+            finally:
+                self._ready = None
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        if self._paused and self._transport:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._buffer
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read from the pipe and not yet handed out (bounded by high_water plus one read)."""
+        return len(self._buffer)
+
+    def drained(self) -> bool:
+        """Nothing buffered here and nothing waiting in the kernel's pipe."""
+        return not self._buffer and (self._eof or _bytes_in_pipe(self._transport) == 0)
+
+
+def _bytes_in_pipe(transport: asyncio.ReadTransport | None) -> int:
+    pipe = transport.get_extra_info("pipe") if transport else None
+    if pipe is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
+
+
 @dataclass(eq=False)
 class ChildProcess:
     """A running child with non-blocking pipes and an exit event.
@@ -55,8 +143,8 @@ class ChildProcess:
     pid: int
     marker: str
     stdin: asyncio.StreamWriter
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader
+    stdout: PipeReader
+    stderr: PipeReader
     exited: anyio.Event
     _popen: subprocess.Popen[bytes]
     _pipes: tuple[asyncio.BaseTransport, ...]
@@ -99,7 +187,7 @@ async def spawn(
     env: Mapping[str, str],
     cwd: str | None,
     marker: str,
-    pipe_limit: int = 1 << 16,
+    pipe_limit: int = 1 << 20,
 ) -> ChildProcess:
     """Start *argv* in a new session with stdio pipes; it dies with the daemon (PDEATHSIG).
 
@@ -117,14 +205,9 @@ async def spawn(
 async def _attach(popen: subprocess.Popen[bytes], marker: str, pipe_limit: int) -> ChildProcess:
     loop = asyncio.get_running_loop()
     assert popen.stdin and popen.stdout and popen.stderr
-    stdout = asyncio.StreamReader(limit=pipe_limit)
-    stderr = asyncio.StreamReader(limit=pipe_limit)
-    out_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(stdout), popen.stdout
-    )
-    err_transport, _ = await loop.connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(stderr), popen.stderr
-    )
+    stdout, stderr = PipeReader(pipe_limit), PipeReader(pipe_limit)
+    out_transport, _ = await loop.connect_read_pipe(lambda: stdout, popen.stdout)
+    err_transport, _ = await loop.connect_read_pipe(lambda: stderr, popen.stderr)
     write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # provides drain() flow control
     in_transport, _ = await loop.connect_write_pipe(lambda: write_protocol, popen.stdin)
     stdin = asyncio.StreamWriter(in_transport, write_protocol, None, loop)

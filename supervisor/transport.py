@@ -27,9 +27,8 @@ __all__ = ("Connection", "connect", "split_lines")
 
 log = structlog.get_logger(__name__)
 
-CHUNK = 1 << 16
 STDERR_LINE_CAP = 8 << 10  # longer stderr lines are truncated, not buffered
-EXIT_FLUSH_GRACE = 0.25  # after the child exits, time to read what it wrote last
+EXIT_FLUSH_GRACE = 0.25  # at most this long after an exit, to deliver what the child wrote last
 MAX_TOOLS = 10_000  # a server paginating forever must not grow our cache forever
 
 ToolsChanged = Callable[[], Awaitable[None]]
@@ -105,12 +104,13 @@ async def connect(
     connection = Connection(child)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
-    stdout_eof = anyio.Event()
     drains: list[anyio.CancelScope] = []
 
     def end(failure: str | None) -> None:
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
         connection.end(failure)
+
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end)
 
     async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
@@ -129,10 +129,10 @@ async def connect(
 
     try:
         async with anyio.create_task_group() as pumps:
-            pumps.start_soon(drain, _pump_stdout, child, read_send, max_message_bytes, end, stdout_eof)
+            pumps.start_soon(drain, stdout.run)
             pumps.start_soon(drain, _pump_stderr, child, on_stderr)
             pumps.start_soon(_pump_stdin, child, write_recv, end)
-            pumps.start_soon(_watch_exit, child, stdout_eof, end)
+            pumps.start_soon(_watch_exit, child, stdout, end)
             try:
                 async with ClientSession(
                     read_recv, write_send, message_handler=on_message, logging_callback=on_log
@@ -166,40 +166,60 @@ def split_lines(buffer: bytearray, scan_from: int) -> tuple[list[bytes], int]:
     return lines, len(buffer)
 
 
-async def _pump_stdout(
-    child: ChildProcess,
-    sink: MemoryObjectSendStream[SessionMessage | Exception],
-    max_message_bytes: int,
-    end: Callable[[str | None], None],
-    eof: anyio.Event,
-) -> None:
-    """Deliver stdout lines as messages; once the session is gone or broken, just drain."""
-    buffer, scan_from = bytearray(), 0
-    delivering = True
-    try:
-        while chunk := await child.stdout.read(CHUNK):
-            if not delivering:
-                continue
-            buffer += chunk
-            lines, scan_from = split_lines(buffer, scan_from)
-            for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    await sink.send(_parse(line))
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    delivering = False
+class _StdoutPump:
+    """Delivers the child's stdout lines as messages; once the session is gone or broken, drains."""
+
+    def __init__(
+        self,
+        child: ChildProcess,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        max_message_bytes: int,
+        end: Callable[[str | None], None],
+    ) -> None:
+        self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
+        self.eof = anyio.Event()
+        self.waiting = False  # parked in read(): everything read so far has been handled
+
+    def caught_up(self) -> bool:
+        """All bytes the child wrote are delivered (or discarded): nothing more is on its way."""
+        return self.eof.is_set() or (self.waiting and self.child.stdout.drained())
+
+    async def run(self) -> None:
+        buffer, scan_from = bytearray(), 0
+        delivering = True
+        try:
+            while True:
+                self.waiting = True
+                chunk = await self.child.stdout.read()
+                self.waiting = False
+                if not chunk:
                     break
-            if delivering and len(buffer) > max_message_bytes:
-                delivering, buffer = False, bytearray()
-                log.error("extension.message_too_large", limit=max_message_bytes)
-                end(f"it sent a message over the {max_message_bytes}-byte limit")
-    finally:
-        eof.set()
-    if delivering:  # EOF: an exit explains itself; give the exit event a moment to arrive
-        with anyio.move_on_after(EXIT_FLUSH_GRACE):
-            await child.exited.wait()
-        end(None if child.exited.is_set() else "it closed its stdout")
+                if not delivering:
+                    continue
+                buffer += chunk
+                lines, scan_from = split_lines(buffer, scan_from)
+                delivering = await self._deliver(lines)
+                if delivering and len(buffer) > self.max_message_bytes:
+                    delivering, buffer = False, bytearray()
+                    log.error("extension.message_too_large", limit=self.max_message_bytes)
+                    self.end(f"it sent a message over the {self.max_message_bytes}-byte limit")
+        finally:
+            self.waiting = False
+            self.eof.set()
+        if delivering:  # EOF: an exit explains itself; give the exit event a moment to arrive
+            with anyio.move_on_after(EXIT_FLUSH_GRACE):
+                await self.child.exited.wait()
+            self.end(None if self.child.exited.is_set() else "it closed its stdout")
+
+    async def _deliver(self, lines: list[bytes]) -> bool:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                await self.sink.send(_parse(line))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return False
+        return True
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -226,7 +246,7 @@ async def _pump_stdin(
 
 async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> None:
     buffer, scan_from = bytearray(), 0
-    while chunk := await child.stderr.read(CHUNK):
+    while chunk := await child.stderr.read():
         buffer += chunk
         lines, scan_from = split_lines(buffer, scan_from)
         if len(buffer) > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
@@ -239,14 +259,13 @@ async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> N
         on_line(_decode(buffer[:STDERR_LINE_CAP]))
 
 
-async def _watch_exit(
-    child: ChildProcess, stdout_eof: anyio.Event, end: Callable[[str | None], None]
-) -> None:
+async def _watch_exit(child: ChildProcess, stdout: _StdoutPump, end: Callable[[str | None], None]) -> None:
     await child.exited.wait()
-    # EOF normally follows at once, after the last response; a grandchild holding the pipe
-    # must not delay noticing the exit by more than the grace.
+    # Deliver what the child wrote before it died, then end the session: without waiting
+    # for an EOF that a grandchild holding the pipe would delay forever.
     with anyio.move_on_after(EXIT_FLUSH_GRACE):
-        await stdout_eof.wait()
+        while not stdout.caught_up():  # noqa: ASYNC110 - a pipe's emptiness fires no event
+            await anyio.sleep(0.001)
     end(None)
 
 

@@ -17,7 +17,7 @@ import pytest
 from supervisor import process
 from supervisor.errors import SpawnError
 
-from .conftest import server_argv
+from .conftest import eventually, server_argv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -57,12 +57,21 @@ async def spawn(argv: list[str], marker: str, **kwargs: object) -> process.Child
     return await process.spawn(argv, env=dict(os.environ), cwd=None, marker=marker, **kwargs)  # type: ignore[arg-type]
 
 
-async def read_stderr_line(child: process.ChildProcess, startswith: str) -> str:
+async def read_line(reader: process.PipeReader, startswith: str = "") -> str:
+    """The first whole line from *reader* that starts with *startswith* (the rest is dropped)."""
+    pending = b""
     with anyio.fail_after(10):
-        while line := (await child.stderr.readline()).decode():
-            if line.startswith(startswith):
-                return line
-    raise AssertionError(f"no stderr line starting with {startswith!r}")
+        while chunk := await reader.read():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.decode().startswith(startswith):
+                    return line.decode()
+    raise AssertionError(f"no line starting with {startswith!r}")
+
+
+async def read_stderr_line(child: process.ChildProcess, startswith: str) -> str:
+    return await read_line(child.stderr, startswith)
 
 
 class TestSpawn:
@@ -95,10 +104,26 @@ class TestSpawn:
             [sys.executable, "-c", code], env={**os.environ, "GREETING": "hi"}, cwd=None, marker=marker_prefix
         )
         with anyio.fail_after(10):
-            greeting, mark, sid = json.loads(await child.stdout.readline())
+            greeting, mark, sid = json.loads(await read_line(child.stdout))
             await child.exited.wait()
         assert (greeting, mark, sid) == ("hi", marker_prefix, child.pid)
         await process.terminate_tree(child, grace=0)
+
+
+class TestPipeReader:
+    async def test_buffer_is_bounded_and_the_writer_waits(self, marker_prefix: str) -> None:
+        """A child writing 4 MiB nobody reads fills at most high_water (+ one pipe read), then blocks."""
+        writer = "import sys; sys.stdout.buffer.write(b'x' * (4 << 20)); sys.stdout.flush()"
+        child = await spawn([sys.executable, "-c", writer], marker_prefix, pipe_limit=64 << 10)
+        await eventually(lambda: child.stdout.buffered >= 64 << 10)
+        assert child.stdout.buffered <= (64 << 10) + (256 << 10)  # asyncio reads pipes 256 KiB at a time
+        assert not child.exited.is_set()  # blocked on the full pipe
+        received = 0
+        with anyio.fail_after(10):
+            while chunk := await child.stdout.read():
+                received += len(chunk)
+        assert received == 4 << 20 and child.stdout.at_eof()
+        await process.terminate_tree(child, grace=1)
 
 
 class TestExitDetection:
