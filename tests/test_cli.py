@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -29,19 +27,6 @@ from supervisor.errors import UnknownExtension
 from supervisor.state import ExitStatus, Snapshot, State
 
 WAIT = 10  # seconds any single step may take
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short directory: unix socket paths are limited to 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="mcps-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -157,9 +142,9 @@ class Backend:
 
 
 @asynccontextmanager
-async def serving(sock_dir: Path, backend: Backend | None = None) -> AsyncIterator[str]:
+async def serving(short_tmp: Path, backend: Backend | None = None) -> AsyncIterator[str]:
     """Run a control server for the block; yield its socket path."""
-    path = str(sock_dir / "control.sock")
+    path = str(short_tmp / "control.sock")
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(WAIT):
             await tg.start(partial(control.serve, backend or Backend(), path))
@@ -175,9 +160,9 @@ async def run(*argv: str) -> int:
 
 @pytest.mark.anyio
 class TestStatus:
-    async def test_table(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_table(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """status prints one aligned row per extension with the most useful detail last."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("status", "--socket", path)
         out = capsys.readouterr().out.splitlines()
         assert code == cli.EXIT_OK
@@ -203,27 +188,27 @@ class TestStatus:
         column = out[0].index("STATE")
         assert [line[column:].split()[0] for line in out[1:]] == ["running", "backoff", "failed", "stopped"]
 
-    async def test_json(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_json(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """status --json prints the daemon's records unchanged."""
         backend = Backend()
-        async with serving(sock_dir, backend) as path:
+        async with serving(short_tmp, backend) as path:
             code = await run("status", "--json", "--socket", path)
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {
             "extensions": [snapshot.as_dict() for snapshot in backend.snapshots.values()]
         }
 
-    async def test_one_extension(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_one_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """status NAME prints the header and that extension only."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("status", "gamma", "--socket", path)
         lines = capsys.readouterr().out.splitlines()
         assert code == cli.EXIT_OK
         assert [line.split()[0] for line in lines] == ["NAME", "gamma"]
 
-    async def test_unknown_extension(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_unknown_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An unknown name fails with the daemon's sentence and exit 1."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("status", "nope", "--socket", path)
         captured = capsys.readouterr()
         assert code == cli.EXIT_FAILED
@@ -231,10 +216,10 @@ class TestStatus:
         assert captured.out == ""
 
     async def test_the_socket_comes_from_the_environment(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Without --socket, MCP_SUPERVISOR_SOCKET names the socket."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             monkeypatch.setenv("MCP_SUPERVISOR_SOCKET", path)
             code = await run("status")
         assert code == cli.EXIT_OK
@@ -244,11 +229,11 @@ class TestStatus:
 @pytest.mark.anyio
 class TestActions:
     async def test_start_prints_the_new_status(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """start NAME waits by default and prints the resulting status row."""
         backend = Backend()
-        async with serving(sock_dir, backend) as path:
+        async with serving(short_tmp, backend) as path:
             code = await run("start", "delta", "--socket", path)
         out = capsys.readouterr().out.splitlines()
         assert code == cli.EXIT_OK
@@ -256,29 +241,29 @@ class TestActions:
         assert backend.actions == [("start", "delta", True)]
 
     async def test_a_failed_start_exits_1_with_the_reason(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """A start ending anything but running exits 1 and says why."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("start", "gamma", "--socket", path)
         captured = capsys.readouterr()
         assert code == cli.EXIT_FAILED
         assert captured.err == "mcp-supervisor: extension 'gamma' failed to start: command not found: nope\n"
         assert "gamma" in captured.out
 
-    async def test_no_wait(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_no_wait(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--no-wait sends wait=false and a transitional state is not a failure."""
         backend = Backend()
-        async with serving(sock_dir, backend) as path:
+        async with serving(short_tmp, backend) as path:
             code = await run("stop", "alpha", "--no-wait", "--socket", path)
         assert code == cli.EXIT_OK
         assert backend.actions == [("stop", "alpha", False)]
         assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["alpha", "stopping"]
 
-    async def test_all(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_all(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """restart --all acts on every extension, prints each row in order, and exits 1 if any failed."""
         backend = Backend()
-        async with serving(sock_dir, backend) as path:
+        async with serving(short_tmp, backend) as path:
             code = await run("restart", "--all", "--socket", path)
         captured = capsys.readouterr()
         assert code == cli.EXIT_FAILED
@@ -294,9 +279,9 @@ class TestActions:
         )
         assert sorted(backend.actions) == [("restart", n, True) for n in ("alpha", "beta", "delta", "gamma")]
 
-    async def test_unknown_extension(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_unknown_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Acting on an unknown extension exits 1 with the daemon's sentence."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("stop", "nope", "--socket", path)
         assert code == cli.EXIT_FAILED
         assert capsys.readouterr().err == "mcp-supervisor: no extension named 'nope' is configured\n"
@@ -305,11 +290,11 @@ class TestActions:
 @pytest.mark.anyio
 class TestTools:
     async def test_table(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """tools prints extension, tool and the first line of each description, cut to the terminal width."""
         monkeypatch.setenv("COLUMNS", "80")
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("tools", "--socket", path)
         out = capsys.readouterr().out.splitlines()
         assert code == cli.EXIT_OK
@@ -320,9 +305,9 @@ class TestTools:
         assert len(out[2]) == 80
         assert out[3].split() == ["beta", "bare"]
 
-    async def test_json(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_json(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """tools NAME --json prints the daemon's records."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("tools", "beta", "--json", "--socket", path)
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {
@@ -334,20 +319,20 @@ class TestTools:
 
 @pytest.mark.anyio
 class TestCall:
-    async def test_text(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_text(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """call prints text content as is and passes --args as the arguments."""
         backend = Backend()
-        async with serving(sock_dir, backend) as path:
+        async with serving(short_tmp, backend) as path:
             code = await run("call", "alpha", "echo", "--args", '{"text": "hello\\nworld"}', "--socket", path)
         assert code == cli.EXIT_OK
         assert capsys.readouterr().out == "hello\nworld\n"
         assert backend.calls == [("alpha", "echo", {"text": "hello\nworld"})]
 
     async def test_other_content_is_one_line_each(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """Images, audio, links and embedded resources print as one descriptive line each."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("call", "alpha", "media", "--socket", path)
         assert code == cli.EXIT_OK
         assert capsys.readouterr().out.splitlines() == [
@@ -360,25 +345,25 @@ class TestCall:
             "}",
         ]
 
-    async def test_structured_content(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_structured_content(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """structuredContent prints as indented JSON when there is no text."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("call", "alpha", "structured", "--socket", path)
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {"ok": True, "n": 3}
 
-    async def test_a_tool_error_exits_1(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_a_tool_error_exits_1(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """isError prints the content to stderr and exits 1."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("call", "alpha", "fail", "--socket", path)
         captured = capsys.readouterr()
         assert code == cli.EXIT_FAILED
         assert captured.out == ""
         assert captured.err == "mcp-supervisor: tool 'fail' of 'alpha' reported an error: bad input\n"
 
-    async def test_json(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_json(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """call --json prints the wire result (and still exits 1 on isError)."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("call", "alpha", "fail", "--json", "--socket", path)
         assert code == cli.EXIT_FAILED
         assert json.loads(capsys.readouterr().out) == {
@@ -406,9 +391,9 @@ class TestCall:
 
 @pytest.mark.anyio
 class TestLogs:
-    async def test_lines(self, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    async def test_lines(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """logs NAME -n N prints the last N lines."""
-        async with serving(sock_dir) as path:
+        async with serving(short_tmp) as path:
             code = await run("logs", "alpha", "-n", "3", "--socket", path)
         assert code == cli.EXIT_OK
         assert capsys.readouterr().out == "line 0\nline 1\nline 2\n"
@@ -425,10 +410,10 @@ class TestNoDaemon:
         "argv", [["status"], ["start", "x"], ["tools"], ["call", "x", "y"], ["logs", "x"]]
     )
     def test_exit_3_with_the_socket_named(
-        self, sock_dir: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
     ) -> None:
         """With no daemon on the socket every client command exits 3 with one sentence."""
-        path = str(sock_dir / "control.sock")
+        path = str(short_tmp / "control.sock")
         code = cli.main([*argv, "--socket", path])
         captured = capsys.readouterr()
         assert code == cli.EXIT_UNREACHABLE
@@ -515,11 +500,11 @@ class TestDaemon:
             == f"mcp-supervisor: {tmp_path / 'nope.yaml'}: No such file or directory\n"
         )
 
-    def test_runs_until_sigterm(self, sock_dir: Path, tmp_path: Path) -> None:
+    def test_runs_until_sigterm(self, short_tmp: Path, tmp_path: Path) -> None:
         """daemon --socket serves the control socket and exits 0 on SIGTERM."""
         path = tmp_path / "config.yaml"
         path.write_text("extensions: {}\n")
-        socket_path = str(sock_dir / "run" / "control.sock")
+        socket_path = str(short_tmp / "run" / "control.sock")
         argv = [sys.executable, "-m", "supervisor.cli", "daemon", "-c", str(path), "--socket", socket_path]
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as daemon:
             try:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import stat
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -29,19 +27,6 @@ from supervisor.state import ExitStatus, Snapshot, State
 
 SINCE = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 WAIT = 5  # seconds any single step may take
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    """A short directory: unix socket paths are limited to 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="mcps-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -172,10 +157,10 @@ def error_of(reply: dict[str, Any]) -> tuple[int, str]:
 
 @pytest.mark.anyio
 class TestMethods:
-    async def test_status_lists_every_extension(self, sock_dir: Path) -> None:
+    async def test_status_lists_every_extension(self, short_tmp: Path) -> None:
         """status without params returns every snapshot's record, in order."""
         backend = FakeBackend()
-        async with serving(backend, sock_dir) as path, wire(path) as w:
+        async with serving(backend, short_tmp) as path, wire(path) as w:
             reply = await w.request("status")
         assert reply == {
             "jsonrpc": "2.0",
@@ -183,9 +168,9 @@ class TestMethods:
             "result": {"extensions": [s.as_dict() for s in backend.snapshots.values()]},
         }
 
-    async def test_status_of_one(self, sock_dir: Path) -> None:
+    async def test_status_of_one(self, short_tmp: Path) -> None:
         """status with a name returns that extension only."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("status", {"name": "beta"}, request_id="s-1")
         assert reply["id"] == "s-1"
         assert [record["name"] for record in reply["result"]["extensions"]] == ["beta"]
@@ -195,20 +180,20 @@ class TestMethods:
         ("verb", "state"), [("start", "running"), ("stop", "stopped"), ("restart", "running")]
     )
     async def test_actions_return_the_record_and_pass_wait(
-        self, sock_dir: Path, verb: str, state: str
+        self, short_tmp: Path, verb: str, state: str
     ) -> None:
         """start, stop and restart return the resulting record; wait defaults to true."""
         backend = FakeBackend()
-        async with serving(backend, sock_dir) as path, wire(path) as w:
+        async with serving(backend, short_tmp) as path, wire(path) as w:
             first = await w.request(verb, {"name": "beta"})
             await w.request(verb, {"name": "beta", "wait": False}, request_id=2)
         assert first["result"]["name"] == "beta"
         assert first["result"]["state"] == state
         assert backend.actions == [(verb, "beta", True), (verb, "beta", False)]
 
-    async def test_tools(self, sock_dir: Path) -> None:
+    async def test_tools(self, short_tmp: Path) -> None:
         """tools lists extension, name, description and inputSchema of each tool."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("tools")
         assert reply["result"] == {
             "tools": [
@@ -221,10 +206,10 @@ class TestMethods:
             ]
         }
 
-    async def test_call_returns_the_wire_result(self, sock_dir: Path) -> None:
+    async def test_call_returns_the_wire_result(self, short_tmp: Path) -> None:
         """call returns content, structuredContent and isError in camelCase, without resultType."""
         backend = FakeBackend()
-        async with serving(backend, sock_dir) as path, wire(path) as w:
+        async with serving(backend, short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "echo", "arguments": {"text": "hi"}})
             bare = await w.request("call", {"name": "alpha", "tool": "echo"}, request_id=2)
         assert reply["result"] == {
@@ -235,41 +220,41 @@ class TestMethods:
         assert bare["result"]["structuredContent"] == {"echo": {}}
         assert backend.calls == [("alpha", "echo", {"text": "hi"}), ("alpha", "echo", {})]
 
-    async def test_logs_default_and_given_lines(self, sock_dir: Path) -> None:
+    async def test_logs_default_and_given_lines(self, short_tmp: Path) -> None:
         """logs returns 50 lines by default, or as many as asked."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             default = await w.request("logs", {"name": "alpha"})
             three = await w.request("logs", {"name": "alpha", "lines": 3}, request_id=2)
         assert default["result"] == {"lines": ["x"] * 50}
         assert three["result"] == {"lines": ["x"] * 3}
 
     @pytest.mark.parametrize("method", ["reload", "health", "shutdown", ""])
-    async def test_methods_outside_the_table_are_not_found(self, sock_dir: Path, method: str) -> None:
+    async def test_methods_outside_the_table_are_not_found(self, short_tmp: Path, method: str) -> None:
         """A method not in METHODS (reload and health come later) is -32601."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request(method)
         assert error_of(reply) == (control.METHOD_NOT_FOUND, f"unknown method {method!r}")
 
 
 @pytest.mark.anyio
 class TestApplicationErrors:
-    async def test_unknown_extension(self, sock_dir: Path) -> None:
+    async def test_unknown_extension(self, short_tmp: Path) -> None:
         """An unknown extension name is -32004 with the error's sentence."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("start", {"name": "nope"})
         assert error_of(reply) == (control.UNKNOWN_EXTENSION, "no extension named 'nope' is configured")
 
-    async def test_extension_unavailable_carries_state_and_retryable(self, sock_dir: Path) -> None:
+    async def test_extension_unavailable_carries_state_and_retryable(self, short_tmp: Path) -> None:
         """ExtensionUnavailable is -32003 with data naming the state and whether to retry."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "unavailable"})
         assert reply["error"]["code"] == control.EXTENSION_UNAVAILABLE
         assert reply["error"]["data"] == {"state": "backoff", "retryable": True}
         assert "try again shortly" in reply["error"]["message"]
 
-    async def test_call_failed_carries_the_code(self, sock_dir: Path) -> None:
+    async def test_call_failed_carries_the_code(self, short_tmp: Path) -> None:
         """CallFailed is -32002 with the MCP error code as data."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "broken"})
         assert reply["error"] == {
             "code": control.CALL_FAILED,
@@ -277,17 +262,17 @@ class TestApplicationErrors:
             "data": {"code": -32000},
         }
 
-    async def test_other_supervisor_errors(self, sock_dir: Path) -> None:
+    async def test_other_supervisor_errors(self, short_tmp: Path) -> None:
         """Any other SupervisorError is -32000 with its message."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "plain"})
         assert error_of(reply) == (control.SUPERVISOR_ERROR, "something the daemon refuses")
 
     async def test_a_crashing_handler_is_an_internal_error_and_the_server_goes_on(
-        self, sock_dir: Path, logs: list[dict[str, Any]]
+        self, short_tmp: Path, logs: list[dict[str, Any]]
     ) -> None:
         """A handler raising RuntimeError is -32603 with one line, is logged, and both connections go on."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w, wire(path) as other:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w, wire(path) as other:
             reply = await w.request("call", {"name": "alpha", "tool": "explode"})
             after = await w.request("status", request_id=2)
             elsewhere = await other.request("status")
@@ -300,9 +285,9 @@ class TestApplicationErrors:
 
 @pytest.mark.anyio
 class TestProtocolErrors:
-    async def test_malformed_json_then_a_valid_request(self, sock_dir: Path) -> None:
+    async def test_malformed_json_then_a_valid_request(self, short_tmp: Path) -> None:
         """Malformed JSON is -32700 with id null, and the same connection keeps working."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             await w.send_raw(b'{"jsonrpc": "2.0", "id": 1, "method": \n')
             broken = await w.receive()
             await w.send_raw(b"\xff\xfe\n")
@@ -342,17 +327,17 @@ class TestProtocolErrors:
             ({"jsonrpc": "2.0", "method": 5}, None, "method must be a string"),
         ],
     )
-    async def test_invalid_requests(self, sock_dir: Path, message: Any, reply_id: Any, text: str) -> None:
+    async def test_invalid_requests(self, short_tmp: Path, message: Any, reply_id: Any, text: str) -> None:
         """A request that is not a valid JSON-RPC 2.0 object is -32600; the id is echoed when readable."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             await w.send(message)
             reply = await w.receive()
         assert reply["id"] == reply_id
         assert error_of(reply) == (control.INVALID_REQUEST, text)
 
-    async def test_batches_are_refused(self, sock_dir: Path) -> None:
+    async def test_batches_are_refused(self, short_tmp: Path) -> None:
         """A JSON array is -32600 'batch requests are not supported'."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             await w.send([{"jsonrpc": "2.0", "id": 1, "method": "status"}])
             reply = await w.receive()
         assert error_of(reply) == (control.INVALID_REQUEST, "batch requests are not supported")
@@ -377,22 +362,22 @@ class TestProtocolErrors:
             ),
         ],
     )
-    async def test_invalid_params(self, sock_dir: Path, method: str, params: Any, problem: str) -> None:
+    async def test_invalid_params(self, short_tmp: Path, method: str, params: Any, problem: str) -> None:
         """Params failing their pydantic model are -32602 with a readable message."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request(method, params)
         assert error_of(reply) == (control.INVALID_PARAMS, f"invalid params for {method!r}: {problem}")
 
-    async def test_params_must_be_an_object(self, sock_dir: Path) -> None:
+    async def test_params_must_be_an_object(self, short_tmp: Path) -> None:
         """Positional (array) params are -32602."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("status", [1])
         assert error_of(reply) == (control.INVALID_PARAMS, "params must be a JSON object")
 
-    async def test_notifications_run_without_a_reply(self, sock_dir: Path) -> None:
+    async def test_notifications_run_without_a_reply(self, short_tmp: Path) -> None:
         """A request without id is executed but answered by nothing, not even an error."""
         backend = FakeBackend()
-        async with serving(backend, sock_dir) as path, wire(path) as w:
+        async with serving(backend, short_tmp) as path, wire(path) as w:
             await w.send({"jsonrpc": "2.0", "method": "stop", "params": {"name": "alpha"}})
             await w.send({"jsonrpc": "2.0", "method": "no-such-method"})
             await w.send({"jsonrpc": "2.0", "method": "call", "params": {"name": "alpha", "tool": "explode"}})
@@ -405,9 +390,9 @@ class TestProtocolErrors:
 
 @pytest.mark.anyio
 class TestIsolation:
-    async def test_an_oversized_frame_closes_only_that_connection(self, sock_dir: Path) -> None:
+    async def test_an_oversized_frame_closes_only_that_connection(self, short_tmp: Path) -> None:
         """A 2 MiB line gets -32600 and a closed connection while another client is still answered."""
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as big, wire(path) as other:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as big, wire(path) as other:
 
             async def flood() -> None:
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -422,11 +407,11 @@ class TestIsolation:
         assert reply["id"] is None
         assert "result" in served
 
-    async def test_a_client_that_never_reads_blocks_nobody(self, sock_dir: Path) -> None:
+    async def test_a_client_that_never_reads_blocks_nobody(self, short_tmp: Path) -> None:
         """While one client leaves a 10 MB reply unread, others are served; it can read it all later."""
         backend = FakeBackend()
         backend.log_line = "y" * 1000
-        async with serving(backend, sock_dir) as path, wire(path) as lazy:
+        async with serving(backend, short_tmp) as path, wire(path) as lazy:
             await lazy.send(
                 {"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {"name": "alpha", "lines": 10_000}}
             )
@@ -436,20 +421,20 @@ class TestIsolation:
             late = await lazy.receive()
         assert len(late["result"]["lines"]) == 10_000
 
-    async def test_a_slow_request_does_not_delay_other_connections(self, sock_dir: Path) -> None:
+    async def test_a_slow_request_does_not_delay_other_connections(self, short_tmp: Path) -> None:
         """A start waiting on its extension holds only its own connection."""
         backend = FakeBackend()
         backend.gate = anyio.Event()
-        async with serving(backend, sock_dir) as path, wire(path) as slow, wire(path) as quick:
+        async with serving(backend, short_tmp) as path, wire(path) as slow, wire(path) as quick:
             await slow.send({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {"name": "beta"}})
             assert "result" in await quick.request("status")
             backend.gate.set()
             reply = await slow.receive()
         assert reply["result"]["state"] == "running"
 
-    async def test_many_clients_at_once(self, sock_dir: Path) -> None:
+    async def test_many_clients_at_once(self, short_tmp: Path) -> None:
         """Thirty clients, each sending three requests, all get their own answers."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
 
             async def chat(n: int) -> None:
                 async with wire(path) as w:
@@ -465,28 +450,28 @@ class TestIsolation:
                     for n in range(30):
                         tg.start_soon(chat, n)
 
-    async def test_idle_connections_are_closed(self, sock_dir: Path) -> None:
+    async def test_idle_connections_are_closed(self, short_tmp: Path) -> None:
         """A connection that sends nothing for idle_timeout seconds is closed."""
-        async with serving(FakeBackend(), sock_dir, idle_timeout=0.2) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp, idle_timeout=0.2) as path, wire(path) as w:
             assert "result" in await w.request("status")
             await w.wait_closed()
 
     async def test_a_client_not_reading_is_dropped_after_the_idle_timeout(
-        self, sock_dir: Path, logs: list[dict[str, Any]]
+        self, short_tmp: Path, logs: list[dict[str, Any]]
     ) -> None:
         """A reply left unread for idle_timeout seconds ends that connection."""
         backend = FakeBackend()
         backend.log_line = "y" * 1000
-        async with serving(backend, sock_dir, idle_timeout=0.3) as path, wire(path) as lazy:
+        async with serving(backend, short_tmp, idle_timeout=0.3) as path, wire(path) as lazy:
             await lazy.send(
                 {"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {"name": "alpha", "lines": 10_000}}
             )
             await _until_logged(logs, "control.client_not_reading")
             await lazy.wait_closed()
 
-    async def test_the_connection_cap(self, sock_dir: Path) -> None:
+    async def test_the_connection_cap(self, short_tmp: Path) -> None:
         """Over max_connections, a client gets -32000 'too many connections'; a freed slot is reused."""
-        async with serving(FakeBackend(), sock_dir, max_connections=2) as path:
+        async with serving(FakeBackend(), short_tmp, max_connections=2) as path:
             async with wire(path) as first, wire(path) as second:
                 assert "result" in await first.request("status")
                 assert "result" in await second.request("status")
@@ -515,56 +500,56 @@ async def _status_or_refusal(path: str) -> dict[str, Any]:
 
 @pytest.mark.anyio
 class TestSocketFile:
-    async def test_modes(self, sock_dir: Path) -> None:
+    async def test_modes(self, short_tmp: Path) -> None:
         """The missing directory is created 0700 and the socket is 0600."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
             assert stat.S_ISSOCK(os.stat(path).st_mode)
             assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
         assert os.listdir(os.path.dirname(path)) == []
 
     async def test_an_open_directory_is_kept_but_reported(
-        self, sock_dir: Path, logs: list[dict[str, Any]]
+        self, short_tmp: Path, logs: list[dict[str, Any]]
     ) -> None:
         """An existing directory open to others keeps its mode and logs socket.dir_open."""
-        (sock_dir / "run").mkdir(mode=0o755)
-        os.chmod(sock_dir / "run", 0o755)
-        async with serving(FakeBackend(), sock_dir):
+        (short_tmp / "run").mkdir(mode=0o755)
+        os.chmod(short_tmp / "run", 0o755)
+        async with serving(FakeBackend(), short_tmp):
             pass
-        assert stat.S_IMODE(os.stat(sock_dir / "run").st_mode) == 0o755
+        assert stat.S_IMODE(os.stat(short_tmp / "run").st_mode) == 0o755
         assert [e["log_level"] for e in logs if e["event"] == "socket.dir_open"] == ["warning"]
 
-    async def test_a_stale_socket_is_replaced(self, sock_dir: Path) -> None:
+    async def test_a_stale_socket_is_replaced(self, short_tmp: Path) -> None:
         """A socket file nobody listens on is removed and bound again."""
-        (sock_dir / "run").mkdir(mode=0o700)
+        (short_tmp / "run").mkdir(mode=0o700)
         stale = socket.socket(socket.AF_UNIX)
-        stale.bind(str(sock_dir / "run" / "control.sock"))
+        stale.bind(str(short_tmp / "run" / "control.sock"))
         stale.close()
-        async with serving(FakeBackend(), sock_dir) as path, wire(path) as w:
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             assert "result" in await w.request("status")
 
-    async def test_a_live_socket_is_refused(self, sock_dir: Path) -> None:
+    async def test_a_live_socket_is_refused(self, short_tmp: Path) -> None:
         """A second server on a socket someone answers on fails, and leaves the first one alone."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
             with anyio.fail_after(WAIT), pytest.raises(SupervisorError) as caught:
                 await control.serve(FakeBackend(), path)
             assert str(caught.value) == f"another daemon is listening on {path}"
             async with wire(path) as w:
                 assert "result" in await w.request("status")
 
-    async def test_a_file_that_is_not_a_socket_is_left_alone(self, sock_dir: Path) -> None:
+    async def test_a_file_that_is_not_a_socket_is_left_alone(self, short_tmp: Path) -> None:
         """A regular file at the socket path is an error, not something to delete."""
-        path = sock_dir / "control.sock"
+        path = short_tmp / "control.sock"
         path.write_text("precious")
         with anyio.fail_after(WAIT), pytest.raises(SupervisorError, match="exists and is not a socket"):
             await control.serve(FakeBackend(), str(path))
         assert path.read_text() == "precious"
 
     @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
-    async def test_other_users_are_refused(self, sock_dir: Path) -> None:
+    async def test_other_users_are_refused(self, short_tmp: Path) -> None:
         """A peer whose uid is neither ours nor root gets one error and a closed connection."""
-        async with serving(FakeBackend(), sock_dir) as path:
-            for where, mode in ((sock_dir, 0o755), (sock_dir / "run", 0o755), (Path(path), 0o666)):
+        async with serving(FakeBackend(), short_tmp) as path:
+            for where, mode in ((short_tmp, 0o755), (short_tmp / "run", 0o755), (Path(path), 0o666)):
                 os.chmod(where, mode)
             sock = socket.socket(socket.AF_UNIX)
             os.seteuid(65534)  # SO_PEERCRED records the effective uid at connect()
@@ -585,25 +570,25 @@ class TestSocketFile:
 
 @pytest.mark.anyio
 class TestClient:
-    async def test_request_returns_the_result(self, sock_dir: Path) -> None:
+    async def test_request_returns_the_result(self, short_tmp: Path) -> None:
         """client.request returns the result member."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
             with anyio.fail_after(WAIT):
                 result = await client.request(path, "logs", {"name": "alpha", "lines": 2})
         assert result == {"lines": ["x", "x"]}
 
-    async def test_errors_become_remote_errors(self, sock_dir: Path) -> None:
+    async def test_errors_become_remote_errors(self, short_tmp: Path) -> None:
         """An error reply raises RemoteError with code, message and data."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
             with anyio.fail_after(WAIT), pytest.raises(client.RemoteError) as caught:
                 await client.request(path, "call", {"name": "alpha", "tool": "unavailable"})
         assert caught.value.code == control.EXTENSION_UNAVAILABLE
         assert caught.value.data == {"state": "backoff", "retryable": True}
         assert str(caught.value) == "extension 'alpha' is backoff (restart in 1s); try again shortly"
 
-    async def test_one_client_many_requests(self, sock_dir: Path) -> None:
+    async def test_one_client_many_requests(self, short_tmp: Path) -> None:
         """A Client sends several requests over one connection."""
-        async with serving(FakeBackend(), sock_dir) as path:
+        async with serving(FakeBackend(), short_tmp) as path:
             with anyio.fail_after(WAIT):
                 async with client.Client(path) as c:
                     states = [
@@ -612,29 +597,29 @@ class TestClient:
                     ]
         assert states == ["running", "stopped"]
 
-    async def test_a_missing_socket_is_unreachable(self, sock_dir: Path) -> None:
+    async def test_a_missing_socket_is_unreachable(self, short_tmp: Path) -> None:
         """A socket path with nothing there raises DaemonUnreachable naming it."""
-        path = str(sock_dir / "nothing.sock")
+        path = str(short_tmp / "nothing.sock")
         with anyio.fail_after(WAIT), pytest.raises(client.DaemonUnreachable) as caught:
             await client.request(path, "status")
         assert str(caught.value) == f"no daemon is listening on {path}"
 
-    async def test_a_stale_socket_is_unreachable(self, sock_dir: Path) -> None:
+    async def test_a_stale_socket_is_unreachable(self, short_tmp: Path) -> None:
         """A socket file nobody listens on, or a plain file, raises DaemonUnreachable."""
         stale = socket.socket(socket.AF_UNIX)
-        stale.bind(str(sock_dir / "stale.sock"))
+        stale.bind(str(short_tmp / "stale.sock"))
         stale.close()
-        (sock_dir / "plain").write_text("")
+        (short_tmp / "plain").write_text("")
         for name in ("stale.sock", "plain"):
             with (
                 anyio.fail_after(WAIT),
                 pytest.raises(client.DaemonUnreachable, match="no daemon is listening"),
             ):
-                await client.request(str(sock_dir / name), "status")
+                await client.request(str(short_tmp / name), "status")
 
-    async def test_a_hang_up_without_reply(self, sock_dir: Path) -> None:
+    async def test_a_hang_up_without_reply(self, short_tmp: Path) -> None:
         """A daemon closing the connection without replying is a clear SupervisorError."""
-        path = str(sock_dir / "rude.sock")
+        path = str(short_tmp / "rude.sock")
         async with await anyio.create_unix_listener(path) as listener, anyio.create_task_group() as tg:
 
             async def hang_up() -> None:
@@ -646,9 +631,9 @@ class TestClient:
                 await client.request(path, "status")
         assert str(caught.value) == "the daemon closed the connection without replying to 'status'"
 
-    async def test_a_timeout(self, sock_dir: Path) -> None:
+    async def test_a_timeout(self, short_tmp: Path) -> None:
         """No reply within the timeout is a SupervisorError naming the method and the limit."""
-        path = str(sock_dir / "mute.sock")
+        path = str(short_tmp / "mute.sock")
         async with await anyio.create_unix_listener(path) as listener, anyio.create_task_group() as tg:
             accepted: list[anyio.abc.SocketStream] = []
 
