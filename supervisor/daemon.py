@@ -15,6 +15,7 @@ import hashlib
 import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,6 +27,7 @@ from . import control, logs, process
 from .config import Settings
 from .errors import SupervisorError, UnknownExtension
 from .extension import Extension
+from .spool import Spool, default_root
 from .state import Snapshot, State
 
 __all__ = ("Daemon", "instance_key", "run")
@@ -45,8 +47,21 @@ class Daemon:
         self.marker_prefix = f"{self.instance}:{os.getpid()}:"
         self._tg = tg
         self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self.spool = Spool(
+            Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
+            instance=self.instance,
+            max_inline_bytes=settings.spool.max_inline_bytes,
+            max_total_bytes=settings.spool.max_total_bytes,
+        )
         self._extensions = {
-            name: Extension(name, config, environ=environ, marker_prefix=self.marker_prefix, hurry=self.hurry)
+            name: Extension(
+                name,
+                config,
+                environ=environ,
+                marker_prefix=self.marker_prefix,
+                hurry=self.hurry,
+                spool=self.spool.for_extension(name),
+            )
             for name, config in settings.extensions.items()
         }
 
@@ -132,10 +147,23 @@ async def run(settings: Settings) -> int:
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
+        await _prepare_spool(daemon.spool)
         await daemon.autostart()
         log.info("daemon.ready", extensions=len(settings.extensions))
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(daemon.spool.close)
     log.info("daemon.stopped")
     return 0
+
+
+async def _prepare_spool(spool: Spool) -> None:
+    def prepare() -> int:
+        spool.check_filesystem()
+        return spool.sweep()
+
+    swept = await anyio.to_thread.run_sync(prepare)
+    if swept:
+        log.warning("daemon.swept_spool", directories=swept, root=str(spool.root))
 
 
 async def _serve_signals(

@@ -25,6 +25,7 @@ from . import transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
+from .spool import ExtensionSpool
 from .state import ExitStatus, Snapshot, State
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ class Extension:
         marker_prefix: identifies this daemon's children (see :mod:`supervisor.process`).
         on_change: called with each new snapshot (sync, must not block).
         hurry: once set, teardowns skip their graces (the daemon's forced shutdown).
+        spool: where oversized media in results goes; emptied when the watcher ends.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class Extension:
         marker_prefix: str,
         on_change: ChangeHook | None = None,
         hurry: anyio.Event | None = None,
+        spool: ExtensionSpool | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -76,6 +79,7 @@ class Extension:
         self._marker_prefix = marker_prefix
         self._on_change = on_change
         self._hurry = hurry
+        self._spool = spool
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
@@ -219,6 +223,9 @@ class Extension:
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
                 self._connection, self._tools = None, ()
+                if self._spool is not None:  # no child left to refer to its files
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._spool.remove)
                 final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
                 self._set(final, pid=None, next_restart=None)
                 done.set()
@@ -238,6 +245,7 @@ class Extension:
                 on_stderr=self._on_stderr,
                 on_tools_changed=self._refresh_tools,
                 hurry=self._hurry,
+                spool=self._spool,
             ) as connection:
                 try:
                     return await self._serve(connection)

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import pydantic_core
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import ClientSession
@@ -22,6 +23,7 @@ from mcp.shared.message import SessionMessage
 
 from . import process
 from .process import ChildProcess
+from .spool import ExtensionSpool
 
 __all__ = ("Connection", "connect", "split_lines")
 
@@ -90,6 +92,7 @@ async def connect(
     on_stderr: Callable[[str], None],
     on_tools_changed: ToolsChanged,
     hurry: anyio.Event | None = None,
+    spool: ExtensionSpool | None = None,
 ) -> AsyncIterator[Connection]:
     """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
 
@@ -97,6 +100,9 @@ async def connect(
     session, then closes stdin, waits *stop_timeout*, and kills the process tree, shielded
     from cancellation; *hurry* cuts the graces short. The pipes are drained until the tree is
     gone, so a child blocked on a full pipe still shuts down gracefully.
+
+    Oversized media in the child's results goes to *spool* before anything parses it into
+    models (see :mod:`supervisor.spool`).
 
     Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
     """
@@ -110,7 +116,7 @@ async def connect(
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
         connection.end(failure)
 
-    stdout = _StdoutPump(child, read_send, max_message_bytes, end)
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool)
 
     async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
@@ -150,20 +156,29 @@ async def connect(
             await process.terminate_tree(child, grace=0)
 
 
-def split_lines(buffer: bytearray, scan_from: int) -> tuple[list[bytes], int]:
-    """Cut complete lines off the front of *buffer*; return them and where to resume scanning.
+def split_lines(buffer: bytearray, scan_from: int) -> tuple[list[bytes | bytearray], bytearray, int]:
+    """Cut the complete lines off *buffer*: return them, the rest, and where to resume scanning.
 
     Only bytes from *scan_from* on are searched, so a long line arriving in many chunks is
-    scanned once in total: linear time.
+    scanned once in total: linear time. A buffer holding exactly one line, the usual shape of
+    a big message, is handed over whole instead of copied.
     """
-    lines: list[bytes] = []
-    start = 0
-    while (newline := buffer.find(b"\n", scan_from)) >= 0:
-        lines.append(bytes(buffer[start:newline]))
-        start = scan_from = newline + 1
+    first = buffer.find(b"\n", scan_from)  # nothing before scan_from holds a newline
+    if first == len(buffer) - 1:
+        buffer.pop()  # the newline
+        return [buffer], bytearray(), 0
+    lines: list[bytes | bytearray] = []
+    start, newline = 0, first
+    with memoryview(buffer) as view:
+        while newline >= 0:
+            lines.append(bytes(view[start:newline]))  # one copy, not a slice and then a copy
+            start = newline + 1
+            newline = buffer.find(b"\n", start)
     if start:
         del buffer[:start]
-    return lines, len(buffer)
+    if not buffer:
+        buffer = bytearray()  # let go of a large allocation
+    return lines, buffer, len(buffer)
 
 
 class _StdoutPump:
@@ -175,8 +190,10 @@ class _StdoutPump:
         sink: MemoryObjectSendStream[SessionMessage | Exception],
         max_message_bytes: int,
         end: Callable[[str | None], None],
+        spool: ExtensionSpool | None,
     ) -> None:
         self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
+        self.spool = spool
         self.eof = anyio.Event()
         self.waiting = False  # parked in read(): everything read so far has been handled
 
@@ -197,7 +214,7 @@ class _StdoutPump:
                 if not delivering:
                     continue
                 buffer += chunk
-                lines, scan_from = split_lines(buffer, scan_from)
+                lines, buffer, scan_from = split_lines(buffer, scan_from)
                 delivering = await self._deliver(lines)
                 if delivering and len(buffer) > self.max_message_bytes:
                     delivering, buffer = False, bytearray()
@@ -211,18 +228,39 @@ class _StdoutPump:
                 await self.child.exited.wait()
             self.end(None if self.child.exited.is_set() else "it closed its stdout")
 
-    async def _deliver(self, lines: list[bytes]) -> bool:
-        for line in lines:
-            if not line.strip():
+    async def _deliver(self, lines: list[bytes | bytearray]) -> bool:
+        lines.reverse()
+        while lines:
+            line = lines.pop()
+            if not line or line.isspace():
                 continue
+            if self.spool is not None and self.spool.needs_look(len(line)):
+                box = [line]  # the worker thread gets the only reference: the line is freed once parsed
+                del line
+                message = await anyio.to_thread.run_sync(_parse_and_spool, box, self.spool)
+            else:
+                message = _parse(line)
             try:
-                await self.sink.send(_parse(line))
+                await self.sink.send(message)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return False
         return True
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+def _parse_and_spool(box: list[bytes | bytearray], spool: ExtensionSpool) -> SessionMessage | Exception:
+    """Parse a large line into plain JSON, move its oversized media to the spool, then validate."""
+    try:
+        message = pydantic_core.from_json(box.pop())
+    except ValueError as exc:
+        return exc
+    spool.rewrite(message)
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
+    except ValueError as exc:
+        return exc
+
+
+def _parse(line: bytes | bytearray) -> SessionMessage | Exception:
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -248,11 +286,10 @@ async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> N
     buffer, scan_from = bytearray(), 0
     while chunk := await child.stderr.read():
         buffer += chunk
-        lines, scan_from = split_lines(buffer, scan_from)
+        lines, buffer, scan_from = split_lines(buffer, scan_from)
         if len(buffer) > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
             lines.append(bytes(buffer))
-            buffer.clear()
-            scan_from = 0
+            buffer, scan_from = bytearray(), 0
         for line in lines:
             on_line(_decode(line[:STDERR_LINE_CAP]))
     if buffer:

@@ -1,0 +1,317 @@
+"""The media spool: oversized image, audio and blob content moves to disk, a link stays.
+
+Results are rewritten as plain JSON dicts, straight off an extension's stdout, before any
+MCP model holds them: a payload is decoded in chunks into a file and never sits in memory
+twice. Layout::
+
+    <root>/<instance>-<daemon pid>/<extension>/<random>.<ext>     dirs 0700, files 0600
+
+One directory per extension, created on first use and removed when that extension is
+stopped (kept across a crash-restart, so links already handed out stay valid). The daemon's
+directory goes at daemon exit, and a daemon start removes those of earlier daemons on the
+same socket that are no longer running. ``max_total_bytes`` and ``max_files`` bound the
+whole spool, oldest files evicted first.
+
+Thread safety: rewrites run in worker threads; the index is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import mimetypes
+import os
+import secrets
+import shutil
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+__all__ = (
+    "ExtensionSpool",
+    "Spool",
+    "SpoolStats",
+    "decoded_size",
+    "default_root",
+    "filesystem_type",
+    "write_decoded",
+)
+
+log = structlog.get_logger(__name__)
+
+DECODE_CHUNK = 4 << 20  # base64 characters per step (a multiple of 4)
+MEDIA_TYPES = ("image", "audio")
+VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolStats:
+    files: int
+    bytes: int
+
+
+def default_root(environ: Mapping[str, str]) -> Path:
+    """``$CACHE_DIRECTORY/spool`` (systemd), else ``<$XDG_CACHE_HOME or ~/.cache>/mcp-supervisor/spool``."""
+    if environ.get("CACHE_DIRECTORY"):
+        return Path(environ["CACHE_DIRECTORY"].split(":")[0]) / "spool"
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "mcp-supervisor" / "spool"
+
+
+def decoded_size(data: str) -> int | None:
+    """The byte count *data* decodes to, without decoding; None if it cannot be base64."""
+    if len(data) % 4:
+        return None
+    padding = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
+    return len(data) // 4 * 3 - padding
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem *path* lives on (from /proc/self/mountinfo), if known."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    best, kind = "", None
+    target = str(path.resolve())
+    for line in mounts:
+        fields = line.split(" - ")
+        mount_point = fields[0].split()[4]
+        if (target == mount_point or target.startswith(mount_point.rstrip("/") + "/")) and len(
+            mount_point
+        ) >= len(best):
+            best, kind = mount_point, fields[1].split()[0]
+    return kind
+
+
+class Spool:
+    """One daemon's spool.
+
+    Args:
+        root: the directory holding every daemon's spool (created 0700 if missing).
+        instance: names this daemon's run directory, with its pid; see :meth:`sweep`.
+        max_inline_bytes: a payload decoding to more than this is spooled; exactly this stays inline.
+        max_total_bytes, max_files: bounds on the whole spool, oldest files evicted first.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        instance: str,
+        max_inline_bytes: int,
+        max_total_bytes: int,
+        max_files: int = 10_000,
+    ) -> None:
+        self.root = root
+        self.instance = instance
+        self.run_dir = root / f"{instance}-{os.getpid()}"
+        self.max_inline_bytes = max_inline_bytes
+        self.max_total_bytes = max_total_bytes
+        self.max_files = max_files
+        self._lock = threading.Lock()
+        self._files: OrderedDict[Path, int] = OrderedDict()  # oldest first: path -> size
+        self._total = 0
+
+    def stats(self) -> SpoolStats:
+        with self._lock:
+            return SpoolStats(len(self._files), self._total)
+
+    def sweep(self) -> int:
+        """Remove run directories of earlier daemons on this socket that are not running. Blocking."""
+        removed = 0
+        try:
+            entries = list(self.root.iterdir())
+        except OSError:
+            return 0
+        for entry in entries:
+            name, _, pid = entry.name.rpartition("-")
+            if name != self.instance or not pid.isdigit() or entry == self.run_dir:
+                continue
+            if _pid_alive(int(pid)):
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+        return removed
+
+    def check_filesystem(self) -> None:
+        kind = filesystem_type(self.root if self.root.exists() else self.root.parent)
+        if kind in VOLATILE_FILESYSTEMS:
+            log.warning("spool.in_memory_filesystem", path=str(self.root), filesystem=kind)
+
+    def for_extension(self, extension: str) -> ExtensionSpool:
+        return ExtensionSpool(self, extension)
+
+    def remove_extension(self, extension: str) -> None:
+        """Forget and delete one extension's spooled files (it was stopped). Blocking."""
+        directory = self.run_dir / extension
+        with self._lock:
+            for path in [p for p in self._files if p.parent == directory]:
+                self._total -= self._files.pop(path)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def close(self) -> None:
+        """Delete this daemon's whole spool (daemon exit). Blocking."""
+        with self._lock:
+            self._files.clear()
+            self._total = 0
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def needs_look(self, line_length: int) -> bool:
+        """Whether a message line this long can hold a payload over the inline limit."""
+        return line_length > self.max_inline_bytes
+
+    def rewrite(self, message: Any, extension: str) -> int:
+        """Spool the oversized items of a tool result in place; return how many were spooled.
+
+        *message* is a parsed JSON-RPC message; only ``result.content`` items of type image,
+        audio, or resource with a blob are considered. Text, structured content and small
+        items are left alone, order preserved. Never raises for bad input or a failed write:
+        the item stays inline and a warning is logged.
+        """
+        result = message.get("result") if isinstance(message, dict) else None
+        content = result.get("content") if isinstance(result, dict) else None
+        if not isinstance(content, list):
+            return 0
+        spooled = 0
+        for index, item in enumerate(content):
+            link = self._spool_item(item, extension)
+            if link is not None:
+                content[index] = link
+                spooled += 1
+        return spooled
+
+    def _spool_item(self, item: Any, extension: str) -> dict[str, Any] | None:
+        if not isinstance(item, dict):
+            return None
+        kind = item.get("type")
+        holder = item.get("resource") if kind == "resource" else item
+        field = "blob" if kind == "resource" else "data"
+        if kind not in (*MEDIA_TYPES, "resource") or not isinstance(holder, dict):
+            return None
+        data = holder.get(field)
+        if not isinstance(data, str):
+            return None
+        size = decoded_size(data)
+        if size is None:
+            log.warning(
+                "spool.not_base64", extension=extension, type=kind, reason="length is not a multiple of 4"
+            )
+            return None
+        if size <= self.max_inline_bytes:
+            return None
+        mime = holder.get("mimeType") if isinstance(holder.get("mimeType"), str) else None
+        stored = self._store(data, size, mime, extension, kind)
+        if stored is None:
+            return None
+        path, digest = stored
+        link: dict[str, Any] = {
+            "type": "resource_link",
+            "uri": path.as_uri(),
+            "name": path.name,
+            "size": size,
+            "description": f"{kind} content ({size} bytes) spooled to disk by mcp-supervisor",
+            "_meta": {"sha256": digest, "originalType": kind},
+        }
+        if mime:
+            link["mimeType"] = mime
+        if kind == "resource" and isinstance(holder.get("uri"), str):
+            link["_meta"]["originalUri"] = holder["uri"]
+        if isinstance(item.get("annotations"), dict):
+            link["annotations"] = item["annotations"]
+        return link
+
+    def _store(
+        self, data: str, size: int, mime: str | None, extension: str, kind: str
+    ) -> tuple[Path, str] | None:
+        """Write the decoded payload; None (with a warning) when it cannot be spooled."""
+        if size > self.max_total_bytes:
+            log.warning("spool.over_quota", extension=extension, size=size, limit=self.max_total_bytes)
+            return None
+        suffix = (mimetypes.guess_extension(mime) if mime else None) or ".bin"
+        directory = self.run_dir / extension
+        path = directory / f"{secrets.token_urlsafe(16)}{suffix}"
+        self._make_room(size)
+        try:
+            _make_private_dirs(self.root, self.run_dir, directory)
+            digest = write_decoded(path, data)
+        except (OSError, binascii.Error, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            event = (
+                "spool.not_base64" if isinstance(exc, binascii.Error | ValueError) else "spool.write_failed"
+            )
+            log.warning(event, extension=extension, type=kind, reason=reason, path=str(path))
+            return None
+        with self._lock:
+            self._files[path] = size
+            self._total += size
+        return path, digest
+
+    def _make_room(self, size: int) -> None:
+        with self._lock:
+            victims: list[Path] = []
+            while self._files and (
+                self._total + size > self.max_total_bytes or len(self._files) >= self.max_files
+            ):
+                path, old = self._files.popitem(last=False)
+                self._total -= old
+                victims.append(path)
+        for path in victims:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        if victims:
+            log.info("spool.evicted", files=len(victims))
+
+
+@dataclass(frozen=True, slots=True)
+class ExtensionSpool:
+    """What one extension's transport sees of the spool."""
+
+    spool: Spool
+    extension: str
+
+    def needs_look(self, line_length: int) -> bool:
+        return self.spool.needs_look(line_length)
+
+    def rewrite(self, message: Any) -> int:
+        return self.spool.rewrite(message, self.extension)
+
+    def remove(self) -> None:
+        self.spool.remove_extension(self.extension)
+
+
+def write_decoded(path: Path, data: str) -> str:
+    """Decode base64 *data* into a new 0600 file in chunks; return the sha256 of the bytes."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        for start in range(0, len(data), DECODE_CHUNK):
+            chunk = base64.b64decode(data[start : start + DECODE_CHUNK], validate=True)
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
+
+
+def _make_private_dirs(*levels: Path) -> None:
+    """Create each level 0700 if missing; existing directories keep their mode."""
+    for level in levels:
+        level.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
