@@ -49,6 +49,15 @@ log = structlog.get_logger(__name__)
 DECODE_CHUNK = 4 << 20  # base64 characters per step (a multiple of 4)
 MEDIA_TYPES = ("image", "audio")
 VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+SUFFIXES = {  # where the mimetypes table has no answer or an odd one
+    "audio/wav": ".wav",
+    "audio/x-wav": ".wav",
+    "audio/mpeg": ".mp3",
+    "audio/ogg": ".ogg",
+    "audio/webm": ".webm",
+    "image/webp": ".webp",
+    "image/jpeg": ".jpg",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +244,7 @@ class Spool:
         if size > self.max_total_bytes:
             log.warning("spool.over_quota", extension=extension, size=size, limit=self.max_total_bytes)
             return None
-        suffix = (mimetypes.guess_extension(mime) if mime else None) or ".bin"
+        suffix = (SUFFIXES.get(mime) or mimetypes.guess_extension(mime) if mime else None) or ".bin"
         directory = self.run_dir / extension
         path = directory / f"{secrets.token_urlsafe(16)}{suffix}"
         self._make_room(size)

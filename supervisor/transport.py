@@ -25,7 +25,7 @@ from . import process
 from .process import ChildProcess
 from .spool import ExtensionSpool
 
-__all__ = ("Connection", "connect", "split_lines")
+__all__ = ("Connection", "LineSplitter", "connect")
 
 log = structlog.get_logger(__name__)
 
@@ -156,29 +156,42 @@ async def connect(
             await process.terminate_tree(child, grace=0)
 
 
-def split_lines(buffer: bytearray, scan_from: int) -> tuple[list[bytes | bytearray], bytearray, int]:
-    """Cut the complete lines off *buffer*: return them, the rest, and where to resume scanning.
+class LineSplitter:
+    """Cuts a byte stream into lines in linear time, holding at most one partial line.
 
-    Only bytes from *scan_from* on are searched, so a long line arriving in many chunks is
-    scanned once in total: linear time. A buffer holding exactly one line, the usual shape of
-    a big message, is handed over whole instead of copied.
+    The partial line is kept as the chunks it arrived in and joined once, into ``bytes``,
+    when its newline comes: a big message costs two copies at the peak (the chunks and the
+    joined line), never a growing buffer's slack, and ``bytes`` can be parsed without the
+    extra copy a ``bytearray`` would cost.
     """
-    first = buffer.find(b"\n", scan_from)  # nothing before scan_from holds a newline
-    if first == len(buffer) - 1:
-        buffer.pop()  # the newline
-        return [buffer], bytearray(), 0
-    lines: list[bytes | bytearray] = []
-    start, newline = 0, first
-    with memoryview(buffer) as view:
-        while newline >= 0:
-            lines.append(bytes(view[start:newline]))  # one copy, not a slice and then a copy
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self.pending = 0  # bytes of the partial line
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while (newline := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:newline]
+            if self._parts:
+                self._parts.append(piece)
+                piece, self._parts, self.pending = b"".join(self._parts), [], 0
+            lines.append(piece)
             start = newline + 1
-            newline = buffer.find(b"\n", start)
-    if start:
-        del buffer[:start]
-    if not buffer:
-        buffer = bytearray()  # let go of a large allocation
-    return lines, buffer, len(buffer)
+        if start < len(chunk):
+            rest = chunk[start:] if start else chunk
+            self._parts.append(rest)
+            self.pending += len(rest)
+        return lines
+
+    def discard(self) -> None:
+        self._parts, self.pending = [], 0
+
+    def take_partial(self) -> bytes:
+        """Hand out the partial line (an over-long one, or what remains at EOF) and forget it."""
+        partial, self._parts, self.pending = b"".join(self._parts), [], 0
+        return partial
 
 
 class _StdoutPump:
@@ -202,7 +215,7 @@ class _StdoutPump:
         return self.eof.is_set() or (self.waiting and self.child.stdout.drained())
 
     async def run(self) -> None:
-        buffer, scan_from = bytearray(), 0
+        splitter = LineSplitter()
         delivering = True
         try:
             while True:
@@ -213,13 +226,17 @@ class _StdoutPump:
                     break
                 if not delivering:
                     continue
-                buffer += chunk
-                lines, buffer, scan_from = split_lines(buffer, scan_from)
+                lines = splitter.feed(chunk)
+                del chunk
+                limit = self.max_message_bytes
+                if splitter.pending > limit or any(len(line) > limit for line in lines):
+                    delivering = False
+                    lines.clear()
+                    splitter.discard()
+                    log.error("extension.message_too_large", limit=limit)
+                    self.end(f"it sent a message over the {limit}-byte limit")
+                    continue
                 delivering = await self._deliver(lines)
-                if delivering and len(buffer) > self.max_message_bytes:
-                    delivering, buffer = False, bytearray()
-                    log.error("extension.message_too_large", limit=self.max_message_bytes)
-                    self.end(f"it sent a message over the {self.max_message_bytes}-byte limit")
         finally:
             self.waiting = False
             self.eof.set()
@@ -228,7 +245,7 @@ class _StdoutPump:
                 await self.child.exited.wait()
             self.end(None if self.child.exited.is_set() else "it closed its stdout")
 
-    async def _deliver(self, lines: list[bytes | bytearray]) -> bool:
+    async def _deliver(self, lines: list[bytes]) -> bool:
         lines.reverse()
         while lines:
             line = lines.pop()
@@ -247,7 +264,7 @@ class _StdoutPump:
         return True
 
 
-def _parse_and_spool(box: list[bytes | bytearray], spool: ExtensionSpool) -> SessionMessage | Exception:
+def _parse_and_spool(box: list[bytes], spool: ExtensionSpool) -> SessionMessage | Exception:
     """Parse a large line into plain JSON, move its oversized media to the spool, then validate."""
     try:
         message = pydantic_core.from_json(box.pop())
@@ -260,7 +277,7 @@ def _parse_and_spool(box: list[bytes | bytearray], spool: ExtensionSpool) -> Ses
         return exc
 
 
-def _parse(line: bytes | bytearray) -> SessionMessage | Exception:
+def _parse(line: bytes) -> SessionMessage | Exception:
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
@@ -283,17 +300,15 @@ async def _pump_stdin(
 
 
 async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> None:
-    buffer, scan_from = bytearray(), 0
+    splitter = LineSplitter()
     while chunk := await child.stderr.read():
-        buffer += chunk
-        lines, buffer, scan_from = split_lines(buffer, scan_from)
-        if len(buffer) > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
-            lines.append(bytes(buffer))
-            buffer, scan_from = bytearray(), 0
+        lines = splitter.feed(chunk)
+        if splitter.pending > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
+            lines.append(splitter.take_partial())
         for line in lines:
             on_line(_decode(line[:STDERR_LINE_CAP]))
-    if buffer:
-        on_line(_decode(buffer[:STDERR_LINE_CAP]))
+    if splitter.pending:
+        on_line(_decode(splitter.take_partial()[:STDERR_LINE_CAP]))
 
 
 async def _watch_exit(child: ChildProcess, stdout: _StdoutPump, end: Callable[[str | None], None]) -> None:
