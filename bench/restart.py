@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -143,6 +144,7 @@ async def main(kills: int) -> dict[str, Any]:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

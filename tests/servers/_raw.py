@@ -4,10 +4,14 @@ Importing the mcp SDK costs about a second; this loop starts in tens of millisec
 matters for restart-heavy tests. It speaks handshake-era MCP: one JSON object per line on
 stdin/stdout, one request at a time. Diagnostics go to stderr; ``sys.stdout`` is pointed at
 stderr while serving, so a stray ``print()`` cannot corrupt the protocol stream.
+
+Large binary payloads: put a :class:`Base64` where the base64 string belongs and the line is
+written in pieces, encoded a chunk at a time, without ever building the whole string.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 import sys
 
@@ -19,9 +23,9 @@ if TYPE_CHECKING:
 
     Args = dict[str, Any]
     Content = list[dict[str, Any]]
-    ToolFn = Callable[[Args], Content]
+    ToolFn = Callable[[Args], Content | dict[str, Any]]
 
-__all__ = ("Tool", "log", "serve", "text", "write_raw")
+__all__ = ("Base64", "Tool", "log", "serve", "text", "write_raw")
 
 DEFAULT_PROTOCOL = "2025-11-25"
 METHOD_NOT_FOUND = -32601
@@ -30,10 +34,25 @@ PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
 
 _out: BinaryIO = sys.stdout.buffer  # the real protocol stream, captured before serve() swaps sys.stdout
+_B64_CHUNK = 3 << 18  # raw bytes encoded per write: a multiple of 3, so the pieces concatenate cleanly
+_B64_MARK = "\x00raw-base64\x00"  # stands in for each Base64 while the rest of the line is dumped
+_B64_MARK_JSON = json.dumps(_B64_MARK).encode()[1:-1]  # how it appears inside the dumped line
+
+
+class Base64:
+    """Raw bytes, sent as a base64 JSON string encoded chunk by chunk as the line is written."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 class Tool:
-    """One tool: *fn* gets the call's arguments and returns content dicts, or raises for ``isError``."""
+    """One tool: *fn* gets the call's arguments and returns content dicts, or raises for ``isError``.
+
+    *fn* may instead return a whole result dict (``content`` plus e.g. ``structuredContent``).
+    """
 
     __slots__ = ("description", "fn", "properties", "required")
 
@@ -75,7 +94,28 @@ def write_raw(data: bytes) -> None:
 
 
 def _send(message: dict[str, Any]) -> None:
-    write_raw(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+    payloads: list[bytes] = []
+
+    def mark(value: object) -> str:
+        if not isinstance(value, Base64):
+            raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+        payloads.append(value.data)
+        return _B64_MARK
+
+    line = json.dumps(message, separators=(",", ":"), default=mark).encode()
+    if not payloads:
+        write_raw(line + b"\n")
+        return
+    pieces = line.split(_B64_MARK_JSON)
+    if len(pieces) != len(payloads) + 1:  # the marker also occurs in some other string
+        raise ValueError("cannot place base64 payloads in the line")
+    _out.write(pieces[0])
+    for data, piece in zip(payloads, pieces[1:], strict=True):
+        view = memoryview(data)
+        for start in range(0, len(view), _B64_CHUNK):
+            _out.write(binascii.b2a_base64(view[start : start + _B64_CHUNK], newline=False))
+        _out.write(piece)
+    write_raw(b"\n")
 
 
 def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:
@@ -85,9 +125,12 @@ def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:
 def _call(tools: Mapping[str, Tool], params: dict[str, Any]) -> dict[str, Any]:
     tool = tools[params["name"]]  # KeyError -> INVALID_PARAMS in _handle
     try:
-        return {"content": tool.fn(params.get("arguments") or {}), "isError": False}
+        returned = tool.fn(params.get("arguments") or {})
     except Exception as exc:
         return {"content": [text(f"{type(exc).__name__}: {exc}")], "isError": True}
+    if isinstance(returned, dict):
+        return {"isError": False, **returned}
+    return {"content": returned, "isError": False}
 
 
 def _handle(
