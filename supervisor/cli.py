@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -61,12 +62,12 @@ def _duration(seconds: float) -> str:
 
 
 def _size(count: int) -> str:
-    """A human byte count: ``512 B``, ``4.2 kB``, ``5.2 MB``."""
+    """A human byte count: ``512 B``, ``4.2 KiB``, ``5.0 MiB``."""
     value = float(count)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
             return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
+        value /= 1024
     raise AssertionError("unreachable")
 
 
@@ -145,6 +146,11 @@ def _content_line(item: dict[str, Any]) -> str:
     kind = item.get("type", "?")
     if kind in ("image", "audio"):
         return f"[{kind} {item.get('mimeType', '?')}, {len(item.get('data', ''))} bytes base64]"
+    spooled_from = (item.get("_meta") or {}).get("originalType") if kind == "resource_link" else None
+    if spooled_from and str(item.get("uri", "")).startswith("file://"):  # written by our media spool
+        size = _size(item["size"]) if isinstance(item.get("size"), int) else "? B"
+        path = urllib.parse.unquote(str(item["uri"]).removeprefix("file://"))
+        return f"{path}  [{item.get('mimeType', '?')}, {size}, spooled {spooled_from}]"
     if kind == "resource_link":
         size = _size(item["size"]) if isinstance(item.get("size"), int) else None
         return "[" + " ".join(str(p) for p in (kind, item.get("uri"), item.get("mimeType"), size) if p) + "]"

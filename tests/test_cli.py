@@ -338,7 +338,7 @@ class TestCall:
         assert capsys.readouterr().out.splitlines() == [
             "[image image/png, 16 bytes base64]",
             "[audio audio/wav, 8 bytes base64]",
-            "[resource_link file:///spool/big.png image/png 5.2 MB]",
+            "[resource_link file:///spool/big.png image/png 5.0 MiB]",
             "[resource file:///a.txt text/plain, 3 characters]",
             "{",
             '  "hidden": false',
