@@ -211,6 +211,7 @@ def summarize(samples: list[dict[str, Any]], mib: float) -> dict[str, Any]:
         "wall_s_runs": [round(w, 3) for w in walls],
         "peak_rss_increase_mib": round(peak, 1),
         "rss_ratio": round(peak / mib, 2),
+        "peak_rss_increase_mib_runs": [round(peak_increase(s["before"], s["after"]), 1) for s in samples],
         "rss_before_mib": round(max(s["before"]["VmRSS"] for s in samples), 1),
         "returned": samples[-1]["returned"],
         "verified": all(s["verified"] for s in samples) if all(s["verified"] is not None for s in samples)

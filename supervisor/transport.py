@@ -159,38 +159,45 @@ async def connect(
 class LineSplitter:
     """Cuts a byte stream into lines in linear time, holding at most one partial line.
 
-    The partial line is kept as the chunks it arrived in and joined once, into ``bytes``,
-    when its newline comes: a big message costs two copies at the peak (the chunks and the
-    joined line), never a growing buffer's slack, and ``bytes`` can be parsed without the
-    extra copy a ``bytearray`` would cost.
+    A partial line is kept as 4 MiB segments plus a tail, and joined once, into ``bytes``,
+    when its newline comes. A big message so costs two copies at the peak (the segments and
+    the joined line), and the segments are big enough to live in their own mappings, which
+    go back to the system when freed whatever the chunk sizes were. ``bytes``, unlike a
+    ``bytearray``, is parsed without another copy.
     """
 
+    SEGMENT = 4 << 20
+
     def __init__(self) -> None:
-        self._parts: list[bytes] = []
+        self._segments: list[bytes] = []
+        self._tail = bytearray()
         self.pending = 0  # bytes of the partial line
 
     def feed(self, chunk: bytes) -> list[bytes]:
         lines: list[bytes] = []
         start = 0
         while (newline := chunk.find(b"\n", start)) >= 0:
-            piece = chunk[start:newline]
-            if self._parts:
-                self._parts.append(piece)
-                piece, self._parts, self.pending = b"".join(self._parts), [], 0
-            lines.append(piece)
+            if self.pending:
+                lines.append(b"".join((*self._segments, self._tail, chunk[start:newline])))
+                self.discard()
+            else:
+                lines.append(chunk[start:newline])
             start = newline + 1
         if start < len(chunk):
-            rest = chunk[start:] if start else chunk
-            self._parts.append(rest)
-            self.pending += len(rest)
+            self._tail += memoryview(chunk)[start:]
+            self.pending += len(chunk) - start
+            if len(self._tail) >= self.SEGMENT:
+                self._segments.append(bytes(self._tail))
+                self._tail = bytearray()
         return lines
 
     def discard(self) -> None:
-        self._parts, self.pending = [], 0
+        self._segments, self._tail, self.pending = [], bytearray(), 0
 
     def take_partial(self) -> bytes:
         """Hand out the partial line (an over-long one, or what remains at EOF) and forget it."""
-        partial, self._parts, self.pending = b"".join(self._parts), [], 0
+        partial = b"".join((*self._segments, self._tail))
+        self.discard()
         return partial
 
 
