@@ -24,6 +24,7 @@ import anyio
 from supervisor import client, paths
 from supervisor.client import DaemonUnreachable, RemoteError
 from supervisor.errors import ConfigError, SupervisorError
+from supervisor.protocol import CONFIG_INVALID
 
 if TYPE_CHECKING:
     from supervisor.config import Settings
@@ -296,6 +297,53 @@ async def _logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _reload(args: argparse.Namespace) -> int:
+    try:
+        report = await client.request(args.socket, "reload", {})
+    except RemoteError as exc:
+        if exc.code != CONFIG_INVALID or not isinstance(exc.data, dict):
+            raise
+        _fail(f"{exc.message}:")
+        for problem in exc.data.get("errors", []):
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        _print_json(report)
+        return EXIT_OK
+    for key, label in (("added", "started"), ("removed", "stopped and removed"), ("restarted", "restarted")):
+        print(f"{label}: {', '.join(report[key]) or '-'}")
+    if report["needs_restart"]:
+        print(f"not applied until the daemon restarts: {', '.join(report['needs_restart'])}")
+    return EXIT_OK
+
+
+async def _health(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        result = await client.request(args.socket, "health", {"format": "prometheus"}, timeout=_QUERY_TIMEOUT)
+        print(result["text"], end="")
+        return EXIT_OK
+    report = await client.request(args.socket, "health", {}, timeout=_QUERY_TIMEOUT)
+    if args.json:
+        _print_json(report)
+        return EXIT_OK
+    proc, spool = report["process"], report["spool"]
+    print(
+        f"daemon  pid {proc['pid']}, up {_duration(proc['uptime_s'])}, RSS {_size(proc['rss_bytes'])}, "
+        f"{proc['threads']} threads, {proc['asyncio_tasks']} tasks, {proc['open_fds']} open fds"
+    )
+    print(
+        f"spool   {spool['files']} files, {_size(spool['bytes'])} of {_size(spool['max_bytes'])} "
+        f"(at most {spool['max_files']} files) in {spool['dir']}"
+    )
+    rows = [("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES")]
+    for ext in report["extensions"]:
+        ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
+        counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
+        rows.append((ext["name"], ext["state"], *map(str, counts), ring))
+    print(_table(rows))
+    return EXIT_OK
+
+
 def _load(path: str, overrides: dict[str, Any] | None = None) -> Settings:
     from supervisor import config  # pydantic-settings: only the commands that read a config pay for it
 
@@ -320,7 +368,9 @@ def _daemon(args: argparse.Namespace) -> int:
     settings = _load(args.config or paths.default_config_path(), {"socket": args.socket})
     from supervisor import daemon  # lazily: client commands need not import the whole daemon
 
-    return anyio.run(daemon.run, settings, backend="asyncio")
+    path = args.config or paths.default_config_path()
+    run = partial(daemon.run, settings, config_path=path, overrides={"socket": args.socket})
+    return anyio.run(run, backend="asyncio")
 
 
 def _return_big_buffers_to_the_system() -> None:
@@ -385,6 +435,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = add("logs", _logs, "print the last lines an extension wrote to stderr")
     sub.add_argument("name", metavar="NAME")
     sub.add_argument("-n", "--lines", type=_line_count, default=50, metavar="N", help="how many (default 50)")
+    sub = add("reload", _reload, "re-read the config: start added, stop removed, restart changed extensions")
+    sub.add_argument("--json", action="store_true", help="print the raw report")
+    sub = add("health", _health, "diagnostics of the daemon itself")
+    output = sub.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the raw report")
+    output.add_argument(
+        "--prometheus", action="store_true", help="print metrics in the Prometheus text format"
+    )
     sub = add("check-config", _check_config, "validate a config file", is_async=False)
     sub.add_argument("config", metavar="CONFIG")
     return parser

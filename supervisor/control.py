@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -24,15 +24,29 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from supervisor import sockets
-from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.protocol import (
+    CALL_FAILED,
+    CONFIG_INVALID,
+    EXTENSION_UNAVAILABLE,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    SUPERVISOR_ERROR,
+    UNKNOWN_EXTENSION,
+)
 
 if TYPE_CHECKING:
     import mcp_types
 
+    from supervisor.metrics import Metrics
     from supervisor.state import Snapshot
 
 __all__ = (
     "CALL_FAILED",
+    "CONFIG_INVALID",
     "EXTENSION_UNAVAILABLE",
     "IDLE_TIMEOUT",
     "INTERNAL_ERROR",
@@ -58,18 +72,6 @@ MAX_FRAME = 1 << 20  # bytes in one request line, newline excluded
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT = 300.0  # seconds a connection may make no progress (no request, or a reply not read)
 
-# JSON-RPC 2.0 standard codes.
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-# Application codes (the -32000..-32099 "server error" range).
-SUPERVISOR_ERROR = -32000
-CALL_FAILED = -32002
-EXTENSION_UNAVAILABLE = -32003
-UNKNOWN_EXTENSION = -32004
-
 
 class Backend(Protocol):
     """What the control server needs from the daemon."""
@@ -81,6 +83,10 @@ class Backend(Protocol):
     def tools(self, name: str | None = None) -> list[tuple[str, mcp_types.Tool]]: ...
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
     def logs(self, name: str, lines: int) -> list[str]: ...
+    async def reload(self) -> dict[str, list[str]]: ...
+    def health(self) -> dict[str, Any]: ...
+    @property
+    def metrics(self) -> Metrics: ...
 
 
 class _Params(BaseModel):
@@ -105,6 +111,10 @@ class _Call(_Params):
 class _Logs(_Params):
     name: str = Field(min_length=1)
     lines: int = Field(50, ge=1, le=10_000)
+
+
+class _Health(_Params):
+    format: Literal["json", "prometheus"] = "json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +165,16 @@ async def _logs(backend: Backend, params: _Logs) -> dict[str, Any]:
     return {"lines": backend.logs(params.name, params.lines)}
 
 
+async def _reload(backend: Backend, params: _Params) -> dict[str, Any]:
+    return await backend.reload()
+
+
+async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
+    if params.format == "prometheus":
+        return {"text": backend.metrics.render()}
+    return backend.health()
+
+
 METHODS: Mapping[str, Method] = MappingProxyType(
     {
         "status": Method(_OptionalName, _status),
@@ -164,6 +184,8 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "tools": Method(_OptionalName, _tools),
         "call": Method(_Call, _call),
         "logs": Method(_Logs, _logs),
+        "reload": Method(_Params, _reload),
+        "health": Method(_Health, _health),
     }
 )
 
@@ -216,6 +238,10 @@ def _application_error(exc: SupervisorError) -> _RpcError:
         return _RpcError(EXTENSION_UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable})
     if isinstance(exc, CallFailed):
         return _RpcError(CALL_FAILED, str(exc), {"code": exc.code} if exc.code is not None else None)
+    if isinstance(exc, ConfigError):
+        return _RpcError(
+            CONFIG_INVALID, "the config is not valid; nothing was changed", {"errors": list(exc.errors)}
+        )
     return _RpcError(SUPERVISOR_ERROR, str(exc))
 
 

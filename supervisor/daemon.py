@@ -1,16 +1,17 @@
 """The daemon: the set of extensions, the control socket, signals, and the task group they live in.
 
 Startup phases: install the signal handlers, bind the control socket (which also refuses a
-second daemon on the same socket), sweep processes that a crashed earlier daemon on this
-socket left behind, launch the autostart extensions concurrently, then serve until
-SIGTERM/SIGINT. Shutdown stops every
-extension in parallel within ``shutdown_timeout``. A second signal, or that timeout, stops
-being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so
-the process trees still die before the daemon exits).
+second daemon on the same socket), sweep processes and spool files that a crashed earlier
+daemon on this socket left behind, launch the autostart extensions concurrently, then serve
+until SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel
+within ``shutdown_timeout``. A second signal, or that timeout, stops being polite: teardowns
+skip their graces and SIGKILL what is left (they are shielded, so the process trees still
+die before the daemon exits).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -23,10 +24,12 @@ import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from . import control, logs, process
-from .config import Settings
-from .errors import SupervisorError, UnknownExtension
+from . import config, control, logs, process
+from .config import ExtensionConfig, Settings
+from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
+from .health import process_stats
+from .metrics import Metrics
 from .spool import Spool, default_root
 from .state import Snapshot, State
 
@@ -39,13 +42,26 @@ class Daemon:
     """The extensions of one config, each started in the daemon's task group *tg*.
 
     Implements :class:`supervisor.control.Backend`; the control socket is a thin layer on it.
+    *config_path* and *overrides* are what :meth:`reload` reads again.
     """
 
-    def __init__(self, settings: Settings, *, tg: TaskGroup, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tg: TaskGroup,
+        environ: Mapping[str, str],
+        config_path: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
         self.settings = settings
         self.instance = instance_key(settings.socket)
         self.marker_prefix = f"{self.instance}:{os.getpid()}:"
+        self.config_path = config_path
+        self._overrides = dict(overrides or {})
+        self._environ = {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
         self._tg = tg
+        self._reloading = anyio.Lock()
         self.hurry = anyio.Event()  # set when shutdown stops being polite
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
@@ -53,17 +69,19 @@ class Daemon:
             max_inline_bytes=settings.spool.max_inline_bytes,
             max_total_bytes=settings.spool.max_total_bytes,
         )
-        self._extensions = {
-            name: Extension(
-                name,
-                config,
-                environ=environ,
-                marker_prefix=self.marker_prefix,
-                hurry=self.hurry,
-                spool=self.spool.for_extension(name),
-            )
-            for name, config in settings.extensions.items()
-        }
+        self.metrics = Metrics(self.health)
+        self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
+
+    def _make(self, name: str, config: ExtensionConfig) -> Extension:
+        return Extension(
+            name,
+            config,
+            environ=self._environ,
+            marker_prefix=self.marker_prefix,
+            hurry=self.hurry,
+            spool=self.spool.for_extension(name),
+            on_call=functools.partial(self.metrics.observe_call, name),
+        )
 
     def get(self, name: str) -> Extension:
         try:
@@ -107,6 +125,67 @@ class Daemon:
     def logs(self, name: str, lines: int) -> list[str]:
         return self.get(name).logs(lines)
 
+    def health(self) -> dict[str, Any]:
+        """Diagnostics of the daemon itself: the process, the spool, and each extension's counters."""
+        spool = self.spool.stats()
+        return {
+            "process": process_stats().as_dict(),
+            "spool": {
+                "dir": str(self.spool.run_dir),
+                "files": spool.files,
+                "bytes": spool.bytes,
+                "max_files": self.spool.max_files,
+                "max_bytes": self.spool.max_total_bytes,
+            },
+            "extensions": [_health_of(ext) for ext in self._extensions.values()],
+        }
+
+    async def reload(self) -> dict[str, list[str]]:
+        """Re-read the config; start what was added, stop what was removed, restart what changed.
+
+        Extensions whose settings are unchanged are left alone (same process), and a manual
+        stop stays in force. Settings that only a restart can apply (socket, spool, gateway)
+        are reported under ``needs_restart`` and not applied.
+
+        Error handling: raises :class:`ConfigError` listing every problem; nothing changes then.
+        """
+        async with self._reloading:
+            load = functools.partial(config.load, self.config_path, overrides=self._overrides)
+            new = await anyio.to_thread.run_sync(load)
+            old = self.settings
+            gone = [n for n in self._extensions if n not in new.extensions]
+            changed = [
+                n
+                for n, c in new.extensions.items()
+                if n in self._extensions and c != self._extensions[n].config
+            ]
+            added = [n for n in new.extensions if n not in self._extensions]
+            was_live = {n: self._extensions[n].snapshot().state.is_live for n in changed}
+            async with anyio.create_task_group() as stoppers:
+                for name in (*gone, *changed):
+                    stoppers.start_soon(self._extensions[name].stop)
+            for name in gone:
+                del self._extensions[name]
+                self.metrics.forget(name)
+            for name in (*changed, *added):
+                self._extensions[name] = self._make(name, new.extensions[name])
+            # Keep the daemon's own order the config's order.
+            self._extensions = {n: self._extensions[n] for n in new.extensions}
+            for name in (*changed, *added):
+                if new.extensions[name].autostart or was_live.get(name, False):
+                    await self._extensions[name].start(self._tg)
+            frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
+            self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
+        report = {
+            "added": added,
+            "removed": gone,
+            "restarted": changed,
+            "unchanged": [n for n in new.extensions if n not in added and n not in changed],
+            "needs_restart": frozen,
+        }
+        log.info("daemon.reloaded", **report)
+        return report
+
     async def autostart(self) -> None:
         """Launch every autostart extension; returns once their watchers run (not once ready)."""
         for ext in self._extensions.values():
@@ -120,6 +199,26 @@ class Daemon:
                 stoppers.start_soon(ext.stop)
 
 
+_NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
+_RESTART_ONLY = ("socket", "spool", "gateway")
+
+
+def _health_of(ext: Extension) -> dict[str, Any]:
+    snapshot = ext.snapshot()
+    return {
+        "name": ext.name,
+        "state": snapshot.state.value,
+        "pid": snapshot.pid,
+        "restarts": snapshot.restarts,
+        "calls": ext.calls,
+        "errors": ext.errors,
+        "in_flight": snapshot.in_flight,
+        "tools": snapshot.tools,
+        "log_lines": len(ext.logs(ext.config.log_lines)),
+        "log_lines_max": ext.config.log_lines,
+    }
+
+
 async def _settled(ext: Extension) -> Snapshot:
     """Wait until a start has an answer: running, or why not (backoff, failed, stopped)."""
     return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING))
@@ -130,12 +229,17 @@ def instance_key(socket_path: str) -> str:
     return hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:12]
 
 
-async def run(settings: Settings) -> int:
-    """Run the daemon until SIGTERM or SIGINT; return the process exit code."""
+async def run(
+    settings: Settings, *, config_path: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the process exit code.
+
+    *config_path* and *overrides* are what a reload (SIGHUP or the ``reload`` method) reads.
+    """
     logs.configure()
     log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
     async with anyio.create_task_group() as tg:
-        daemon = Daemon(settings, tg=tg, environ=dict(os.environ))
+        daemon = Daemon(settings, tg=tg, environ=os.environ, config_path=config_path, overrides=overrides)
         # Signals first: a SIGTERM during startup must still tear down what was spawned.
         await tg.start(_serve_signals, daemon, tg)
         try:
@@ -175,7 +279,7 @@ async def _serve_signals(
         shutting_down = False
         async for signum in signals:
             if signum == signal.SIGHUP:
-                log.warning("daemon.reload_unsupported", hint="restart the daemon to apply config changes")
+                tg.start_soon(_reload_on_signal, daemon)
             elif not shutting_down:
                 shutting_down = True
                 log.info("daemon.shutting_down", signal=signal.Signals(signum).name)
@@ -184,6 +288,15 @@ async def _serve_signals(
                 log.warning("daemon.forced_shutdown", signal=signal.Signals(signum).name)
                 daemon.hurry.set()  # skip the graces: SIGKILL what is left
                 tg.cancel_scope.cancel()
+
+
+async def _reload_on_signal(daemon: Daemon) -> None:
+    try:
+        await daemon.reload()
+    except ConfigError as exc:
+        log.error(
+            "daemon.reload_failed", errors=list(exc.errors), hint="still running on the previous config"
+        )
 
 
 async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:

@@ -8,6 +8,7 @@ event, so any number of concurrent ``stop()`` calls share one teardown.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ __all__ = ("Extension",)
 log = structlog.get_logger(__name__)
 
 ChangeHook = Callable[[Snapshot], None]
+CallHook = Callable[[str, float, bool], None]  # tool, seconds, succeeded
 
 
 def _policy_of(config: ExtensionConfig) -> RestartPolicy:
@@ -59,6 +61,7 @@ class Extension:
         on_change: called with each new snapshot (sync, must not block).
         hurry: once set, teardowns skip their graces (the daemon's forced shutdown).
         spool: where oversized media in results goes; emptied when the watcher ends.
+        on_call: called after each call with the tool, its duration and whether it succeeded.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Extension:
         on_change: ChangeHook | None = None,
         hurry: anyio.Event | None = None,
         spool: ExtensionSpool | None = None,
+        on_call: CallHook | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -80,13 +84,15 @@ class Extension:
         self._on_change = on_change
         self._hurry = hurry
         self._spool = spool
+        self._on_call = on_call
+        self.calls = 0  # tool calls asked of this extension
+        self.errors = 0  # of those, the ones without a result, or with isError
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
         self._tools: tuple[types.Tool, ...] = ()
         self._connection: transport.Connection | None = None
         self._in_flight = 0
-        self._runs = 0
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
         # One lifetime: set by start(), ended by the watcher.
         self._scope: anyio.CancelScope | None = None
@@ -159,6 +165,20 @@ class Extension:
         Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
         while starting or in backoff), :class:`CallFailed` when the call itself fails.
         """
+        started, succeeded = time.monotonic(), False
+        self.calls += 1
+        try:
+            result = await self._call_tool(tool, arguments)
+            succeeded = not result.is_error
+            return result
+        finally:
+            if not succeeded:
+                self.errors += 1
+            if self._on_call is not None:
+                known = any(t.name == tool for t in self._tools)
+                self._on_call(tool if known else "(unknown)", time.monotonic() - started, succeeded)
+
+    async def _call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         timeout = self.config.call_timeout
         connection: transport.Connection | None = None
         with anyio.move_on_after(timeout):
@@ -232,8 +252,8 @@ class Extension:
 
     async def _run_once(self) -> bool:
         """Start the child, serve until it ends, tear it down. Returns whether to restart."""
-        self._runs += 1
-        marker = f"{self._marker_prefix}{self.name}:{self._runs}"
+        # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
+        marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         try:
             async with transport.connect(
                 [self.config.command, *self.config.args],

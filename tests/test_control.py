@@ -22,9 +22,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
 
 from supervisor import client, control
-from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.metrics import Metrics
 from supervisor.state import ExitStatus, Snapshot, State
 
+PROCESS_KEYS = ("rss_bytes", "threads", "open_fds", "asyncio_tasks", "uptime_s")
 SINCE = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 WAIT = 5  # seconds any single step may take
 
@@ -40,6 +42,7 @@ class FakeBackend:
     """The daemon's side of the control protocol, in memory."""
 
     def __init__(self) -> None:
+        self.reload_errors: list[str] = []
         self.snapshots = {
             "alpha": Snapshot("alpha", State.RUNNING, SINCE, pid=101, tools=1),
             "beta": Snapshot("beta", State.STOPPED, SINCE, last_exit=ExitStatus(3, SINCE)),
@@ -97,6 +100,30 @@ class FakeBackend:
     def logs(self, name: str, lines: int) -> list[str]:
         self._get(name)
         return [self.log_line] * lines
+
+    async def reload(self) -> dict[str, list[str]]:
+        if self.reload_errors:
+            raise ConfigError(self.reload_errors)
+        return {
+            "added": ["gamma"],
+            "removed": [],
+            "restarted": [],
+            "unchanged": ["alpha"],
+            "needs_restart": [],
+        }
+
+    def health(self) -> dict[str, Any]:
+        return {"process": {"pid": 1}, "spool": {"files": 0}, "extensions": []}
+
+    @property
+    def metrics(self) -> Metrics:
+        return Metrics(
+            lambda: {
+                "process": dict.fromkeys(PROCESS_KEYS, 0),
+                "spool": {"bytes": 0, "files": 0},
+                "extensions": [],
+            }
+        )
 
 
 @asynccontextmanager
@@ -228,9 +255,34 @@ class TestMethods:
         assert default["result"] == {"lines": ["x"] * 50}
         assert three["result"] == {"lines": ["x"] * 3}
 
-    @pytest.mark.parametrize("method", ["reload", "health", "shutdown", ""])
+    async def test_reload_reports_what_changed(self, short_tmp: Path) -> None:
+        """reload returns the daemon's report of what it added, removed and restarted."""
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
+            reply = await w.request("reload")
+        assert reply["result"]["added"] == ["gamma"] and reply["result"]["unchanged"] == ["alpha"]
+
+    async def test_reload_of_a_broken_config_lists_every_error(self, short_tmp: Path) -> None:
+        """A config error is -32005 with every problem in data.errors."""
+        backend = FakeBackend()
+        backend.reload_errors = ["extensions.a.restart (line 3): bad", "extensions.b (line 9): bad"]
+        async with serving(backend, short_tmp) as path, wire(path) as w:
+            reply = await w.request("reload")
+        assert error_of(reply) == (control.CONFIG_INVALID, "the config is not valid; nothing was changed")
+        assert reply["error"]["data"] == {"errors": backend.reload_errors}
+
+    async def test_health_as_json_and_as_prometheus_text(self, short_tmp: Path) -> None:
+        """health returns the report, or with format=prometheus the metrics text."""
+        async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
+            report = await w.request("health")
+            text = await w.request("health", {"format": "prometheus"}, request_id=2)
+            bad = await w.request("health", {"format": "xml"}, request_id=3)
+        assert report["result"]["process"] == {"pid": 1}
+        assert "mcp_supervisor_spool_bytes 0.0" in text["result"]["text"]
+        assert bad["error"]["code"] == control.INVALID_PARAMS
+
+    @pytest.mark.parametrize("method", ["shutdown", "gateway", ""])
     async def test_methods_outside_the_table_are_not_found(self, short_tmp: Path, method: str) -> None:
-        """A method not in METHODS (reload and health come later) is -32601."""
+        """A method not in METHODS is -32601."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request(method)
         assert error_of(reply) == (control.METHOD_NOT_FOUND, f"unknown method {method!r}")

@@ -1,0 +1,104 @@
+"""Prometheus metrics: call counters and latency observed as calls happen, the rest read at scrape time.
+
+Each daemon has a registry of its own (no global state). Label sets are bounded: the tool
+label takes only the tools an extension lists (others count as ``(unknown)``), and an
+extension removed by a reload takes its series with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .state import State
+
+__all__ = ("Metrics",)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, float("inf"))
+
+
+class Metrics:
+    """The daemon's metrics. *health* returns the ``health`` report (see Daemon.health)."""
+
+    def __init__(self, health: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()  # no auto_describe: the health collector reads live state
+        labels = ["extension", "tool"]
+        self._calls = Counter("mcp_supervisor_tool_calls", "Tool calls.", labels, registry=self.registry)
+        self._errors = Counter(
+            "mcp_supervisor_tool_call_errors", "Tool calls without a result, or with isError.", labels,
+            registry=self.registry,
+        )  # fmt: skip
+        self._latency = Histogram(
+            "mcp_supervisor_tool_call_duration_seconds", "Tool call latency, waiting for a restart included.",
+            ["extension"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self._tools: dict[str, set[str]] = {}  # label values in use, so forget() can remove them
+        self.registry.register(_HealthCollector(health))
+
+    def observe_call(self, extension: str, tool: str, seconds: float, succeeded: bool) -> None:
+        self._tools.setdefault(extension, set()).add(tool)
+        self._calls.labels(extension, tool).inc()
+        if not succeeded:
+            self._errors.labels(extension, tool).inc()
+        self._latency.labels(extension).observe(seconds)
+
+    def forget(self, extension: str) -> None:
+        """Drop the series of an extension that no longer exists."""
+        for tool in self._tools.pop(extension, set()):
+            for counter in (self._calls, self._errors):
+                with contextlib.suppress(KeyError):  # never observed with this label set
+                    counter.remove(extension, tool)
+        with contextlib.suppress(KeyError):
+            self._latency.remove(extension)
+
+    def render(self) -> str:
+        """The Prometheus text exposition format."""
+        return generate_latest(self.registry).decode()
+
+
+class _HealthCollector(Collector):
+    def __init__(self, health: Callable[[], dict[str, Any]]) -> None:
+        self._health = health
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._health()
+        state = GaugeMetricFamily(
+            "mcp_supervisor_extension_state",
+            "1 for the state each extension is in.",
+            labels=["extension", "state"],
+        )
+        restarts = CounterMetricFamily(
+            "mcp_supervisor_extension_restarts", "Automatic restarts.", labels=["extension"]
+        )
+        in_flight = GaugeMetricFamily(
+            "mcp_supervisor_extension_calls_in_flight", "Tool calls in progress.", labels=["extension"]
+        )
+        for ext in report["extensions"]:
+            for candidate in State:
+                state.add_metric(
+                    [ext["name"], candidate.value], 1.0 if ext["state"] == candidate.value else 0.0
+                )
+            restarts.add_metric([ext["name"]], ext["restarts"])
+            in_flight.add_metric([ext["name"]], ext["in_flight"])
+        yield from (state, restarts, in_flight)
+        spool = report["spool"]
+        yield GaugeMetricFamily(
+            "mcp_supervisor_spool_bytes", "Bytes in the media spool.", value=spool["bytes"]
+        )
+        yield GaugeMetricFamily(
+            "mcp_supervisor_spool_files", "Files in the media spool.", value=spool["files"]
+        )
+        process = report["process"]
+        for key, help_text in (
+            ("rss_bytes", "Resident memory of the daemon."),
+            ("threads", "Threads of the daemon."),
+            ("open_fds", "Open file descriptors of the daemon."),
+            ("asyncio_tasks", "asyncio tasks of the daemon."),
+            ("uptime_s", "Seconds since the daemon started."),
+        ):
+            yield GaugeMetricFamily(f"mcp_supervisor_process_{key}", help_text, value=process[key])

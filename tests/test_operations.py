@@ -1,0 +1,269 @@
+"""Operating a running daemon: reload, health, metrics, and state that stays bounded."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import client, process
+from supervisor.daemon import instance_key
+
+from .conftest import SERVERS
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+CLI = [sys.executable, "-m", "supervisor"]
+
+
+def ext(script: str, **overrides: Any) -> dict[str, Any]:
+    command = [str(SERVERS / script)] if script.endswith(".sh") else [sys.executable, str(SERVERS / script)]
+    return {
+        "command": command[0],
+        "args": command[1:],
+        "backoff": {"initial": 0, "jitter": 0},
+        "stop_timeout": 1,
+        **overrides,
+    }
+
+
+async def until(check: Callable[[], Awaitable[bool]], within: float, interval: float = 0.05) -> None:
+    """Poll an async *check* with a deadline: the daemon's state sends us no events."""
+    with anyio.fail_after(within):
+        while not await check():  # noqa: ASYNC110 - another process's state; a bounded poll
+            await anyio.sleep(interval)
+
+
+class Daemon:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket = str(directory / "control.sock")
+        self.config = directory / "config.json"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write(self, extensions: dict[str, Any], **top: Any) -> None:
+        self.config.write_text(json.dumps({"socket": self.socket, **top, "extensions": extensions}))
+
+    def start(self) -> None:
+        log = (self.directory / "daemon.log").open("ab")
+        self.proc = subprocess.Popen([*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log)
+
+    async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        return await client.request(self.socket, method, params, timeout=30)
+
+    async def status(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in (await self.request("status"))["extensions"]}
+
+    async def wait(self, name: str, state: str, within: float = 15) -> dict[str, Any]:
+        with anyio.fail_after(within):
+            while True:
+                try:
+                    record = (await self.status()).get(name)
+                    if record and record["state"] == state:
+                        return record
+                except client.DaemonUnreachable:
+                    pass
+                await anyio.sleep(0.02)
+
+    async def cli(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return await anyio.run_process([*CLI, *args, "--socket", self.socket], check=False)
+
+
+@pytest.fixture
+def daemon(short_tmp: Path) -> Iterator[Daemon]:
+    running = Daemon(short_tmp)
+    yield running
+    if running.proc is not None and running.proc.poll() is None:
+        running.proc.send_signal(signal.SIGTERM)
+        running.proc.wait(timeout=20)
+    leftovers = process.find_marked(f"{instance_key(running.socket)}:")
+    assert not leftovers, f"processes outlived the daemon: {leftovers}"
+
+
+class TestReload:
+    async def test_changes_only_what_changed(self, daemon: Daemon) -> None:
+        """Added starts, removed stops, changed restarts; an unchanged extension keeps its process."""
+        daemon.write({"same": ext("quick.py"), "edited": ext("quick.py"), "dropped": ext("quick.py")})
+        daemon.start()
+        before = {name: (await daemon.wait(name, "running"))["pid"] for name in ("same", "edited", "dropped")}
+        daemon.write(
+            {"same": ext("quick.py"), "edited": ext("quick.py", call_timeout=7), "new": ext("quick.py")}
+        )
+        report = await daemon.request("reload")
+        assert (report["added"], report["removed"], report["restarted"], report["unchanged"]) == (
+            ["new"],
+            ["dropped"],
+            ["edited"],
+            ["same"],
+        )
+        after = await daemon.status()
+        assert list(after) == ["same", "edited", "new"]
+        assert after["same"]["pid"] == before["same"]
+        assert (await daemon.wait("edited", "running"))["pid"] != before["edited"]
+        await daemon.wait("new", "running")
+        assert not process.find_marked(f"{instance_key(daemon.socket)}:{daemon.proc.pid}:dropped:")  # type: ignore[union-attr]
+
+    async def test_a_broken_config_changes_nothing_and_says_why(self, daemon: Daemon) -> None:
+        """On any error the daemon keeps the old config and the CLI prints every problem (exit 2)."""
+        daemon.write({"fx": ext("quick.py")})
+        daemon.start()
+        pid = (await daemon.wait("fx", "running"))["pid"]
+        daemon.config.write_text(
+            json.dumps(
+                {
+                    "socket": daemon.socket,
+                    "extensions": {"fx": {"command": "x", "restart": "sometimes"}, "b": {}},
+                }
+            )
+        )
+        result = await daemon.cli("reload")
+        errors = result.stderr.decode().splitlines()
+        assert result.returncode == 2
+        assert errors[0] == "mcp-supervisor: the config is not valid; nothing was changed:"
+        assert any("extensions.fx.restart" in line for line in errors) and any(
+            "extensions.b" in line for line in errors
+        )
+        assert (await daemon.status())["fx"]["pid"] == pid
+
+    async def test_a_manual_stop_survives_a_reload(self, daemon: Daemon) -> None:
+        """A stopped extension stays stopped across a reload unless its entry changed."""
+        daemon.write({"kept": ext("quick.py"), "changed": ext("quick.py")})
+        daemon.start()
+        for name in ("kept", "changed"):
+            await daemon.wait(name, "running")
+            await daemon.request("stop", {"name": name})
+        daemon.write({"kept": ext("quick.py"), "changed": ext("quick.py", log_lines=10)})
+        await daemon.request("reload")
+        assert (await daemon.status())["kept"]["state"] == "stopped"
+        await daemon.wait("changed", "running")
+
+    async def test_sighup_reloads(self, daemon: Daemon) -> None:
+        """SIGHUP does what `reload` does."""
+        daemon.write({"fx": ext("quick.py")})
+        daemon.start()
+        await daemon.wait("fx", "running")
+        daemon.write({"fx": ext("quick.py"), "hup": ext("quick.py")})
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)
+        await daemon.wait("hup", "running")
+
+    async def test_settings_that_need_a_restart_are_reported_not_applied(self, daemon: Daemon) -> None:
+        """Changing the spool directory is reported under needs_restart; the socket stays put."""
+        daemon.write({"fx": ext("quick.py")})
+        daemon.start()
+        await daemon.wait("fx", "running")
+        daemon.write({"fx": ext("quick.py")}, spool={"dir": str(daemon.directory / "elsewhere")})
+        assert (await daemon.request("reload"))["needs_restart"] == ["spool"]
+
+
+class TestHealth:
+    async def test_report_and_metrics_show_calls_and_errors(self, daemon: Daemon) -> None:
+        """health counts calls and errors per extension; the Prometheus text has them by tool."""
+        daemon.write({"fx": ext("quick.py")})
+        daemon.start()
+        await daemon.wait("fx", "running")
+        for text in ("a", "b"):
+            await daemon.request("call", {"name": "fx", "tool": "echo", "arguments": {"text": text}})
+        with pytest.raises(client.RemoteError):
+            await daemon.request("call", {"name": "fx", "tool": "nope"})
+        report = await daemon.request("health")
+        assert set(report["process"]) == {
+            "pid",
+            "uptime_s",
+            "rss_bytes",
+            "threads",
+            "open_fds",
+            "asyncio_tasks",
+        }
+        assert report["process"]["pid"] == daemon.proc.pid  # type: ignore[union-attr]
+        fx = report["extensions"][0]
+        assert (fx["name"], fx["state"], fx["calls"], fx["errors"], fx["in_flight"]) == (
+            "fx",
+            "running",
+            3,
+            1,
+            0,
+        )
+        text = (await daemon.request("health", {"format": "prometheus"}))["text"]
+        assert 'mcp_supervisor_tool_calls_total{extension="fx",tool="echo"} 2.0' in text
+        assert 'mcp_supervisor_tool_call_errors_total{extension="fx",tool="(unknown)"} 1.0' in text
+        assert 'mcp_supervisor_extension_state{extension="fx",state="running"} 1.0' in text
+        assert 'mcp_supervisor_tool_call_duration_seconds_count{extension="fx"} 3.0' in text
+        assert "mcp_supervisor_spool_bytes 0.0" in text
+
+    async def test_cli_health_table_json_and_prometheus(self, daemon: Daemon) -> None:
+        """`health` prints a summary and a table; --json and --prometheus print the raw forms."""
+        daemon.write({"fx": ext("quick.py")})
+        daemon.start()
+        await daemon.wait("fx", "running")
+        table = (await daemon.cli("health")).stdout.decode().splitlines()
+        assert table[0].startswith("daemon  pid ") and table[1].startswith("spool   0 files")
+        assert table[2].split() == [
+            "NAME",
+            "STATE",
+            "RESTARTS",
+            "CALLS",
+            "ERRORS",
+            "IN-FLIGHT",
+            "STDERR",
+            "LINES",
+        ]
+        assert json.loads((await daemon.cli("health", "--json")).stdout)["extensions"][0]["name"] == "fx"
+        assert (
+            "# TYPE mcp_supervisor_tool_calls_total counter"
+            in (await daemon.cli("health", "--prometheus")).stdout.decode()
+        )
+
+
+class TestBounds:
+    @pytest.mark.timeout(150)
+    async def test_10000_calls_and_1000_restarts_leave_everything_within_bounds(self, daemon: Daemon) -> None:
+        """After 10,000 calls and 1,000 restarts every collection is within its bound and the
+        daemon's threads, tasks and fds are back to their idle counts."""
+        daemon.write(
+            {
+                "steady": ext("quick.py", log_lines=20, env={"QUICK_STDERR_AT_START": "100"}),
+                "flash": ext("flash.sh", restart="always", log_lines=20, autostart=False),
+            }
+        )
+        daemon.start()
+        await daemon.wait("steady", "running")
+
+        async def ring_full() -> bool:
+            return (await daemon.request("health"))["extensions"][0]["log_lines"] == 20
+
+        await until(ring_full, within=10)
+        idle = (await daemon.request("health"))["process"]
+
+        await daemon.request("start", {"name": "flash", "wait": False})
+        async with client.Client(daemon.socket) as connection:
+            for n in range(10_000):
+                params = {"name": "steady", "tool": "echo", "arguments": {"text": str(n)}}
+                assert (await connection.request("call", params))["content"][0]["text"] == str(n)
+
+        async def thousand_restarts() -> bool:
+            return (await daemon.status())["flash"]["restarts"] >= 1000
+
+        await until(thousand_restarts, within=90, interval=0.2)
+        await daemon.request("stop", {"name": "flash"})
+
+        report = await daemon.request("health")
+        steady, flash = report["extensions"]
+        assert (steady["calls"], steady["errors"], steady["in_flight"]) == (10_000, 0, 0)
+        assert steady["log_lines"] == 20 and flash["log_lines"] <= 20
+        text = (await daemon.request("health", {"format": "prometheus"}))["text"]
+        series = [line for line in text.splitlines() if line.startswith("mcp_supervisor_tool_calls_total{")]
+        assert series == ['mcp_supervisor_tool_calls_total{extension="steady",tool="echo"} 10000.0']
+
+        async def back_to_idle() -> bool:
+            now = (await daemon.request("health"))["process"]
+            return all(now[key] <= idle[key] for key in ("threads", "asyncio_tasks", "open_fds"))
+
+        await until(back_to_idle, within=30, interval=0.5)  # idle worker threads retire after 10 s
