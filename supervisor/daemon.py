@@ -11,6 +11,7 @@ die before the daemon exits).
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import os
@@ -30,6 +31,7 @@ from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
 from .health import process_stats
 from .metrics import Metrics
+from .notify import Notifier, keep_watchdog
 from .spool import Spool, default_root
 from .state import Snapshot, State
 
@@ -53,6 +55,7 @@ class Daemon:
         environ: Mapping[str, str],
         config_path: str | None = None,
         overrides: Mapping[str, Any] | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
         self.instance = instance_key(settings.socket)
@@ -61,6 +64,7 @@ class Daemon:
         self._overrides = dict(overrides or {})
         self._environ = {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
         self._tg = tg
+        self.notifier = notifier or Notifier(None)
         self._reloading = anyio.Lock()
         self.hurry = anyio.Event()  # set when shutdown stops being polite
         self.spool = Spool(
@@ -81,7 +85,17 @@ class Daemon:
             hurry=self.hurry,
             spool=self.spool.for_extension(name),
             on_call=functools.partial(self.metrics.observe_call, name),
+            on_change=self._state_changed,
         )
+
+    def summary(self) -> str:
+        """Extension counts by state, for systemd's STATUS= line: ``3 running, 1 backoff``."""
+        counts = collections.Counter(ext.snapshot().state for ext in self._extensions.values())
+        parts = [f"{counts[state]} {state.value}" for state in State if counts[state]]
+        return ", ".join(parts) or "no extensions"
+
+    def _state_changed(self, snapshot: Snapshot) -> None:
+        self.notifier.status(self.summary())
 
     def get(self, name: str) -> Extension:
         try:
@@ -152,6 +166,7 @@ class Daemon:
         async with self._reloading:
             load = functools.partial(config.load, self.config_path, overrides=self._overrides)
             new = await anyio.to_thread.run_sync(load)
+            self.notifier.reloading()
             old = self.settings
             gone = [n for n in self._extensions if n not in new.extensions]
             changed = [
@@ -176,6 +191,7 @@ class Daemon:
                     await self._extensions[name].start(self._tg)
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
+            self.notifier.ready(self.summary())
         report = {
             "added": added,
             "removed": gone,
@@ -238,8 +254,16 @@ async def run(
     """
     logs.configure()
     log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
+    notifier = Notifier.from_environ(os.environ)
     async with anyio.create_task_group() as tg:
-        daemon = Daemon(settings, tg=tg, environ=os.environ, config_path=config_path, overrides=overrides)
+        daemon = Daemon(
+            settings,
+            tg=tg,
+            environ=os.environ,
+            config_path=config_path,
+            overrides=overrides,
+            notifier=notifier,
+        )
         # Signals first: a SIGTERM during startup must still tear down what was spawned.
         await tg.start(_serve_signals, daemon, tg)
         try:
@@ -253,9 +277,12 @@ async def run(
             log.warning("daemon.swept_orphans", count=swept)
         await _prepare_spool(daemon.spool)
         await daemon.autostart()
+        notifier.ready(daemon.summary())
+        tg.start_soon(keep_watchdog, notifier)  # on the loop: a blocked loop stops the pings
         log.info("daemon.ready", extensions=len(settings.extensions))
     with anyio.CancelScope(shield=True):
         await anyio.to_thread.run_sync(daemon.spool.close)
+    notifier.close()
     log.info("daemon.stopped")
     return 0
 
@@ -300,6 +327,7 @@ async def _reload_on_signal(daemon: Daemon) -> None:
 
 
 async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:
+    daemon.notifier.stopping()
     with anyio.move_on_after(daemon.settings.shutdown_timeout) as scope:
         await daemon.stop_all()
     if scope.cancelled_caught:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -51,9 +53,10 @@ class Daemon:
     def write(self, extensions: dict[str, Any], **top: Any) -> None:
         self.config.write_text(json.dumps({"socket": self.socket, **top, "extensions": extensions}))
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         log = (self.directory / "daemon.log").open("ab")
-        self.proc = subprocess.Popen([*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log)
+        argv = [*CLI, "daemon", "-c", str(self.config)]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, **(env or {})})
 
     async def request(self, method: str, params: dict[str, Any] | None = None) -> Any:
         return await client.request(self.socket, method, params, timeout=30)
@@ -220,6 +223,46 @@ class TestHealth:
             "# TYPE mcp_supervisor_tool_calls_total counter"
             in (await daemon.cli("health", "--prometheus")).stdout.decode()
         )
+
+
+class TestSystemdNotify:
+    async def test_the_notify_protocol_through_a_daemon_lifetime(self, daemon: Daemon) -> None:
+        """READY with a status, watchdog pings, STATUS on changes, RELOADING/READY and STOPPING.
+
+        The test binds the datagram socket systemd would; children never see NOTIFY_SOCKET.
+        """
+        systemd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        systemd.bind(str(daemon.directory / "notify.sock"))
+        systemd.setblocking(False)
+
+        async def next_message(containing: str, value: str | None = None) -> dict[str, str]:
+            """The next datagram with field *containing* (equal to *value*, if given); others are skipped."""
+            with anyio.fail_after(15):
+                while True:
+                    await anyio.wait_readable(systemd)
+                    fields = dict(line.split("=", 1) for line in systemd.recv(4096).decode().split("\n"))
+                    if containing in fields and value in (None, fields[containing]):
+                        return fields
+
+        with systemd:
+            daemon.write({"fx": ext("quick.py")})
+            daemon.start({"NOTIFY_SOCKET": str(daemon.directory / "notify.sock"), "WATCHDOG_USEC": "200000"})
+            ready = await next_message("READY")
+            assert ready["READY"] == "1" and "STATUS" in ready
+            assert (await next_message("WATCHDOG"))["WATCHDOG"] == "1"
+            pid = (await daemon.wait("fx", "running"))["pid"]
+            environ = (await anyio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
+            assert not any(entry.startswith((b"NOTIFY_SOCKET=", b"WATCHDOG_")) for entry in environ)
+            await daemon.request("stop", {"name": "fx"})
+            await next_message("STATUS", "1 stopped")
+            assert daemon.proc is not None
+            daemon.proc.send_signal(signal.SIGHUP)
+            reloading = await next_message("RELOADING")
+            assert reloading["RELOADING"] == "1" and int(reloading["MONOTONIC_USEC"]) > 0
+            assert (await next_message("READY"))["STATUS"] == "1 stopped"
+            daemon.proc.send_signal(signal.SIGTERM)
+            assert (await next_message("STOPPING"))["STOPPING"] == "1"
+            assert await anyio.to_thread.run_sync(daemon.proc.wait) == 0
 
 
 class TestBounds:
