@@ -13,15 +13,13 @@ import json
 import os
 import shutil
 import sys
-import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
-from supervisor import client, paths
+from supervisor import client, paths, render
 from supervisor.client import DaemonUnreachable, RemoteError
 from supervisor.errors import ConfigError, SupervisorError
 from supervisor.protocol import CONFIG_INVALID
@@ -52,136 +50,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _duration(seconds: float) -> str:
-    """A short human duration: ``42s``, ``3m 12s``, ``5h 2m``, ``2d 4h``."""
-    total = max(0, int(seconds))
-    days, rest = divmod(total, 86_400)
-    hours, rest = divmod(rest, 3_600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
-
-
-def _size(count: int) -> str:
-    """A human byte count: ``512 B``, ``4.2 KiB``, ``5.0 MiB``."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def _when(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _exit_text(last_exit: dict[str, Any] | None) -> str | None:
-    if not last_exit:
-        return None
-    if last_exit.get("signal"):
-        return f"killed by {last_exit['signal']}"
-    return f"exited with code {last_exit.get('code')}"
-
-
-def _detail(record: dict[str, Any], now: datetime) -> str:
-    """The most useful fact about one extension in its current state."""
-    state = record["state"]
-    reason = record.get("last_error") or _exit_text(record.get("last_exit"))
-    if state == "running":
-        calls = record.get("in_flight") or 0
-        return f"{calls} call{'s' if calls != 1 else ''} in flight" if calls else ""
-    if state == "backoff":
-        at = _when(record.get("next_restart"))
-        wait = f"restart in {max(0.0, (at - now).total_seconds()):.1f}s" if at else "restart pending"
-        text = f"{wait} (attempt {record.get('failures') or 1})"
-        return f"{text}; {reason}" if reason else text
-    if state in ("failed", "stopped"):
-        return reason or ""
-    return ""
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    """Left-aligned columns two spaces apart; the last column is not padded."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    lines = [
-        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]) for row in rows
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _status_table(records: list[dict[str, Any]], now: datetime | None = None) -> str:
-    now = now or datetime.now(UTC)
-    rows = [("NAME", "STATE", "PID", "UPTIME", "RESTARTS", "TOOLS", "DETAIL")]
-    for record in records:
-        since = _when(record.get("since"))
-        uptime = _duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
-        pid = record.get("pid")
-        rows.append(
-            (
-                record["name"],
-                record["state"],
-                str(pid) if pid else "-",
-                uptime,
-                str(record.get("restarts", 0)),
-                str(record.get("tools", 0)),
-                _detail(record, now),
-            )
-        )
-    return _table(rows)
-
-
-def _tools_table(tools: list[dict[str, Any]], width: int) -> str:
-    rows = [("EXTENSION", "TOOL", "DESCRIPTION")]
-    rows += [(t["extension"], t["name"], (t.get("description") or "").strip().split("\n")[0]) for t in tools]
-    used = sum(max(len(row[i]) for row in rows) + 2 for i in range(2))
-    room = max(width - used, 20)
-    return _table([(*row[:2], row[2] if len(row[2]) <= room else row[2][: room - 1] + "…") for row in rows])
-
-
-def _content_line(item: dict[str, Any]) -> str:
-    """One line standing for a non-text content item."""
-    kind = item.get("type", "?")
-    if kind in ("image", "audio"):
-        return f"[{kind} {item.get('mimeType', '?')}, {len(item.get('data', ''))} bytes base64]"
-    spooled_from = (item.get("_meta") or {}).get("originalType") if kind == "resource_link" else None
-    if spooled_from and str(item.get("uri", "")).startswith("file://"):  # written by our media spool
-        size = _size(item["size"]) if isinstance(item.get("size"), int) else "? B"
-        path = urllib.parse.unquote(str(item["uri"]).removeprefix("file://"))
-        return f"{path}  [{item.get('mimeType', '?')}, {size}, spooled {spooled_from}]"
-    if kind == "resource_link":
-        size = _size(item["size"]) if isinstance(item.get("size"), int) else None
-        return "[" + " ".join(str(p) for p in (kind, item.get("uri"), item.get("mimeType"), size) if p) + "]"
-    if kind == "resource":
-        resource = item.get("resource") or {}
-        head = " ".join(str(p) for p in (kind, resource.get("uri"), resource.get("mimeType")) if p)
-        if "text" in resource:
-            return f"[{head}, {len(resource['text'])} characters]"
-        return f"[{head}, {len(resource.get('blob', ''))} bytes base64]"
-    return f"[{kind}]"
-
-
-def _render_result(result: dict[str, Any]) -> str:
-    """A tool result for people: text as is, other content one line each, else structured JSON."""
-    parts: list[str] = []
-    has_text = False
-    for item in result.get("content") or []:
-        if item.get("type") == "text":
-            has_text = True
-            parts.append(item.get("text", "").removesuffix("\n"))
-        else:
-            parts.append(_content_line(item))
-    if result.get("structuredContent") is not None and not has_text:
-        parts.append(json.dumps(result["structuredContent"], indent=2))
-    return "\n".join(parts)
-
-
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2))
 
@@ -196,7 +64,7 @@ async def _status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        print(_status_table(result["extensions"]))
+        print(render.status_table(result["extensions"]))
     return EXIT_OK
 
 
@@ -206,7 +74,7 @@ def _action_problem(command: str, record: dict[str, Any], wait: bool) -> str | N
     wanted = "stopped" if command == "stop" else "running"
     if state == wanted or (not wait and state != "failed"):
         return None
-    reason = record.get("last_error") or _exit_text(record.get("last_exit")) or f"it is {state}"
+    reason = record.get("last_error") or render.exit_text(record.get("last_exit")) or f"it is {state}"
     return f"extension {record['name']!r} failed to {command}: {reason}"
 
 
@@ -238,7 +106,7 @@ async def _action(args: argparse.Namespace) -> int:
         outcomes = await _act_on_all(args, wait)
     records = [outcome for outcome in outcomes if isinstance(outcome, dict)]
     if records:
-        print(_status_table(records))
+        print(render.status_table(records))
     problems = [
         str(outcome) if isinstance(outcome, RemoteError) else _action_problem(args.command, outcome, wait)
         for outcome in outcomes
@@ -255,7 +123,7 @@ async def _tools(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        print(_tools_table(result["tools"], shutil.get_terminal_size((100, 24)).columns))
+        print(render.tools_table(result["tools"], shutil.get_terminal_size((100, 24)).columns))
     return EXIT_OK
 
 
@@ -278,11 +146,11 @@ async def _call(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     elif failed:
-        text = _render_result(result) or "no details"
+        text = render.result_text(result) or "no details"
         separator = "\n" if "\n" in text else " "
         _fail(f"tool {args.tool!r} of {args.name!r} reported an error:{separator}{text}")
     else:
-        text = _render_result(result)
+        text = render.result_text(result)
         if text:
             print(text)
     return EXIT_FAILED if failed else EXIT_OK
@@ -326,21 +194,7 @@ async def _health(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report)
         return EXIT_OK
-    proc, spool = report["process"], report["spool"]
-    print(
-        f"daemon  pid {proc['pid']}, up {_duration(proc['uptime_s'])}, RSS {_size(proc['rss_bytes'])}, "
-        f"{proc['threads']} threads, {proc['asyncio_tasks']} tasks, {proc['open_fds']} open fds"
-    )
-    print(
-        f"spool   {spool['files']} files, {_size(spool['bytes'])} of {_size(spool['max_bytes'])} "
-        f"(at most {spool['max_files']} files) in {spool['dir']}"
-    )
-    rows = [("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES")]
-    for ext in report["extensions"]:
-        ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
-        counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
-        rows.append((ext["name"], ext["state"], *map(str, counts), ring))
-    print(_table(rows))
+    print(render.health_text(report))
     return EXIT_OK
 
 

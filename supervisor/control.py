@@ -12,19 +12,18 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from supervisor import sockets
 from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.methods import METHODS, Backend, Method
 from supervisor.protocol import (
     CALL_FAILED,
     CONFIG_INVALID,
@@ -39,10 +38,7 @@ from supervisor.protocol import (
 )
 
 if TYPE_CHECKING:
-    import mcp_types
-
-    from supervisor.metrics import Metrics
-    from supervisor.state import Snapshot
+    pass
 
 __all__ = (
     "CALL_FAILED",
@@ -71,123 +67,6 @@ _TOO_LARGE = "request too large (over 1 MiB)"
 MAX_FRAME = 1 << 20  # bytes in one request line, newline excluded
 MAX_CONNECTIONS = 64
 IDLE_TIMEOUT = 300.0  # seconds a connection may make no progress (no request, or a reply not read)
-
-
-class Backend(Protocol):
-    """What the control server needs from the daemon."""
-
-    def status(self, name: str | None = None) -> list[Snapshot]: ...
-    async def start(self, name: str, *, wait: bool = True) -> Snapshot: ...
-    async def stop(self, name: str, *, wait: bool = True) -> Snapshot: ...
-    async def restart(self, name: str, *, wait: bool = True) -> Snapshot: ...
-    def tools(self, name: str | None = None) -> list[tuple[str, mcp_types.Tool]]: ...
-    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
-    def logs(self, name: str, lines: int) -> list[str]: ...
-    async def reload(self) -> dict[str, list[str]]: ...
-    def health(self) -> dict[str, Any]: ...
-    @property
-    def metrics(self) -> Metrics: ...
-
-
-class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class _OptionalName(_Params):
-    name: str | None = Field(None, min_length=1)
-
-
-class _Action(_Params):
-    name: str = Field(min_length=1)
-    wait: bool = True
-
-
-class _Call(_Params):
-    name: str = Field(min_length=1)
-    tool: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
-
-
-class _Logs(_Params):
-    name: str = Field(min_length=1)
-    lines: int = Field(50, ge=1, le=10_000)
-
-
-class _Health(_Params):
-    format: Literal["json", "prometheus"] = "json"
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    """One control method: its params model and its handler."""
-
-    params: type[BaseModel]
-    handler: Callable[[Backend, Any], Awaitable[Any]]
-
-
-async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
-    return {"extensions": [snapshot.as_dict() for snapshot in backend.status(params.name)]}
-
-
-async def _start(backend: Backend, params: _Action) -> dict[str, Any]:
-    return (await backend.start(params.name, wait=params.wait)).as_dict()
-
-
-async def _stop(backend: Backend, params: _Action) -> dict[str, Any]:
-    return (await backend.stop(params.name, wait=params.wait)).as_dict()
-
-
-async def _restart(backend: Backend, params: _Action) -> dict[str, Any]:
-    return (await backend.restart(params.name, wait=params.wait)).as_dict()
-
-
-async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
-    records = [
-        {
-            "extension": extension,
-            "name": tool.name,
-            "description": tool.description,
-            "inputSchema": tool.input_schema,
-        }
-        for extension, tool in backend.tools(params.name)
-    ]
-    return {"tools": records}
-
-
-async def _call(backend: Backend, params: _Call) -> dict[str, Any]:
-    result = await backend.call(params.name, params.tool, params.arguments)
-    record = result.model_dump(by_alias=True, exclude_none=True, mode="json")
-    record.pop("resultType", None)  # a 2026 protocol field; our clients do not know it
-    return record
-
-
-async def _logs(backend: Backend, params: _Logs) -> dict[str, Any]:
-    return {"lines": backend.logs(params.name, params.lines)}
-
-
-async def _reload(backend: Backend, params: _Params) -> dict[str, Any]:
-    return await backend.reload()
-
-
-async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
-    if params.format == "prometheus":
-        return {"text": backend.metrics.render()}
-    return backend.health()
-
-
-METHODS: Mapping[str, Method] = MappingProxyType(
-    {
-        "status": Method(_OptionalName, _status),
-        "start": Method(_Action, _start),
-        "stop": Method(_Action, _stop),
-        "restart": Method(_Action, _restart),
-        "tools": Method(_OptionalName, _tools),
-        "call": Method(_Call, _call),
-        "logs": Method(_Logs, _logs),
-        "reload": Method(_Params, _reload),
-        "health": Method(_Health, _health),
-    }
-)
 
 
 class _RpcError(Exception):

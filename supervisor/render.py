@@ -1,0 +1,169 @@
+"""How the CLI shows what the daemon returns: tables, sizes, durations, tool results.
+
+Pure functions from the control protocol's JSON to text; nothing here talks to the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = (
+    "duration",
+    "exit_text",
+    "health_text",
+    "result_text",
+    "size",
+    "status_table",
+    "table",
+    "tools_table",
+)
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``42s``, ``3m 12s``, ``5h 2m``, ``2d 4h``."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def size(count: int) -> str:
+    """A human byte count: ``512 B``, ``4.2 KiB``, ``5.0 MiB``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _when(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def exit_text(last_exit: dict[str, Any] | None) -> str | None:
+    if not last_exit:
+        return None
+    if last_exit.get("signal"):
+        return f"killed by {last_exit['signal']}"
+    return f"exited with code {last_exit.get('code')}"
+
+
+def _detail(record: dict[str, Any], now: datetime) -> str:
+    """The most useful fact about one extension in its current state."""
+    state = record["state"]
+    reason = record.get("last_error") or exit_text(record.get("last_exit"))
+    if state == "running":
+        calls = record.get("in_flight") or 0
+        return f"{calls} call{'s' if calls != 1 else ''} in flight" if calls else ""
+    if state == "backoff":
+        at = _when(record.get("next_restart"))
+        wait = f"restart in {max(0.0, (at - now).total_seconds()):.1f}s" if at else "restart pending"
+        text = f"{wait} (attempt {record.get('failures') or 1})"
+        return f"{text}; {reason}" if reason else text
+    if state in ("failed", "stopped"):
+        return reason or ""
+    return ""
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    """Left-aligned columns two spaces apart; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row, widths, strict=False)), row[-1]]) for row in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def status_table(records: list[dict[str, Any]], now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    rows = [("NAME", "STATE", "PID", "UPTIME", "RESTARTS", "TOOLS", "DETAIL")]
+    for record in records:
+        since = _when(record.get("since"))
+        uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
+        pid = record.get("pid")
+        rows.append(
+            (
+                record["name"],
+                record["state"],
+                str(pid) if pid else "-",
+                uptime,
+                str(record.get("restarts", 0)),
+                str(record.get("tools", 0)),
+                _detail(record, now),
+            )
+        )
+    return table(rows)
+
+
+def tools_table(tools: list[dict[str, Any]], width: int) -> str:
+    rows = [("EXTENSION", "TOOL", "DESCRIPTION")]
+    rows += [(t["extension"], t["name"], (t.get("description") or "").strip().split("\n")[0]) for t in tools]
+    used = sum(max(len(row[i]) for row in rows) + 2 for i in range(2))
+    room = max(width - used, 20)
+    return table([(*row[:2], row[2] if len(row[2]) <= room else row[2][: room - 1] + "…") for row in rows])
+
+
+def _content_line(item: dict[str, Any]) -> str:
+    """One line standing for a non-text content item."""
+    kind = item.get("type", "?")
+    if kind in ("image", "audio"):
+        return f"[{kind} {item.get('mimeType', '?')}, {len(item.get('data', ''))} bytes base64]"
+    spooled_from = (item.get("_meta") or {}).get("originalType") if kind == "resource_link" else None
+    if spooled_from and str(item.get("uri", "")).startswith("file://"):  # written by our media spool
+        shown = size(item["size"]) if isinstance(item.get("size"), int) else "? B"
+        path = urllib.parse.unquote(str(item["uri"]).removeprefix("file://"))
+        return f"{path}  [{item.get('mimeType', '?')}, {shown}, spooled {spooled_from}]"
+    if kind == "resource_link":
+        shown = size(item["size"]) if isinstance(item.get("size"), int) else None
+        return "[" + " ".join(str(p) for p in (kind, item.get("uri"), item.get("mimeType"), shown) if p) + "]"
+    if kind == "resource":
+        resource = item.get("resource") or {}
+        head = " ".join(str(p) for p in (kind, resource.get("uri"), resource.get("mimeType")) if p)
+        if "text" in resource:
+            return f"[{head}, {len(resource['text'])} characters]"
+        return f"[{head}, {len(resource.get('blob', ''))} bytes base64]"
+    return f"[{kind}]"
+
+
+def result_text(result: dict[str, Any]) -> str:
+    """A tool result for people: text as is, other content one line each, else structured JSON."""
+    parts: list[str] = []
+    has_text = False
+    for item in result.get("content") or []:
+        if item.get("type") == "text":
+            has_text = True
+            parts.append(item.get("text", "").removesuffix("\n"))
+        else:
+            parts.append(_content_line(item))
+    if result.get("structuredContent") is not None and not has_text:
+        parts.append(json.dumps(result["structuredContent"], indent=2))
+    return "\n".join(parts)
+
+
+def health_text(report: dict[str, Any]) -> str:
+    """The `health` report as a two-line summary and a table."""
+    proc, spool = report["process"], report["spool"]
+    lines = [
+        f"daemon  pid {proc['pid']}, up {duration(proc['uptime_s'])}, RSS {size(proc['rss_bytes'])}, "
+        f"{proc['threads']} threads, {proc['asyncio_tasks']} tasks, {proc['open_fds']} open fds",
+        f"spool   {spool['files']} files, {size(spool['bytes'])} of {size(spool['max_bytes'])} "
+        f"(at most {spool['max_files']} files) in {spool['dir']}",
+    ]
+    rows = [("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES")]
+    for ext in report["extensions"]:
+        counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
+        ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
+        rows.append((ext["name"], ext["state"], *map(str, counts), ring))
+    return "\n".join([*lines, table(rows)])
