@@ -95,7 +95,8 @@ class Daemon:
         return ", ".join(parts) or "no extensions"
 
     def _state_changed(self, snapshot: Snapshot) -> None:
-        self.notifier.status(self.summary())
+        if self.notifier.enabled:
+            self.notifier.status(self.summary())
 
     def get(self, name: str) -> Extension:
         try:
@@ -118,7 +119,7 @@ class Daemon:
         if wait:
             await ext.stop()
         else:
-            self._tg.start_soon(ext.stop)
+            ext.request_stop()  # the watcher does the rest: no task per request
         return ext.snapshot()
 
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
@@ -230,7 +231,7 @@ def _health_of(ext: Extension) -> dict[str, Any]:
         "errors": ext.errors,
         "in_flight": snapshot.in_flight,
         "tools": snapshot.tools,
-        "log_lines": len(ext.logs(ext.config.log_lines)),
+        "log_lines": ext.stderr_lines,
         "log_lines_max": ext.config.log_lines,
     }
 

@@ -90,7 +90,7 @@ class Extension:
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
-        self._tools: tuple[types.Tool, ...] = ()
+        self._tools: dict[str, types.Tool] = {}  # by name, in the server's order
         self._connection: transport.Connection | None = None
         self._in_flight = 0
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
@@ -108,7 +108,12 @@ class Extension:
 
     def tools(self) -> list[types.Tool]:
         """The running child's tools; a copy the caller may change."""
-        return [tool.model_copy(deep=True) for tool in self._tools]
+        return [tool.model_copy(deep=True) for tool in self._tools.values()]
+
+    @property
+    def stderr_lines(self) -> int:
+        """How many lines the stderr ring holds now (at most ``log_lines``)."""
+        return len(self._stderr)
 
     def logs(self, lines: int) -> list[str]:
         """The last *lines* lines the child wrote to stderr (bounded by ``log_lines``)."""
@@ -140,14 +145,19 @@ class Extension:
         self._stop_requested = self._gave_up = False
         await tg.start(self._watch)
 
-    async def stop(self) -> None:
-        """Return once the child's process tree is gone. Idempotent; safe to call concurrently."""
+    def request_stop(self) -> None:
+        """Ask the watcher to stop, without waiting for it. Idempotent."""
         if self._done is None or self._done.is_set():
             return
         assert self._scope is not None
         self._stop_requested = True
         self._scope.cancel()  # lands in the handshake, the running wait or the backoff sleep
-        await self._done.wait()
+
+    async def stop(self) -> None:
+        """Return once the child's process tree is gone. Idempotent; safe to call concurrently."""
+        self.request_stop()
+        if self._done is not None:
+            await self._done.wait()
 
     async def restart(self, tg: TaskGroup) -> None:
         self._restarting += 1
@@ -175,15 +185,15 @@ class Extension:
             if not succeeded:
                 self.errors += 1
             if self._on_call is not None:
-                known = any(t.name == tool for t in self._tools)
-                self._on_call(tool if known else "(unknown)", time.monotonic() - started, succeeded)
+                label = tool if tool in self._tools else "(unknown)"
+                self._on_call(label, time.monotonic() - started, succeeded)
 
     async def _call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         timeout = self.config.call_timeout
         connection: transport.Connection | None = None
         with anyio.move_on_after(timeout):
             connection = await self._wait_connection()
-            if tool not in {t.name for t in self._tools}:
+            if tool not in self._tools:
                 raise CallFailed(f"extension {self.name!r} has no tool {tool!r}", code=types.INVALID_PARAMS)
             self._in_flight += 1
             try:
@@ -242,7 +252,7 @@ class Extension:
                 self._gave_up = True
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
-                self._connection, self._tools = None, ()
+                self._connection, self._tools = None, {}
                 if self._spool is not None:  # no child left to refer to its files
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._spool.remove)
@@ -293,7 +303,7 @@ class Extension:
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
 
-        self._tools, self._connection = tuple(tools), connection
+        self._tools, self._connection = _by_name(tools), connection
         started = time.monotonic()
         self._set(State.RUNNING, last_error=None)
         await connection.ended.wait()
@@ -343,7 +353,7 @@ class Extension:
             log.warning("extension.tools_refresh_failed", error=_first_line(exc))
             return
         if connection is self._connection:  # still the same run
-            self._tools = tuple(tools)
+            self._tools = _by_name(tools)
             log.info("extension.tools_changed", tools=len(tools))
             self._notify()
 
@@ -370,6 +380,10 @@ class Extension:
         changed.set()
         if self._on_change is not None:
             self._on_change(self.snapshot())
+
+
+def _by_name(tools: list[types.Tool]) -> dict[str, types.Tool]:
+    return {tool.name: tool for tool in tools}
 
 
 def _exit_status(child: ChildProcess) -> ExitStatus | None:

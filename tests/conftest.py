@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 
 from supervisor import process
 from supervisor.config import ExtensionConfig
 from supervisor.extension import Extension
+from supervisor.state import Snapshot, State
 
 SERVERS = Path(__file__).parent / "servers"
 
@@ -33,18 +35,41 @@ async def eventually(predicate: Callable[[], bool], within: float = 5.0, interva
             await anyio.sleep(interval)
 
 
-def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
-    """A config for a fixture server with test-friendly timings (no backoff unless asked)."""
+def extension_settings(script: str, *args: str, **overrides: Any) -> dict[str, Any]:
+    """The config entry (plain JSON) for a fixture server, with test-friendly timings."""
+    path = str(SERVERS / script)
+    command, argv = (path, list(args)) if script.endswith(".sh") else (sys.executable, [path, *args])
     settings: dict[str, Any] = {
-        "command": sys.executable,
-        "args": [str(SERVERS / script), *args],
-        "backoff": {"initial": 0.0, "jitter": 0.0, "reset_after": 60},
+        "command": command,
+        "args": argv,
+        "backoff": {"initial": 0, "jitter": 0},
         "start_timeout": 10,
         "stop_timeout": 1,
-        "call_timeout": 10,
     }
-    settings.update(overrides)
-    return ExtensionConfig.model_validate(settings)
+    return {**settings, **overrides}
+
+
+def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
+    """A validated config for a fixture server (no backoff unless asked, 10 s call timeout)."""
+    return ExtensionConfig.model_validate(
+        extension_settings(script, *args, **{"call_timeout": 10, **overrides})
+    )
+
+
+async def running(ext: Extension, tg: anyio.abc.TaskGroup) -> Snapshot:
+    """Start *ext* in *tg* and return its snapshot once it runs (failing if it does not)."""
+    await ext.start(tg)
+    with anyio.fail_after(10):
+        snapshot = await ext.wait_for(lambda s: s.state in (State.RUNNING, State.FAILED))
+    assert snapshot.state is State.RUNNING, snapshot
+    return snapshot
+
+
+def first_text(result: types.CallToolResult) -> str:
+    """The text of a result's first content block, which must be text."""
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
 
 
 @pytest.fixture

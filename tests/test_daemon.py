@@ -18,23 +18,11 @@ import pytest
 from supervisor import process
 from supervisor.daemon import instance_key
 
-from .conftest import SERVERS
+from .conftest import extension_settings
 
 pytestmark = pytest.mark.timeout(60)
 
 CLI = [sys.executable, "-m", "supervisor"]
-
-
-def extension(script: str, *args: str, **overrides: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "command": sys.executable,
-        "args": [str(SERVERS / script), *args],
-        "backoff": {"initial": 0, "jitter": 0},
-        "stop_timeout": 1,
-        "start_timeout": 10,
-    }
-    settings.update(overrides)
-    return settings
 
 
 def alive(pid: int) -> bool:
@@ -119,7 +107,7 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
 class TestCommands:
     def test_start_stop_restart_through_the_cli(self, daemons: Callable[..., Daemon]) -> None:
         """The CLI's stop, start and restart act on a real daemon and report the outcome."""
-        daemon = daemons({"fx": extension("quick.py")})
+        daemon = daemons({"fx": extension_settings("quick.py")})
         first = daemon.wait_state("fx", "running")
 
         stopped = daemon.cli("stop", "fx")
@@ -143,7 +131,7 @@ class TestCommands:
 
     def test_call_tools_and_logs(self, daemons: Callable[..., Daemon]) -> None:
         """tools, call and logs reach the running extension."""
-        daemon = daemons({"fx": extension("quick.py", env={"QUICK_STDERR_AT_START": "3"})})
+        daemon = daemons({"fx": extension_settings("quick.py", env={"QUICK_STDERR_AT_START": "3"})})
         daemon.wait_state("fx", "running")
         assert "echo" in daemon.cli("tools").stdout
         called = daemon.cli("call", "fx", "echo", "--args", '{"text": "hello"}')
@@ -155,7 +143,9 @@ class TestCommands:
         self, daemons: Callable[..., Daemon]
     ) -> None:
         """A start that ends failed exits 1 and says why in one sentence."""
-        daemon = daemons({"broken": extension("quick.py", command="no-such-command-xyz", autostart=False)})
+        daemon = daemons(
+            {"broken": extension_settings("quick.py", command="no-such-command-xyz", autostart=False)}
+        )
         result = daemon.cli("start", "broken")
         assert result.returncode == 1
         assert "command 'no-such-command-xyz' not found" in result.stderr
@@ -164,7 +154,7 @@ class TestCommands:
 
     def test_unknown_extension(self, daemons: Callable[..., Daemon]) -> None:
         """Acting on an extension that is not configured exits 1 and names it."""
-        daemon = daemons({"fx": extension("quick.py")})
+        daemon = daemons({"fx": extension_settings("quick.py")})
         result = daemon.cli("stop", "nosuch")
         assert result.returncode == 1 and "no extension named 'nosuch'" in result.stderr
         assert daemon.terminate() == 0
@@ -182,7 +172,7 @@ class TestCommands:
 class TestSupervision:
     def test_kill_9_of_a_child_is_followed_by_a_restart(self, daemons: Callable[..., Daemon]) -> None:
         """SIGKILL of the child: the daemon records the signal and runs a new child."""
-        daemon = daemons({"fx": extension("quick.py")})
+        daemon = daemons({"fx": extension_settings("quick.py")})
         first = daemon.wait_state("fx", "running")
         os.kill(first["pid"], signal.SIGKILL)
         until(lambda: daemon.status()["fx"]["restarts"] == 1 and daemon.status()["fx"]["state"] == "running")
@@ -193,7 +183,10 @@ class TestSupervision:
     def test_a_failing_extension_does_not_disturb_a_healthy_one(self, daemons: Callable[..., Daemon]) -> None:
         """A crash-looping extension leaves its neighbour's process and calls alone."""
         daemon = daemons(
-            {"healthy": extension("quick.py"), "flappy": extension("exit_now.py", restart="always")}
+            {
+                "healthy": extension_settings("quick.py"),
+                "flappy": extension_settings("exit_now.py", restart="always"),
+            }
         )
         healthy = daemon.wait_state("healthy", "running")
         until(lambda: daemon.status()["flappy"]["restarts"] >= 5)
@@ -208,7 +201,7 @@ class TestSupervision:
         self, daemons: Callable[..., Daemon], short_tmp: Path
     ) -> None:
         """A second daemon exits 1 and the first keeps serving."""
-        first = daemons({"fx": extension("quick.py")})
+        first = daemons({"fx": extension_settings("quick.py")})
         first.wait_state("fx", "running")
         config = short_tmp / "second.json"
         config.write_text(json.dumps({"socket": first.socket, "extensions": {}}))
@@ -223,7 +216,11 @@ class TestShutdown:
     def test_sigterm_leaves_no_process_of_any_tree(self, daemons: Callable[..., Daemon]) -> None:
         """SIGTERM stops every extension, grandchildren and setsid descendants included, then exits 0."""
         daemon = daemons(
-            {"tree": extension("tree.py"), "plain": extension("quick.py"), "sdk": extension("echo.py")}
+            {
+                "tree": extension_settings("tree.py"),
+                "plain": extension_settings("quick.py"),
+                "sdk": extension_settings("echo.py"),
+            }
         )
         for name in ("tree", "plain", "sdk"):
             daemon.wait_state(name, "running")
@@ -236,14 +233,14 @@ class TestShutdown:
 
     def test_sigterm_during_startup_still_tears_down(self, daemons: Callable[..., Daemon]) -> None:
         """A SIGTERM while an extension is still starting exits 0 with nothing left behind."""
-        daemon = daemons({"slow": extension("hang_init.py", start_timeout=30)})
+        daemon = daemons({"slow": extension_settings("hang_init.py", start_timeout=30)})
         daemon.wait_state("slow", "starting")
         assert daemon.terminate() == 0
         assert process.find_marked(daemon.instance) == set()
 
     def test_second_sigterm_skips_the_grace(self, daemons: Callable[..., Daemon]) -> None:
         """With a stubborn child and a 30 s stop_timeout, a second SIGTERM ends it all in seconds."""
-        daemon = daemons({"stubborn": extension("stubborn.py", stop_timeout=30)})
+        daemon = daemons({"stubborn": extension_settings("stubborn.py", stop_timeout=30)})
         daemon.wait_state("stubborn", "running")
         assert daemon.proc is not None
         started = time.monotonic()
@@ -258,7 +255,7 @@ class TestShutdown:
         self, daemons: Callable[..., Daemon], short_tmp: Path
     ) -> None:
         """PDEATHSIG takes the direct children down; the next daemon sweeps the orphaned grandchildren."""
-        daemon = daemons({"tree": extension("tree.py"), "plain": extension("quick.py")})
+        daemon = daemons({"tree": extension_settings("tree.py"), "plain": extension_settings("quick.py")})
         direct = [daemon.wait_state(name, "running")["pid"] for name in ("tree", "plain")]
         descendants = json.loads(daemon.cli("call", "tree", "pids").stdout)
         assert daemon.proc is not None

@@ -20,7 +20,7 @@ from supervisor.errors import CallFailed, ExtensionUnavailable
 from supervisor.extension import Extension
 from supervisor.state import Snapshot, State
 
-from .conftest import eventually, fast_config
+from .conftest import eventually, fast_config, first_text, running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -34,19 +34,6 @@ def in_state(*states: State) -> Callable[[Snapshot], bool]:
 async def wait_state(ext: Extension, *states: State, within: float = 10) -> Snapshot:
     with anyio.fail_after(within):
         return await ext.wait_for(in_state(*states))
-
-
-async def running(ext: Extension, tg: TaskGroup) -> Snapshot:
-    await ext.start(tg)
-    snapshot = await wait_state(ext, State.RUNNING, State.FAILED)
-    assert snapshot.state is State.RUNNING, snapshot
-    return snapshot
-
-
-def text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 class TestStart:
@@ -153,7 +140,7 @@ class TestCrash:
         assert left.last_exit.at.timestamp() - killed_at < 0.5
         second = await wait_state(ext, State.RUNNING)
         assert second.pid != first.pid and second.restarts == 1
-        assert text(await ext.call_tool("echo", {"text": "again"})) == "again"
+        assert first_text(await ext.call_tool("echo", {"text": "again"})) == "again"
         await ext.stop()
 
     async def test_crash_noticed_while_grandchild_holds_stdout(
@@ -200,8 +187,8 @@ class TestCrash:
         """Non-JSON-RPC lines on stdout are logged and skipped; calls keep working."""
         ext = make_extension(fast_config("garbage.py"))
         await running(ext, task_group)
-        assert text(await ext.call_tool("noise", {})) != ""
-        assert text(await ext.call_tool("echo", {"text": "still here"})) == "still here"
+        assert first_text(await ext.call_tool("noise", {})) != ""
+        assert first_text(await ext.call_tool("echo", {"text": "still here"})) == "still here"
         assert ext.snapshot().state is State.RUNNING
         await ext.stop()
 
@@ -252,6 +239,16 @@ class TestStop:
             await ext.stop()
         assert ext.snapshot().state is State.STOPPED
 
+    async def test_request_stop_returns_at_once_and_the_watcher_finishes(
+        self, make_extension: MakeExtension, task_group: TaskGroup
+    ) -> None:
+        """request_stop() does not wait; the watcher still tears down and ends stopped."""
+        ext = make_extension(fast_config("quick.py"))
+        await running(ext, task_group)
+        ext.request_stop()
+        assert ext.snapshot().state is not State.STOPPED  # the teardown is still to come
+        assert (await wait_state(ext, State.STOPPED)).pid is None
+
     async def test_stop_when_stopped_returns(self, make_extension: MakeExtension) -> None:
         """stop() on a never-started extension returns at once."""
         ext = make_extension(fast_config("quick.py"))
@@ -269,7 +266,7 @@ class TestStop:
 
         async def call_during_restart() -> None:
             await wait_state(ext, State.STOPPING, State.STOPPED, State.STARTING)
-            results.append(text(await ext.call_tool("echo", {"text": "waited"})))
+            results.append(first_text(await ext.call_tool("echo", {"text": "waited"})))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call_during_restart)
@@ -292,7 +289,7 @@ class TestCalls:
         """A call made while starting waits for running and succeeds."""
         ext = make_extension(fast_config("quick.py"))
         await ext.start(task_group)
-        assert text(await ext.call_tool("echo", {"text": "early"})) == "early"
+        assert first_text(await ext.call_tool("echo", {"text": "early"})) == "early"
         await ext.stop()
 
     async def test_call_during_long_backoff_times_out_retryable(
@@ -317,7 +314,7 @@ class TestCalls:
         with pytest.raises(CallFailed, match=r"did not answer within 0\.5s") as info:
             await ext.call_tool("sleep", {"seconds": 30})
         assert info.value.code == types.REQUEST_TIMEOUT
-        assert text(await ext.call_tool("echo", {"text": "ok"})) == "ok"
+        assert first_text(await ext.call_tool("echo", {"text": "ok"})) == "ok"
         assert ext.snapshot().in_flight == 0
         await ext.stop()
 

@@ -22,7 +22,7 @@ from supervisor.extension import Extension
 from supervisor.spool import Spool
 from supervisor.state import State
 
-from .conftest import SERVERS, fast_config
+from .conftest import SERVERS, fast_config, first_text, running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -51,17 +51,8 @@ def media(media_spool: Spool, marker_prefix: str) -> Extension:
     )
 
 
-async def running(ext: Extension, tg: TaskGroup) -> None:
-    await ext.start(tg)
-    with anyio.fail_after(10):
-        assert (await ext.wait_for(lambda s: s.state in (State.RUNNING, State.FAILED))).state is State.RUNNING
-
-
 async def expected_sha256(ext: Extension, **arguments: Any) -> str:
-    result = await ext.call_tool("sha256", arguments)
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
+    return first_text(await ext.call_tool("sha256", arguments))
 
 
 class TestThroughAnExtension:

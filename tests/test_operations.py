@@ -18,22 +18,11 @@ import pytest
 from supervisor import client, process
 from supervisor.daemon import instance_key
 
-from .conftest import SERVERS
+from .conftest import extension_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 CLI = [sys.executable, "-m", "supervisor"]
-
-
-def ext(script: str, **overrides: Any) -> dict[str, Any]:
-    command = [str(SERVERS / script)] if script.endswith(".sh") else [sys.executable, str(SERVERS / script)]
-    return {
-        "command": command[0],
-        "args": command[1:],
-        "backoff": {"initial": 0, "jitter": 0},
-        "stop_timeout": 1,
-        **overrides,
-    }
 
 
 async def until(check: Callable[[], Awaitable[bool]], within: float, interval: float = 0.05) -> None:
@@ -93,11 +82,21 @@ def daemon(short_tmp: Path) -> Iterator[Daemon]:
 class TestReload:
     async def test_changes_only_what_changed(self, daemon: Daemon) -> None:
         """Added starts, removed stops, changed restarts; an unchanged extension keeps its process."""
-        daemon.write({"same": ext("quick.py"), "edited": ext("quick.py"), "dropped": ext("quick.py")})
+        daemon.write(
+            {
+                "same": extension_settings("quick.py"),
+                "edited": extension_settings("quick.py"),
+                "dropped": extension_settings("quick.py"),
+            }
+        )
         daemon.start()
         before = {name: (await daemon.wait(name, "running"))["pid"] for name in ("same", "edited", "dropped")}
         daemon.write(
-            {"same": ext("quick.py"), "edited": ext("quick.py", call_timeout=7), "new": ext("quick.py")}
+            {
+                "same": extension_settings("quick.py"),
+                "edited": extension_settings("quick.py", call_timeout=7),
+                "new": extension_settings("quick.py"),
+            }
         )
         report = await daemon.request("reload")
         assert (report["added"], report["removed"], report["restarted"], report["unchanged"]) == (
@@ -115,7 +114,7 @@ class TestReload:
 
     async def test_a_broken_config_changes_nothing_and_says_why(self, daemon: Daemon) -> None:
         """On any error the daemon keeps the old config and the CLI prints every problem (exit 2)."""
-        daemon.write({"fx": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py")})
         daemon.start()
         pid = (await daemon.wait("fx", "running"))["pid"]
         daemon.config.write_text(
@@ -137,39 +136,43 @@ class TestReload:
 
     async def test_a_manual_stop_survives_a_reload(self, daemon: Daemon) -> None:
         """A stopped extension stays stopped across a reload unless its entry changed."""
-        daemon.write({"kept": ext("quick.py"), "changed": ext("quick.py")})
+        daemon.write({"kept": extension_settings("quick.py"), "changed": extension_settings("quick.py")})
         daemon.start()
         for name in ("kept", "changed"):
             await daemon.wait(name, "running")
             await daemon.request("stop", {"name": name})
-        daemon.write({"kept": ext("quick.py"), "changed": ext("quick.py", log_lines=10)})
+        daemon.write(
+            {"kept": extension_settings("quick.py"), "changed": extension_settings("quick.py", log_lines=10)}
+        )
         await daemon.request("reload")
         assert (await daemon.status())["kept"]["state"] == "stopped"
         await daemon.wait("changed", "running")
 
     async def test_sighup_reloads(self, daemon: Daemon) -> None:
         """SIGHUP does what `reload` does."""
-        daemon.write({"fx": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py")})
         daemon.start()
         await daemon.wait("fx", "running")
-        daemon.write({"fx": ext("quick.py"), "hup": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py"), "hup": extension_settings("quick.py")})
         assert daemon.proc is not None
         daemon.proc.send_signal(signal.SIGHUP)
         await daemon.wait("hup", "running")
 
     async def test_settings_that_need_a_restart_are_reported_not_applied(self, daemon: Daemon) -> None:
         """Changing the spool directory is reported under needs_restart; the socket stays put."""
-        daemon.write({"fx": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py")})
         daemon.start()
         await daemon.wait("fx", "running")
-        daemon.write({"fx": ext("quick.py")}, spool={"dir": str(daemon.directory / "elsewhere")})
+        daemon.write(
+            {"fx": extension_settings("quick.py")}, spool={"dir": str(daemon.directory / "elsewhere")}
+        )
         assert (await daemon.request("reload"))["needs_restart"] == ["spool"]
 
 
 class TestHealth:
     async def test_report_and_metrics_show_calls_and_errors(self, daemon: Daemon) -> None:
         """health counts calls and errors per extension; the Prometheus text has them by tool."""
-        daemon.write({"fx": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py")})
         daemon.start()
         await daemon.wait("fx", "running")
         for text in ("a", "b"):
@@ -203,7 +206,7 @@ class TestHealth:
 
     async def test_cli_health_table_json_and_prometheus(self, daemon: Daemon) -> None:
         """`health` prints a summary and a table; --json and --prometheus print the raw forms."""
-        daemon.write({"fx": ext("quick.py")})
+        daemon.write({"fx": extension_settings("quick.py")})
         daemon.start()
         await daemon.wait("fx", "running")
         table = (await daemon.cli("health")).stdout.decode().splitlines()
@@ -245,7 +248,7 @@ class TestSystemdNotify:
                         return fields
 
         with systemd:
-            daemon.write({"fx": ext("quick.py")})
+            daemon.write({"fx": extension_settings("quick.py")})
             daemon.start({"NOTIFY_SOCKET": str(daemon.directory / "notify.sock"), "WATCHDOG_USEC": "200000"})
             ready = await next_message("READY")
             assert ready["READY"] == "1" and "STATUS" in ready
@@ -272,8 +275,8 @@ class TestBounds:
         daemon's threads, tasks and fds are back to their idle counts."""
         daemon.write(
             {
-                "steady": ext("quick.py", log_lines=20, env={"QUICK_STDERR_AT_START": "100"}),
-                "flash": ext("flash.sh", restart="always", log_lines=20, autostart=False),
+                "steady": extension_settings("quick.py", log_lines=20, env={"QUICK_STDERR_AT_START": "100"}),
+                "flash": extension_settings("flash.sh", restart="always", log_lines=20, autostart=False),
             }
         )
         daemon.start()

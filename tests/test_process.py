@@ -34,7 +34,7 @@ async def main():
         sys.executable, "-c", "import sys; sys.stdin.readline()\\n" + sys.argv[1],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     waiter = asyncio.ensure_future(proc.wait())
-    await asyncio.sleep(0.1)  # the watcher waits before the child exits
+    await asyncio.sleep(0)  # one loop turn: the watcher waits before the child can exit
     proc.stdin.write(b"go\\n")
     while proc.returncode is None:
         await asyncio.sleep(0.01)
@@ -198,7 +198,7 @@ class TestTerminateTree:
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: process.terminate_tree(child, grace=30, term_grace=30, hurry=hurry))
-            await anyio.sleep(0.2)
+            await read_stderr_line(child, "stubborn: stdin closed")  # teardown is in its grace now
             hurry.set()
         assert child.returncode == -signal.SIGKILL
         assert time.monotonic() - started < 3
