@@ -5,6 +5,7 @@ Only ``daemon`` and ``cli`` import this module; everything else receives plain m
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -94,6 +95,15 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 _Expanded = Annotated[str, AfterValidator(_expand)]
 _Name = Annotated[str, AfterValidator(_check_name)]
 
@@ -110,6 +120,13 @@ class BackoffConfig(_Frozen):
     multiplier: float = Field(2.0, ge=1)
     jitter: float = Field(0.1, ge=0, le=1)
     reset_after: float = Field(60.0, ge=0)
+
+
+class ToolFilter(_Frozen):
+    """Glob patterns on a tool's original name: shown when it matches ``allow`` and no ``deny``."""
+
+    allow: list[str] = ["*"]
+    deny: list[str] = []
 
 
 class ExtensionConfig(_Frozen):
@@ -133,6 +150,7 @@ class ExtensionConfig(_Frozen):
     stop_timeout: float = Field(5.0, ge=0)  # grace after stdin close, then SIGTERM, then SIGKILL
     call_timeout: float = Field(60.0, gt=0)
     prefix: _Name | None = None  # gateway tool prefix; None: the extension's name
+    tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # cap on one stdout JSON-RPC line
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
 
@@ -176,12 +194,24 @@ class HttpConfig(_Frozen):
     enabled: bool = False
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=1, le=65535)
+    token: SecretStr | None = None  # bearer token; required when host is not a loopback address
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> HttpConfig:
+        if self.enabled and self.token is None and not _is_loopback(self.host):
+            raise PydanticCustomError(
+                "token_required",
+                "a 'token' is required when the HTTP gateway listens on '{host}'",
+                {"host": self.host},
+            )
+        return self
 
 
 class GatewayConfig(_Frozen):
     """The MCP gateway; its unix socket is always on, beside the control socket."""
 
     http: HttpConfig = HttpConfig()
+    max_name_length: int = Field(64, ge=16, le=64)  # exposed tool/prompt names; clients cap at 64
 
 
 class _EnvSource(EnvSettingsSource):

@@ -521,3 +521,24 @@ class TestModels:
     def test_all_is_complete(self):
         """Every name in __all__ exists."""
         assert all(hasattr(config, name) for name in config.__all__)
+
+
+class TestGatewaySettings:
+    def test_defaults(self, write) -> None:
+        """The gateway's name budget defaults to 64 and every tool is shown."""
+        settings = load(write("extensions: {a: {command: x}}\n"), environ=SOCKET)
+        assert settings.gateway.max_name_length == 64
+        assert settings.extensions["a"].tools.allow == ["*"]
+        assert settings.extensions["a"].tools.deny == []
+
+    def test_http_off_loopback_needs_a_token(self, write) -> None:
+        """Listening beyond loopback without a bearer token is a config error naming the field."""
+        errors = errors_of(write("gateway: {http: {enabled: true, host: 0.0.0.0}}\n"), environ=SOCKET)
+        assert any("gateway.http" in e and "token" in e for e in errors), errors
+        text = "gateway: {http: {enabled: true, host: 0.0.0.0, token: s3cret}}\n"
+        settings = load(write(text), environ=SOCKET)
+        assert "s3cret" not in repr(settings)
+
+    def test_http_on_loopback_needs_no_token(self, write) -> None:
+        for host in ("127.0.0.1", "::1", "localhost"):
+            load(write(f"gateway: {{http: {{enabled: true, host: '{host}'}}}}\n"), environ=SOCKET)
