@@ -1,0 +1,8 @@
+"""The MCP gateway: one MCP server view of every running extension, for every client on the host.
+
+Modules: ``names`` (the pure name table), ``catalog`` (what the clients see, from snapshots),
+``server`` (the lowlevel SDK ``Server`` and its handlers), ``session`` (one object per client
+connection), ``listeners`` (``mcp.sock`` and streamable HTTP), ``connect`` (the stdio pump a
+client configures). It reads extension snapshots and borrows their sessions; it never opens or
+closes one.
+"""
