@@ -148,7 +148,8 @@ class ExtensionConfig(_Frozen):
     max_restarts: int | None = Field(None, ge=0)  # consecutive failures before `failed`; None: never give up
     start_timeout: float = Field(30.0, gt=0)  # spawn + initialize + tools/list
     stop_timeout: float = Field(5.0, ge=0)  # grace after stdin close, then SIGTERM, then SIGKILL
-    call_timeout: float = Field(60.0, gt=0)
+    call_timeout: float = Field(60.0, gt=0)  # inactivity budget per call; progress renews it
+    call_timeout_max: float = Field(600.0, gt=0)  # absolute cap per call, progress or not
     prefix: _Name | None = None  # gateway tool prefix; None: the extension's name
     tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # cap on one stdout JSON-RPC line

@@ -40,9 +40,10 @@ class ExtensionUnavailable(SupervisorError):
 class CallFailed(SupervisorError):
     """A tool call reached the extension but did not produce a result."""
 
-    def __init__(self, message: str, *, code: int | None = None) -> None:
+    def __init__(self, message: str, *, code: int | None = None, data: object = None) -> None:
         super().__init__(message)
         self.code = code
+        self.data = data  # the child's JSON-RPC error data, passed on as is
 
 
 class SpawnError(SupervisorError):

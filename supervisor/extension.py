@@ -11,23 +11,24 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
+from mcp.shared.dispatcher import ProgressFnT
 
 from . import transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
 from .spool import ExtensionSpool
-from .state import ExitStatus, Snapshot, State
+from .state import ExitStatus, Listing, Snapshot, State
 
 if TYPE_CHECKING:
     from .config import ExtensionConfig
@@ -38,6 +39,10 @@ log = structlog.get_logger(__name__)
 
 ChangeHook = Callable[[Snapshot], None]
 CallHook = Callable[[str, float, bool], None]  # tool, seconds, succeeded
+NotificationHook = Callable[[str, types.ServerNotification], None]  # extension, log message or update
+ResultT = TypeVar("ResultT")
+
+REFRESH_DELAY = 0.05  # a burst of list_changed from a child becomes one re-listing
 
 
 def _policy_of(config: ExtensionConfig) -> RestartPolicy:
@@ -62,6 +67,7 @@ class Extension:
         hurry: once set, teardowns skip their graces (the daemon's forced shutdown).
         spool: where oversized media in results goes; emptied when the watcher ends.
         on_call: called after each call with the tool, its duration and whether it succeeded.
+        on_notification: called with the child's log messages and resource updates (sync).
     """
 
     def __init__(
@@ -75,6 +81,7 @@ class Extension:
         hurry: anyio.Event | None = None,
         spool: ExtensionSpool | None = None,
         on_call: CallHook | None = None,
+        on_notification: NotificationHook | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -85,12 +92,15 @@ class Extension:
         self._hurry = hurry
         self._spool = spool
         self._on_call = on_call
+        self._on_notification = on_notification
         self.calls = 0  # tool calls asked of this extension
         self.errors = 0  # of those, the ones without a result, or with isError
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
-        self._tools: dict[str, types.Tool] = {}  # by name, in the server's order
+        self._listing = Listing()  # what the running child offers
+        self._stale: set[str] = set()  # listings the child said changed, not yet fetched again
+        self._stale_event = anyio.Event()
         self._connection: transport.Connection | None = None
         self._in_flight = 0
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
@@ -104,11 +114,15 @@ class Extension:
     # ---- reading -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        return replace(self._snapshot, tools=len(self._tools), in_flight=self._in_flight)
+        return replace(self._snapshot, tools=len(self._listing.tools), in_flight=self._in_flight)
 
     def tools(self) -> list[types.Tool]:
         """The running child's tools; a copy the caller may change."""
-        return [tool.model_copy(deep=True) for tool in self._tools.values()]
+        return [tool.model_copy(deep=True) for tool in self._listing.tools]
+
+    def listing(self) -> Listing:
+        """Everything the running child offers (empty unless running). Shared: do not change it."""
+        return self._listing
 
     @property
     def stderr_lines(self) -> int:
@@ -169,8 +183,13 @@ class Extension:
 
     # ---- calls ---------------------------------------------------------------------------
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call_tool(
+        self, tool: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT | None = None
+    ) -> types.CallToolResult:
         """Forward one call; wait for running (if on the way) and answer within ``call_timeout``.
+
+        ``call_timeout`` is an inactivity budget: each progress notification from the child
+        renews it, up to ``call_timeout_max`` in all. *progress* receives them.
 
         Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
         while starting or in backoff), :class:`CallFailed` when the call itself fails.
@@ -178,31 +197,64 @@ class Extension:
         started, succeeded = time.monotonic(), False
         self.calls += 1
         try:
-            result = await self._call_tool(tool, arguments)
+
+            async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
+                if tool not in self._listing.tool_names:
+                    unknown = f"extension {self.name!r} has no tool {tool!r}"
+                    raise CallFailed(unknown, code=types.INVALID_PARAMS)
+                return await connection.call_tool(tool, arguments, progress=progress)
+
+            result = await self._forward(f"tool {tool!r}", call, progress)
             succeeded = not result.is_error
             return result
         finally:
             if not succeeded:
                 self.errors += 1
             if self._on_call is not None:
-                label = tool if tool in self._tools else "(unknown)"
+                label = tool if tool in self._listing.tool_names else "(unknown)"
                 self._on_call(label, time.monotonic() - started, succeeded)
 
-    async def _call_tool(self, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        timeout = self.config.call_timeout
+    async def request(
+        self,
+        request: types.ClientRequest,
+        result_type: type[ResultT],
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> ResultT:
+        """Forward any other client request (prompts/get, resources/read, ...) like a call."""
+
+        async def send(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
+            return await connection.request(request, result_type, progress=progress)
+
+        return await self._forward(repr(request.method), send, progress)
+
+    async def _forward(
+        self,
+        what: str,
+        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        progress: ProgressFnT | None,
+    ) -> ResultT:
+        timeout, cap = self.config.call_timeout, self.config.call_timeout_max
+        started = time.monotonic()
         connection: transport.Connection | None = None
-        with anyio.move_on_after(timeout):
+        with anyio.CancelScope(deadline=started + min(timeout, cap)) as scope:
+
+            async def renew(value: float, total: float | None, message: str | None) -> None:
+                scope.deadline = min(time.monotonic() + timeout, started + cap)
+                if progress is not None:
+                    await progress(value, total, message)
+
             connection = await self._wait_connection()
-            if tool not in self._tools:
-                raise CallFailed(f"extension {self.name!r} has no tool {tool!r}", code=types.INVALID_PARAMS)
             self._in_flight += 1
             try:
-                return await connection.call_tool(tool, arguments)
+                return await send(connection, renew)
             except MCPError as exc:
-                raise self._call_failed(tool, exc) from None
+                raise self._call_failed(what, exc) from None
+            except CallFailed:
+                raise
             except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
-                log.warning("extension.bad_result", tool=tool, error=str(exc).splitlines()[0][:300])
-                raise CallFailed(f"extension {self.name!r} returned an invalid result for {tool!r}") from None
+                log.warning("extension.bad_result", request=what, error=_first_line(exc))
+                raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
             finally:
                 self._in_flight -= 1
         if connection is None:
@@ -210,9 +262,11 @@ class Extension:
             raise ExtensionUnavailable(
                 self.name, state.value, retryable=True, detail=f"not running after {timeout:g}s"
             )
-        raise CallFailed(
-            f"tool {tool!r} of {self.name!r} did not answer within {timeout:g}s", code=types.REQUEST_TIMEOUT
-        )
+        if time.monotonic() - started >= cap:
+            detail = f"did not finish within call_timeout_max ({cap:g}s)"
+        else:
+            detail = f"did not answer within {timeout:g}s"  # nor report progress
+        raise CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
 
     async def _wait_connection(self) -> transport.Connection:
         while True:
@@ -228,12 +282,11 @@ class Extension:
                 )
             await changed.wait()
 
-    def _call_failed(self, tool: str, exc: MCPError) -> CallFailed:
+    def _call_failed(self, what: str, exc: MCPError) -> CallFailed:
         if exc.code == types.CONNECTION_CLOSED:
-            message = f"extension {self.name!r} exited during the call to {tool!r}; it may be restarting"
-        else:
-            message = f"{self.name}/{tool}: {exc.message}"
-        return CallFailed(message, code=exc.code)
+            message = f"extension {self.name!r} exited during the call to {what}; it may be restarting"
+            return CallFailed(message, code=exc.code)
+        return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data)
 
     # ---- the watcher ---------------------------------------------------------------------
 
@@ -252,7 +305,7 @@ class Extension:
                 self._gave_up = True
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
-                self._connection, self._tools = None, {}
+                self._connection, self._listing = None, Listing()
                 if self._spool is not None:  # no child left to refer to its files
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._spool.remove)
@@ -273,7 +326,8 @@ class Extension:
                 stop_timeout=self.config.stop_timeout,
                 max_message_bytes=self.config.max_message_bytes,
                 on_stderr=self._on_stderr,
-                on_tools_changed=self._refresh_tools,
+                on_list_changed=self._list_changed,
+                on_notification=self._notified,
                 hurry=self._hurry,
                 spool=self._spool,
             ) as connection:
@@ -291,7 +345,7 @@ class Extension:
         self._set(State.STARTING, pid=child.pid)
         try:
             with anyio.fail_after(self.config.start_timeout):
-                tools = await connection.handshake()
+                listing = await connection.handshake()
         except TimeoutError:
             error = f"no MCP handshake within {self.config.start_timeout:g}s"
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error))
@@ -303,10 +357,13 @@ class Extension:
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
 
-        self._tools, self._connection = _by_name(tools), connection
+        self._listing, self._connection = listing, connection
         started = time.monotonic()
         self._set(State.RUNNING, last_error=None)
-        await connection.ended.wait()
+        async with anyio.create_task_group() as helpers:  # owned by this run: gone before teardown
+            helpers.start_soon(self._keep_listings_fresh, connection)
+            await connection.ended.wait()
+            helpers.cancel_scope.cancel()
         self._connection = None
         uptime = time.monotonic() - started
         if child.returncode is None:  # stdio broke or a message was too large: it gets killed
@@ -343,19 +400,35 @@ class Extension:
         self._set(State.STOPPING, **changes)
         return False
 
-    async def _refresh_tools(self) -> None:
-        connection = self._connection
-        if connection is None:
-            return
-        try:
-            tools = await connection.list_tools()
-        except Exception as exc:
-            log.warning("extension.tools_refresh_failed", error=_first_line(exc))
-            return
-        if connection is self._connection:  # still the same run
-            self._tools = _by_name(tools)
-            log.info("extension.tools_changed", tools=len(tools))
-            self._notify()
+    def _list_changed(self, kind: str) -> None:
+        self._stale.add(kind)
+        if kind == "resources":
+            self._stale.add("templates")
+        self._stale_event.set()
+
+    def _notified(self, notification: types.ServerNotification) -> None:
+        if self._on_notification is not None:
+            self._on_notification(self.name, notification)
+
+    async def _keep_listings_fresh(self, connection: transport.Connection) -> None:
+        """Re-list what the child says changed: one listing in flight, a burst coalesced."""
+        while True:
+            await self._stale_event.wait()
+            await anyio.sleep(REFRESH_DELAY)
+            kinds, self._stale, self._stale_event = self._stale, set(), anyio.Event()
+            fresh: dict[str, list[Any]] = {}
+            for kind in sorted(kinds):
+                try:
+                    with anyio.fail_after(self.config.start_timeout):
+                        fresh[kind] = await connection.list(kind)
+                except Exception as exc:  # TimeoutError, MCPError, a malformed listing: keep the old one
+                    log.warning("extension.listing_failed", kind=kind, error=_first_line(exc))
+            if fresh and connection is self._connection:
+                old = self._listing
+                current = {"tools": old.tools, "prompts": old.prompts, "resources": old.resources}
+                self._listing = Listing.of(**{**current, "templates": old.templates, **fresh})
+                log.info("extension.listing_changed", **{kind: len(items) for kind, items in fresh.items()})
+                self._notify()
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line)
@@ -380,10 +453,6 @@ class Extension:
         changed.set()
         if self._on_change is not None:
             self._on_change(self.snapshot())
-
-
-def _by_name(tools: list[types.Tool]) -> dict[str, types.Tool]:
-    return {tool.name: tool for tool in tools}
 
 
 def _exit_status(child: ChildProcess) -> ExitStatus | None:

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ("ExitStatus", "Snapshot", "State")
+import mcp_types as types
+
+__all__ = ("ExitStatus", "Listing", "Snapshot", "State")
 
 
 class State(enum.StrEnum):
@@ -105,3 +107,24 @@ class Snapshot:
             "next_restart": self.next_restart.isoformat() if self.next_restart else None,
             "in_flight": self.in_flight,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What one run of an extension offers, in the server's order. Replaced whole, never changed.
+
+    The models are shared with every reader: copy one (``model_copy``) before changing it.
+    """
+
+    tools: tuple[types.Tool, ...] = ()
+    prompts: tuple[types.Prompt, ...] = ()
+    resources: tuple[types.Resource, ...] = ()
+    templates: tuple[types.ResourceTemplate, ...] = ()
+    tool_names: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @classmethod
+    def of(cls, tools: Any = (), prompts: Any = (), resources: Any = (), templates: Any = ()) -> Listing:
+        tools = tuple(tools)
+        return cls(
+            tools, tuple(prompts), tuple(resources), tuple(templates), frozenset(t.name for t in tools)
+        )

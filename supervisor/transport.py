@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -19,11 +19,13 @@ import pydantic_core
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import ClientSession
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 
 from . import process
 from .process import ChildProcess
 from .spool import ExtensionSpool
+from .state import Listing
 
 __all__ = ("Connection", "LineSplitter", "connect")
 
@@ -31,21 +33,30 @@ log = structlog.get_logger(__name__)
 
 STDERR_LINE_CAP = 8 << 10  # longer stderr lines are truncated, not buffered
 EXIT_FLUSH_GRACE = 0.25  # at most this long after an exit, to deliver what the child wrote last
-MAX_TOOLS = 10_000  # a server paginating forever must not grow our cache forever
+MAX_LISTED = 10_000  # per listing: a server paginating forever must not grow our cache forever
 
-ToolsChanged = Callable[[], Awaitable[None]]
+ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, must not block
+Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
+ResultT = TypeVar("ResultT")
+
+_LIST_CHANGED: dict[type, str] = {
+    types.ToolListChangedNotification: "tools",
+    types.PromptListChangedNotification: "prompts",
+    types.ResourceListChangedNotification: "resources",
+}
 
 
 class Connection:
     """One live child: its process, its MCP session and why the connection ended.
 
-    Other tasks may call :meth:`call_tool` and :meth:`list_tools` concurrently; only the task
-    that entered :func:`connect` ends the connection.
+    Other tasks may send requests concurrently; only the task that entered :func:`connect`
+    ends the connection.
     """
 
     def __init__(self, child: ChildProcess) -> None:
         self.child = child
         self.session: ClientSession | None = None
+        self.capabilities = types.ServerCapabilities()  # what the child's initialize declared
         self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
         self.failure: str | None = None  # why it ended, unless the child's exit says it all
 
@@ -54,25 +65,76 @@ class Connection:
             self.failure = failure
             self.ended.set()
 
-    async def handshake(self) -> list[types.Tool]:
-        """``initialize`` then ``tools/list``: the extension is usable once this returns."""
-        await self._session.initialize()
-        return await self.list_tools()
+    async def handshake(self) -> Listing:
+        """``initialize``, then every list the child declares: the extension is usable once this returns.
 
-    async def list_tools(self) -> list[types.Tool]:
-        tools: list[types.Tool] = []
+        Tools must list cleanly; a failing prompt or resource listing is logged and left empty,
+        so one optional feature cannot keep the tools from clients.
+        """
+        result = await self._session.initialize()
+        self.capabilities = result.capabilities
+        tools = await self.list("tools")
+        optional: dict[str, list[Any]] = {}
+        for kind in ("prompts", "resources", "templates"):
+            try:
+                optional[kind] = await self.list(kind)
+            except Exception as exc:  # MCPError or a malformed listing
+                log.warning("extension.listing_failed", kind=kind, error=_one_line(exc))
+                optional[kind] = []
+        return Listing.of(tools, **optional)
+
+    def offers(self, kind: str) -> bool:
+        """Whether the child declared *kind* ("tools", "prompts", "resources", "templates")."""
+        capabilities = self.capabilities
+        return {
+            "tools": capabilities.tools is not None,
+            "prompts": capabilities.prompts is not None,
+            "resources": capabilities.resources is not None,
+            "templates": capabilities.resources is not None,
+        }[kind]
+
+    async def list(self, kind: str) -> list[Any]:
+        """Every page of one listing, at most :data:`MAX_LISTED` items; [] if not declared."""
+        if not self.offers(kind):
+            return []
+        fetch, attribute = {
+            "tools": (self._session.list_tools, "tools"),
+            "prompts": (self._session.list_prompts, "prompts"),
+            "resources": (self._session.list_resources, "resources"),
+            "templates": (self._session.list_resource_templates, "resource_templates"),
+        }[kind]
+        items: list[Any] = []
         cursor: str | None = None
-        while len(tools) < MAX_TOOLS:
+        while len(items) < MAX_LISTED:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await self._session.list_tools(params=params)
-            tools += page.tools
+            page = await fetch(params=params)
+            items += getattr(page, attribute)
             if not (cursor := page.next_cursor):
                 break
-        return tools[:MAX_TOOLS]
+        return items[:MAX_LISTED]
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def list_tools(self) -> list[types.Tool]:
+        return await self.list("tools")
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> types.CallToolResult:
         """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel."""
-        return await self._session.call_tool(name, arguments)
+        return await self._session.call_tool(name, arguments, progress_callback=progress)
+
+    async def request(
+        self,
+        request: types.ClientRequest,
+        result_type: type[ResultT],
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> ResultT:
+        """Forward any client request as is (prompts/get, resources/read, completion/complete, ...)."""
+        return await self._session.send_request(request, result_type, progress_callback=progress)
 
     @property
     def _session(self) -> ClientSession:
@@ -90,7 +152,8 @@ async def connect(
     stop_timeout: float,
     max_message_bytes: int,
     on_stderr: Callable[[str], None],
-    on_tools_changed: ToolsChanged,
+    on_list_changed: ListChanged,
+    on_notification: Notified,
     hurry: anyio.Event | None = None,
     spool: ExtensionSpool | None = None,
 ) -> AsyncIterator[Connection]:
@@ -125,13 +188,15 @@ async def connect(
             await pump(*args)
 
     async def on_message(message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            await on_tools_changed()
-        elif isinstance(message, Exception):
+        if isinstance(message, Exception):
             log.warning("extension.bad_message", error=_one_line(message))
+        elif (kind := _LIST_CHANGED.get(type(message))) is not None:
+            on_list_changed(kind)
+        elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+            on_notification(message)
 
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
-        log.info("extension.log", level=params.level, logger=params.logger, data=params.data)
+        log.info("extension.log", level=params.level, logger=params.logger)
 
     try:
         async with anyio.create_task_group() as pumps:
