@@ -32,6 +32,7 @@ __all__ = (
     "HttpConfig",
     "Settings",
     "SpoolConfig",
+    "ToolFilter",
     "default_config_path",
     "default_socket_path",
     "load",

@@ -29,6 +29,8 @@ from . import config, control, logs, process
 from .config import ExtensionConfig, Settings
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
+from .gateway.listeners import serve_unix
+from .gateway.server import Gateway
 from .health import process_stats
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
@@ -74,6 +76,9 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.metrics = Metrics(self.health)
+        self.gateway = Gateway(
+            self, spool_dir=self.spool.run_dir, name_budget=settings.gateway.max_name_length
+        )
         self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
 
     def _make(self, name: str, config: ExtensionConfig) -> Extension:
@@ -86,6 +91,7 @@ class Daemon:
             spool=self.spool.for_extension(name),
             on_call=functools.partial(self.metrics.observe_call, name),
             on_change=self._state_changed,
+            on_notification=self.gateway.notify,
         )
 
     def summary(self) -> str:
@@ -95,8 +101,13 @@ class Daemon:
         return ", ".join(parts) or "no extensions"
 
     def _state_changed(self, snapshot: Snapshot) -> None:
+        self.gateway.invalidate()
         if self.notifier.enabled:
             self.notifier.status(self.summary())
+
+    def extensions(self) -> list[Extension]:
+        """Every configured extension, in the config's order."""
+        return list(self._extensions.values())
 
     def get(self, name: str) -> Extension:
         try:
@@ -193,6 +204,7 @@ class Daemon:
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())
+            self.gateway.invalidate()
         report = {
             "added": added,
             "removed": gone,
@@ -269,6 +281,13 @@ async def run(
         await tg.start(_serve_signals, daemon, tg)
         try:
             await tg.start(control.serve, daemon, settings.socket)
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            tg.cancel_scope.cancel()
+            return 1
+        await tg.start(daemon.gateway.run)
+        try:
+            await tg.start(serve_unix, daemon.gateway, settings.gateway_socket)
         except SupervisorError as exc:
             log.error("daemon.socket_unavailable", error=str(exc))
             tg.cancel_scope.cancel()

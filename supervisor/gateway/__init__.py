@@ -6,3 +6,5 @@ connection), ``listeners`` (``mcp.sock`` and streamable HTTP), ``connect`` (the 
 client configures). It reads extension snapshots and borrows their sessions; it never opens or
 closes one.
 """
+
+__all__ = ()  # the modules are the public surface: gateway.server.Gateway, gateway.listeners, ...

@@ -1,0 +1,199 @@
+"""Where MCP clients reach the gateway: the unix socket ``mcp.sock`` (and, in ``http``, streamable HTTP).
+
+Each connection to ``mcp.sock`` is one MCP session in the stdio framing (one JSON-RPC message
+per line), served by its own task with two pumps around the SDK server loop. Every buffer is
+bounded: a message over :data:`MAX_MESSAGE` ends the connection, a client with
+:data:`MAX_IN_FLIGHT` requests unanswered is not read until one is answered, and a client that
+does not take a message within :data:`SEND_TIMEOUT` is disconnected. None of it touches the
+other connections.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import SessionMessage
+
+from .. import sockets
+from .server import Gateway
+
+__all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
+
+log = structlog.get_logger(__name__)
+
+MAX_CONNECTIONS = 256  # clients at once on mcp.sock; one more is turned away with an error
+MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
+MAX_IN_FLIGHT = 64  # unanswered requests per connection before we stop reading it
+SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
+
+
+async def serve_unix(
+    gateway: Gateway, path: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the gateway on the unix socket *path* until cancelled.
+
+    Raises:
+        SupervisorError: another daemon is listening on *path*, or it cannot be bound.
+
+    Resource handling: the socket file is removed on exit unless another process replaced it.
+    """
+    listener = await sockets.listen(path)
+    identity = sockets.identity(path)
+    allowed = frozenset({os.geteuid(), 0})
+    active = 0
+    log.info("gateway.listening", path=path)
+
+    async def serve_one(stream: anyio.abc.SocketStream) -> None:
+        nonlocal active
+        try:
+            async with stream:
+                pid, uid = sockets.peer_credentials(stream)
+                if uid not in allowed:
+                    log.warning("gateway.peer_refused", uid=uid, pid=pid)
+                    return
+                await _Connection(gateway, stream).serve()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            log.debug("gateway.client_gone")
+        finally:
+            active -= 1
+
+    try:
+        async with listener, anyio.create_task_group() as connections:
+            task_status.started()
+            while True:
+                try:
+                    stream = await sockets.accept(listener)
+                except anyio.BrokenResourceError as exc:
+                    cause = exc.__cause__
+                    if not (isinstance(cause, OSError) and cause.errno in sockets.TRANSIENT_ACCEPT_ERRORS):
+                        raise
+                    log.warning("gateway.accept_failed", error=str(cause))
+                    await anyio.sleep(sockets.ACCEPT_RETRY_DELAY)
+                    continue
+                if stream is None:
+                    continue
+                if active >= MAX_CONNECTIONS:
+                    log.warning("gateway.too_many_connections", limit=MAX_CONNECTIONS)
+                    await _refuse(stream, f"too many connections (at most {MAX_CONNECTIONS})")
+                    continue
+                active += 1
+                connections.start_soon(serve_one, stream)
+    finally:
+        sockets.unlink_if_ours(path, identity)
+        log.info("gateway.closed", path=path)
+
+
+async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:
+    error = _error(None, types.INTERNAL_ERROR, message).message.model_dump_json(by_alias=True)
+    with (
+        anyio.move_on_after(1),
+        contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
+    ):
+        await stream.send(error.encode() + b"\n")
+    await stream.aclose()
+
+
+class _Connection:
+    """One client on mcp.sock: a reader, a writer and the SDK's server loop, in one task group."""
+
+    def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
+        self.gateway, self.stream = gateway, stream
+        self._pending: collections.Counter[str | int] = collections.Counter()  # request ids unanswered
+        self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+
+    async def serve(self) -> None:
+        server = self.gateway.server
+        read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+        async with anyio.create_task_group() as tg:
+
+            async def run_server() -> None:
+                await server.run(read_recv, write_send, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(self._read, read_send, write_send.clone(), tg.cancel_scope)
+            tg.start_soon(self._write, write_recv, tg.cancel_scope)
+            tg.start_soon(run_server)
+
+    async def _read(
+        self,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        errors: MemoryObjectSendStream[SessionMessage],
+        scope: anyio.CancelScope,
+    ) -> None:
+        """Client lines to the server loop; its end (EOF, an oversized message) ends the connection."""
+        reader = BufferedByteReceiveStream(self.stream)
+        async with sink, errors:
+            while True:
+                try:
+                    line = await reader.receive_until(b"\n", MAX_MESSAGE)
+                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+                except anyio.DelimiterNotFound:
+                    log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
+                    await errors.send(
+                        _error(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
+                    )
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                except ValueError:
+                    await errors.send(_invalid(line))
+                    continue
+                if isinstance(message, types.JSONRPCRequest):
+                    await self._slots.acquire()  # back-pressure: wait for an answer to go out
+                    self._pending[message.id] += 1
+                await sink.send(SessionMessage(message))
+        scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _write(
+        self, source: MemoryObjectReceiveStream[SessionMessage], scope: anyio.CancelScope
+    ) -> None:
+        async with source:
+            async for item in source:
+                message = item.message
+                data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                with anyio.move_on_after(SEND_TIMEOUT) as timer:
+                    await self.stream.send(data)
+                if timer.cancelled_caught:
+                    log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
+                    scope.cancel()
+                    return
+                if (
+                    isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                    and self._pending[message.id]
+                ):
+                    self._pending[message.id] -= 1
+                    if not self._pending[message.id]:
+                        del self._pending[message.id]
+                    self._slots.release()
+
+
+def _error(request_id: str | int | None, code: int, message: str) -> SessionMessage:
+    error = types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
+    )
+    return SessionMessage(error)
+
+
+def _invalid(line: bytes) -> SessionMessage:
+    """-32700 for a line that is not JSON, -32600 (with its id, if any) for one that is not JSON-RPC."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return _error(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    return _error(request_id, types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message")

@@ -1,0 +1,398 @@
+"""The gateway's MCP server: one view of every live extension, served with the SDK's lowlevel ``Server``.
+
+:class:`Gateway` answers every client on every listener. It reads extension snapshots and
+listings and borrows their sessions through :class:`~supervisor.extension.Extension`'s
+forwarding methods; it never opens or closes one. Its own task (:meth:`Gateway.run`) owns the
+change announcer and each handshake-era client's :class:`~.clients.Downstream` task.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from mcp import MCPError
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.connection import Connection
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from .. import __version__
+from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
+from ..extension import Extension
+from ..state import State
+from . import catalog as catalogs
+from . import spoollinks
+from .catalog import Catalog, Source
+from .clients import MAX_SUBSCRIPTIONS, Downstream
+from .names import expose_uri, parse_uri
+
+__all__ = ("UNAVAILABLE", "Extensions", "Gateway")
+
+log = structlog.get_logger(__name__)
+
+UNAVAILABLE = -32003  # as on the control socket: the extension is not running (data: state, retryable)
+RESOURCE_NOT_FOUND = -32002
+INSTRUCTIONS = (
+    "Tools, prompts and resources of every MCP server supervised by mcp-supervisor on this host. "
+    "Names are EXTENSION__NAME; resource URIs are mcp-supervisor://EXTENSION/ORIGINAL-URI."
+)
+_LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
+_EVENTS = {"tools": ToolsListChanged(), "prompts": PromptsListChanged(), "resources": ResourcesListChanged()}
+ResultT = TypeVar("ResultT")
+
+
+class Extensions(Protocol):
+    """What the gateway needs of the daemon."""
+
+    def extensions(self) -> Sequence[Extension]: ...
+
+
+class _Server(Server[Any]):
+    """Advertise list_changed on every transport (streamable HTTP asks with no arguments)."""
+
+    def create_initialization_options(
+        self, notification_options: NotificationOptions | None = None, *args: Any, **kwargs: Any
+    ) -> InitializationOptions:
+        everything = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
+        return super().create_initialization_options(notification_options or everything, *args, **kwargs)
+
+
+class Gateway:
+    """The MCP server view of *backend*'s extensions.
+
+    Args:
+        backend: the daemon (its ``extensions()`` in config order).
+        spool_dir: the daemon's spool directory; ``resources/read`` serves files inside it only.
+        name_budget: the longest exposed tool or prompt name (``gateway.max_name_length``).
+    """
+
+    def __init__(self, backend: Extensions, *, spool_dir: Path, name_budget: int = 64) -> None:
+        self._backend = backend
+        self._spool_dir = spool_dir
+        self._budget = name_budget
+        self._catalog = Catalog()
+        self._stale = True
+        self._announced = Catalog()
+        self._changed = anyio.Event()
+        self._clients: dict[int, Downstream] = {}
+        self._subscribers: dict[str, int] = {}  # exposed URI -> clients subscribed to it
+        self._tg: TaskGroup | None = None
+        self._spool_readers = anyio.CapacityLimiter(2)
+        self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
+        self.server = _Server(
+            "mcp-supervisor",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_completion=self._complete,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+
+    # ---- the view ------------------------------------------------------------------------
+
+    def invalidate(self) -> None:
+        """An extension changed state or listing, or the set of extensions changed. Sync."""
+        self._stale = True
+        self._changed.set()
+
+    def catalog(self) -> Catalog:
+        if self._stale:
+            self._stale = False
+            sources = [
+                Source(
+                    ext.name,
+                    ext.config.prefix or ext.name,
+                    ext.config.tools.allow,
+                    ext.config.tools.deny,
+                    ext.listing(),
+                )
+                for ext in self._backend.extensions()
+                if ext.snapshot().state in _LIVE
+            ]
+            self._catalog = catalogs.build(sources, self._budget)
+        return self._catalog
+
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Announce changes to clients until cancelled; owns the per-client tasks."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            self._announced = self.catalog()
+            task_status.started()
+            try:
+                await self._announce_changes()
+            finally:
+                self._tg = None
+
+    async def _announce_changes(self) -> None:
+        while True:
+            await self._changed.wait()
+            await anyio.sleep(0.1)  # coalesce: a restart storm is a few notifications
+            self._changed = anyio.Event()
+            newer = self.catalog()
+            kinds = self._announced.changed_kinds(newer)
+            known = set(self._announced.collisions)
+            for collision in newer.collisions:
+                if collision not in known:
+                    log.warning("gateway.name_collision", detail=collision.describe())
+            self._announced = newer
+            if not kinds:
+                continue
+            log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self._clients))
+            for client in self._clients.values():
+                client.lists_changed(kinds)
+            for kind in sorted(kinds):
+                await self.bus.publish(_EVENTS[kind])
+
+    def notify(self, extension: str, notification: types.ServerNotification) -> None:
+        """Route a child's log message or resource update to the clients that asked. Sync."""
+        if isinstance(notification, types.LoggingMessageNotification):
+            params = notification.params
+            logger = f"{extension}/{params.logger}" if params.logger else extension
+            for client in self._clients.values():
+                client.log(params.level, params.data, logger)
+        elif isinstance(notification, types.ResourceUpdatedNotification):
+            uri = expose_uri(extension, notification.params.uri)
+            if uri in self._subscribers:
+                for client in self._clients.values():
+                    client.resource_updated(uri)
+            if self._tg is not None:  # 2026-07-28 listeners filter by URI themselves
+                self._tg.start_soon(self.bus.publish, ResourceUpdated(uri=uri))
+
+    # ---- clients -------------------------------------------------------------------------
+
+    def _client(self, ctx: ServerRequestContext[Any]) -> Downstream | None:
+        """The handshake-era client behind *ctx*, tracked from its first request until it closes."""
+        connection: Connection = ctx.session._connection  # the SDK has no public accessor (2.3)
+        client = self._clients.get(id(connection))
+        if client is not None or self._tg is None:
+            return client
+        if (
+            connection.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+            or not connection.has_standalone_channel
+        ):
+            return None  # 2026-07-28 clients get their events through subscriptions/listen
+        client = Downstream(connection)
+        scope = anyio.CancelScope()
+        self._clients[id(connection)] = client
+        connection.exit_stack.callback(self._forget, id(connection), scope)
+
+        async def serve() -> None:
+            with scope:
+                await client.run()
+
+        self._tg.start_soon(serve)
+        return client
+
+    def _forget(self, key: int, scope: anyio.CancelScope) -> None:
+        scope.cancel()
+        client = self._clients.pop(key, None)
+        if client is not None:
+            for uri in client.subscriptions:
+                self._unref(uri)
+
+    def _unref(self, uri: str) -> None:
+        remaining = self._subscribers.get(uri, 0) - 1
+        if remaining > 0:
+            self._subscribers[uri] = remaining
+        else:
+            self._subscribers.pop(uri, None)
+
+    # ---- handlers ------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        self._client(ctx)
+        return types.ListToolsResult(tools=list(self.catalog().tools))
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:
+        self._client(ctx)
+        return types.ListPromptsResult(prompts=list(self.catalog().prompts))
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
+        self._client(ctx)
+        return types.ListResourcesResult(resources=list(self.catalog().resources))
+
+    async def _list_templates(
+        self, ctx: ServerRequestContext[Any], params: Any
+    ) -> types.ListResourceTemplatesResult:
+        self._client(ctx)
+        return types.ListResourceTemplatesResult(resource_templates=list(self.catalog().templates))
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        self._client(ctx)
+        target = self.catalog().tool_names.resolve(params.name)
+        if target is None:
+            return self._unknown_tool(params.name)
+        extension, tool = target
+        ext = self._extension(extension)
+        if ext is None:
+            return _tool_error(f"extension {extension!r} was removed from the config")
+        try:
+            return await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx))
+        except ExtensionUnavailable as exc:
+            return _tool_error(str(exc))
+        except CallFailed as exc:
+            if exc.code in (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT):
+                return _tool_error(str(exc))
+            raise MCPError(exc.code, str(exc), exc.data) from None
+
+    def _unknown_tool(self, name: str) -> types.CallToolResult:
+        """A tool no live extension offers: say which extension is not running, if one matches."""
+        for ext in self._backend.extensions():
+            if name.startswith(f"{ext.config.prefix or ext.name}__"):
+                state = ext.snapshot().state
+                if state is not State.RUNNING:
+                    return _tool_error(
+                        f"extension {ext.name!r} is {state.value}; "
+                        f"start it with `mcp-supervisor start {ext.name}`, then list tools again"
+                    )
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}; list tools again")
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        self._client(ctx)
+        target = self.catalog().prompt_names.resolve(params.name)
+        if target is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}")
+        extension, prompt = target
+        request = types.GetPromptRequest(params=_forwarded(params, name=prompt))
+        return await self._forward(extension, ctx, request, types.GetPromptResult)
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        self._client(ctx)
+        uri = params.uri
+        if uri.startswith("file:"):
+            return await spoollinks.read(self._spool_dir, uri, self._spool_readers)
+        target = parse_uri(uri)
+        if target is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}")
+        extension, original = target
+        request = types.ReadResourceRequest(params=_forwarded(params, uri=original))
+        result = await self._forward(extension, ctx, request, types.ReadResourceResult)
+        contents = [c.model_copy(update={"uri": expose_uri(extension, c.uri)}) for c in result.contents]
+        return result.model_copy(update={"contents": contents})
+
+    async def _complete(
+        self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        self._client(ctx)
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            target = self.catalog().prompt_names.resolve(ref.name)
+            ref_update = {"name": target[1]} if target else {}
+        else:
+            target = parse_uri(ref.uri)
+            ref_update = {"uri": target[1]} if target else {}
+        if target is None:
+            raise MCPError(types.INVALID_PARAMS, "unknown completion reference")
+        forwarded = _forwarded(params, ref=ref.model_copy(update=ref_update))
+        return await self._forward(
+            target[0], ctx, types.CompleteRequest(params=forwarded), types.CompleteResult
+        )
+
+    async def _subscribe(
+        self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        client = self._client(ctx)
+        target = parse_uri(params.uri)
+        if target is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {params.uri!r}")
+        if client is not None and params.uri not in client.subscriptions:
+            if len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
+                raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
+            client.subscriptions.add(params.uri)
+            self._subscribers[params.uri] = self._subscribers.get(params.uri, 0) + 1
+        request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
+        return await self._forward(target[0], ctx, request, types.EmptyResult)
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        client = self._client(ctx)
+        if client is not None and params.uri in client.subscriptions:
+            client.subscriptions.discard(params.uri)
+            self._unref(params.uri)
+        return types.EmptyResult()  # the child keeps sending; nobody is routed its updates
+
+    async def _set_level(
+        self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        client = self._client(ctx)
+        if client is not None:
+            client.log_level = params.level
+        return types.EmptyResult()
+
+    # ---- forwarding ----------------------------------------------------------------------
+
+    def _extension(self, name: str) -> Extension | None:
+        return next((ext for ext in self._backend.extensions() if ext.name == name), None)
+
+    async def _forward(
+        self, extension: str, ctx: ServerRequestContext[Any], request: Any, result_type: type[ResultT]
+    ) -> ResultT:
+        ext = self._extension(extension)
+        if ext is None:
+            raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
+        try:
+            return await ext.request(request, result_type, progress=_progress_relay(ctx))
+        except ExtensionUnavailable as exc:
+            raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
+        except CallFailed as exc:
+            raise MCPError(exc.code or types.INTERNAL_ERROR, str(exc), exc.data) from None
+        except SupervisorError as exc:
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
+
+
+def _forwarded(params: Any, **changes: Any) -> Any:
+    """The client's params for the child: renamed, and without the client's ``_meta``.
+
+    The client's progress token is its own; the child gets a fresh one from our session.
+    """
+    return params.model_copy(update={**changes, "meta": None})
+
+
+def _progress_relay(
+    ctx: ServerRequestContext[Any],
+) -> Callable[[float, float | None, str | None], Awaitable[None]]:
+    """Progress from the child, back to the client that asked (a no-op if it sent no token)."""
+    return functools.partial(_relay, ctx)
+
+
+async def _relay(
+    ctx: ServerRequestContext[Any], progress: float, total: float | None, message: str | None
+) -> None:
+    await ctx.session.report_progress(progress, total, message)
+
+
+def _tool_error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)

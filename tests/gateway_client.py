@@ -1,0 +1,69 @@
+"""A test client for the gateway socket: the SDK's ClientSession over a real unix socket connection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from anyio.streams.buffered import BufferedByteReceiveStream
+from mcp import ClientSession
+from mcp.shared.message import SessionMessage
+
+MAX_LINE = 256 << 20
+
+
+@asynccontextmanager
+async def gateway_session(
+    path: str, *, initialize: bool = True, **session_args: Any
+) -> AsyncIterator[ClientSession]:
+    """A handshake-era ClientSession connected to the gateway at *path* (initialized unless asked not to)."""
+    stream = await anyio.connect_unix(path)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
+
+    async def reader() -> None:
+        buffered = BufferedByteReceiveStream(stream)
+        async with read_send:
+            while True:
+                try:
+                    line = await buffered.receive_until(b"\n", MAX_LINE)
+                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError):
+                    return
+                message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                await read_send.send(SessionMessage(message))
+
+    async def writer() -> None:
+        async with write_recv:
+            async for item in write_recv:
+                await stream.send(
+                    item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                )
+
+    async with stream, anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        async with ClientSession(read_recv, write_send, **session_args) as session:
+            if initialize:
+                await session.initialize()
+            yield session
+        tg.cancel_scope.cancel()
+
+
+async def raw_exchange(
+    path: str, lines: list[bytes], replies: int, within: float = 10.0
+) -> list[dict[str, Any]]:
+    """Send raw *lines* to the gateway and read *replies* JSON replies back."""
+    import json
+
+    async with await anyio.connect_unix(path) as stream:
+        for line in lines:
+            await stream.send(line)
+        buffered = BufferedByteReceiveStream(stream)
+        out = []
+        with anyio.fail_after(within):
+            for _ in range(replies):
+                out.append(json.loads(await buffered.receive_until(b"\n", MAX_LINE)))
+        return out

@@ -1,0 +1,324 @@
+"""The gateway end to end: a real daemon, real fixture servers, the SDK's ClientSession on mcp.sock."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import MCPError
+
+from .conftest import eventually, extension_settings, first_text
+from .gateway_client import gateway_session, raw_exchange
+from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(60),
+    pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),  # our test client speaks the handshake era
+]
+
+INLINE = 4096  # spool.max_inline_bytes in these tests
+
+
+@pytest.fixture
+def gateway(daemons: Callable[..., Daemon], short_tmp: Path) -> Iterator[Callable[..., Daemon]]:  # noqa: F811
+    """Start a daemon on *extensions* (plus top-level *settings*) and wait until they run."""
+
+    started: list[Daemon] = []
+
+    def start(extensions: dict[str, Any], wait: tuple[str, ...] | None = None, **settings: Any) -> Daemon:
+        daemon = daemons(extensions, start=False)
+        started.append(daemon)
+        config = {
+            "socket": daemon.socket,
+            "spool": {"dir": str(short_tmp / "spool"), "max_inline_bytes": INLINE},
+        }
+        daemon.config.write_text(json.dumps({**config, **settings, "extensions": extensions}))
+        daemon.start()
+        for name in extensions if wait is None else wait:
+            daemon.wait_state(name, "running")
+        return daemon
+
+    yield start
+    for daemon in started:  # gracefully, so the check of the daemons fixture finds every tree gone
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            assert daemon.terminate() == 0
+
+
+def mcp_sock(daemon: Daemon) -> str:
+    return str(Path(daemon.socket).parent / "mcp.sock")
+
+
+RICH = extension_settings("rich.py")
+ECHO = extension_settings("echo.py")
+
+
+class TestSurface:
+    async def test_tools_prompts_resources_listed_with_prefixes_and_whole(self, gateway) -> None:
+        """Every kind is listed under its extension's prefix; definitions keep every field."""
+        daemon = gateway({"rich": RICH, "echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            assert {"rich__echo", "rich__progress", "echo__echo", "echo__pid"} <= tools.keys()
+            assert list(tools) == sorted(tools)  # deterministic order
+            echo = tools["rich__echo"]
+            assert echo.title == "Echo" and echo.annotations and echo.annotations.read_only_hint
+            assert echo.output_schema == {"type": "object", "properties": {"text": {"type": "string"}}}
+            prompts = (await session.list_prompts()).prompts
+            assert [p.name for p in prompts] == ["rich__greet"]
+            assert prompts[0].arguments and prompts[0].arguments[0].name == "name"
+            resources = (await session.list_resources()).resources
+            assert [r.uri for r in resources] == [
+                "mcp-supervisor://rich/note://a",
+                "mcp-supervisor://rich/note://b",
+            ]
+            templates = (await session.list_resource_templates()).resource_templates
+            assert [t.uri_template for t in templates] == ["mcp-supervisor://rich/note://{id}"]
+
+    async def test_calls_prompts_reads_and_completions_reach_the_right_extension(self, gateway) -> None:
+        daemon = gateway({"rich": RICH, "echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            result = await session.call_tool("rich__echo", {"text": "hi"})
+            assert first_text(result) == "hi" and result.structured_content == {"text": "hi"}
+            assert first_text(await session.call_tool("echo__echo", {"text": "there"})) == "there"
+            prompt = await session.get_prompt("rich__greet", {"name": "Ada"})
+            assert prompt.messages[0].content.text == "Hello, Ada!"  # type: ignore[union-attr]
+            read = await session.read_resource("mcp-supervisor://rich/note://b")
+            assert read.contents[0].text == "note B"  # type: ignore[union-attr]
+            assert read.contents[0].uri == "mcp-supervisor://rich/note://b"
+            templated = await session.read_resource("mcp-supervisor://rich/note://zz")
+            assert templated.contents[0].text == "note zz (made up)"  # type: ignore[union-attr]
+            ref = types.PromptReference(name="rich__greet")
+            completion = await session.complete(ref, {"name": "name", "value": "al"})
+            assert completion.completion.values == ["alice", "albert"]
+
+    async def test_unknown_names_are_json_rpc_errors(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            with pytest.raises(MCPError) as caught:
+                await session.call_tool("nobody__echo", {})
+            assert caught.value.code == types.INVALID_PARAMS
+            with pytest.raises(MCPError):
+                await session.read_resource("mcp-supervisor://nobody/x://y")
+            with pytest.raises(MCPError):
+                await session.get_prompt("nobody__greet")
+
+    async def test_name_budget_and_collisions(self, gateway) -> None:
+        """Two extensions sharing a prefix and a 20-character budget: every tool reachable, names legal."""
+        long = extension_settings("rich.py", prefix="p", env={"RICH_TOOL_PREFIX": "a_rather_long_name_"})
+        daemon = gateway(
+            {"one": {**RICH, "prefix": "p"}, "two": {**RICH, "prefix": "p"}, "long": long},
+            gateway={"max_name_length": 20},
+        )
+        async with gateway_session(mcp_sock(daemon)) as session:
+            tools = (await session.list_tools()).tools
+            names = [t.name for t in tools]
+            assert len(names) == len(set(names)) == 21
+            assert all(len(n) <= 20 for n in names), names
+            assert "p__echo" in names  # "one" sorts first and keeps the plain name
+            echoes = [t.name for t in tools if t.description == "The echo tool."]
+            results = {first_text(await session.call_tool(name, {"text": name})) for name in echoes}
+            assert results == set(echoes) and len(results) == 3
+
+
+class TestForwarding:
+    async def test_progress_is_relayed(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((progress, total, message))
+
+        async with gateway_session(mcp_sock(daemon)) as session:
+            result = await session.call_tool("rich__progress", {"steps": 3}, progress_callback=on_progress)
+        assert first_text(result) == "did 3 steps"
+        assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+    async def test_cancellation_reaches_the_child(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            with anyio.move_on_after(0.5):
+                await session.call_tool("rich__wait", {"seconds": 30})
+            await eventually(lambda: "rich: cancelled" in daemon.cli("logs", "rich").stdout, within=10)
+            assert first_text(await session.call_tool("rich__echo", {"text": "still"})) == "still"
+
+    async def test_disconnect_cancels_the_childs_request(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session, anyio.create_task_group() as tg:
+            tg.start_soon(session.call_tool, "rich__wait", {"seconds": 30})
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1)
+            tg.cancel_scope.cancel()
+        await eventually(lambda: "rich: cancelled" in daemon.cli("logs", "rich").stdout, within=10)
+
+    async def test_log_messages_reach_clients_that_asked(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        got: list[types.LoggingMessageNotificationParams] = []
+        arrived = anyio.Event()
+
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            got.append(params)
+            arrived.set()
+
+        async with gateway_session(mcp_sock(daemon), logging_callback=on_log) as session:
+            await session.call_tool("rich__log", {"level": "info", "message": "unasked"})
+            await session.set_logging_level("warning")
+            await session.call_tool("rich__log", {"level": "info", "message": "too low"})
+            await session.call_tool("rich__log", {"level": "error", "message": "wanted"})
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert [(p.level, p.data, p.logger) for p in got] == [("error", "wanted", "rich/fixture")]
+
+    async def test_resource_updates_reach_subscribers(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        updated: list[str] = []
+        arrived = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updated.append(message.params.uri)
+                arrived.set()
+
+        async with gateway_session(mcp_sock(daemon), message_handler=on_message) as session:
+            await session.subscribe_resource("mcp-supervisor://rich/note://a")
+            await session.call_tool("rich__touch", {"uri": "note://b"})  # not subscribed
+            await session.call_tool("rich__touch", {"uri": "note://a"})
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert updated == ["mcp-supervisor://rich/note://a"]
+
+
+class TestRestarts:
+    async def test_list_changed_on_restart_and_reload(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        changes = 0
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            nonlocal changes, changed
+            if isinstance(message, types.ToolListChangedNotification):
+                changes += 1
+                changed.set()
+
+        async with gateway_session(mcp_sock(daemon), message_handler=on_message) as session:
+            await session.list_tools()
+            await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")
+            with anyio.fail_after(10):
+                await changed.wait()
+            changed = anyio.Event()
+            config = json.loads(daemon.config.read_text())
+            config["extensions"]["echo"] = ECHO
+            daemon.config.write_text(json.dumps(config))
+            assert (await anyio.to_thread.run_sync(daemon.cli, "reload")).returncode == 0
+            await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
+            with anyio.fail_after(10):
+                while "echo__echo" not in [t.name for t in (await session.list_tools()).tools]:
+                    await changed.wait()
+                    changed = anyio.Event()
+        assert 2 <= changes <= 6  # coalesced: a restart is not one notification per state change
+
+    async def test_a_call_during_a_restart_waits_then_succeeds(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            pid = daemon.status()["echo"]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            await eventually(lambda: daemon.status()["echo"]["pid"] != pid)  # noticed; not running yet
+            result = await session.call_tool("echo__pid", {})
+            assert not result.is_error and int(first_text(result)) != pid
+
+    async def test_a_child_dying_mid_call_fails_at_once_saying_it_may_have_run(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session, anyio.create_task_group() as tg:
+            results: list[types.CallToolResult] = []
+            answered = anyio.Event()
+
+            async def call() -> None:
+                results.append(await session.call_tool("rich__wait", {"seconds": 30}))
+                answered.set()
+
+            tg.start_soon(call)
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1)
+            os.kill(daemon.status()["rich"]["pid"], signal.SIGKILL)
+            with anyio.fail_after(5):
+                await answered.wait()
+        [result] = results
+        assert result.is_error and "may" in first_text(result)
+
+    async def test_a_stopped_extension_gives_a_clear_error(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO, "rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            await anyio.to_thread.run_sync(daemon.cli, "stop", "echo")
+            result = await session.call_tool("echo__echo", {"text": "x"})
+        assert result.is_error and "'echo' is stopped" in first_text(result)
+
+
+class TestSpoolLinks:
+    async def test_a_spooled_image_is_read_back(self, gateway) -> None:
+        daemon = gateway({"rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            result = await session.call_tool("rich__image", {"bytes": INLINE * 4})
+            link = result.content[1]
+            assert isinstance(link, types.ResourceLink) and link.uri.startswith("file://")
+            read = await session.read_resource(link.uri)
+        blob = read.contents[0]
+        assert isinstance(blob, types.BlobResourceContents) and blob.mime_type == "image/png"
+        data = base64.b64decode(blob.blob)
+        assert len(data) == INLINE * 4 and data.startswith(b"\x89PNG")
+
+    async def test_paths_outside_the_spool_are_refused(self, gateway, short_tmp: Path) -> None:
+        daemon = gateway({"rich": RICH})
+        async with gateway_session(mcp_sock(daemon)) as session:
+            link = (await session.call_tool("rich__image", {"bytes": INLINE * 2})).content[1]
+            assert isinstance(link, types.ResourceLink)
+            spooled = Path(link.uri.removeprefix("file://"))
+            secret = short_tmp / "secret.txt"
+            secret.write_text("secret")
+            (spooled.parent / "planted").symlink_to(secret)
+            attempts = [
+                "file:///etc/passwd",
+                f"file://{spooled.parent}/../../../secret.txt",
+                f"file://{spooled.parent}/planted",
+                f"file://{spooled.parent}",
+                "file://elsewhere/etc/passwd",
+                f"file://{spooled}?x=1",
+            ]
+            for uri in attempts:
+                with pytest.raises(MCPError) as caught:
+                    await session.read_resource(uri)
+                assert "secret" not in str(caught.value.error.data or ""), uri
+
+
+class TestIsolation:
+    async def test_eight_clients_share_one_child(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        pids: list[str] = []
+
+        async def client() -> None:
+            async with gateway_session(mcp_sock(daemon)) as session:
+                for _ in range(5):
+                    pids.append(first_text(await session.call_tool("echo__pid", {})))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(client)
+        assert len(pids) == 40 and len(set(pids)) == 1
+        assert daemon.status()["echo"]["restarts"] == 0
+
+    async def test_garbage_gets_json_rpc_errors_and_the_other_clients_see_nothing(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as bystander:
+            replies = await raw_exchange(
+                mcp_sock(daemon),
+                [b"this is not json\n", b'{"jsonrpc": "2.0", "id": 7, "method": 5}\n', b"[1, 2\n"],
+                replies=3,
+            )
+            assert [r["error"]["code"] for r in replies] == [-32700, -32600, -32700]
+            assert replies[1]["id"] == 7
+            assert first_text(await bystander.call_tool("echo__echo", {"text": "fine"})) == "fine"
