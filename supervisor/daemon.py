@@ -145,6 +145,12 @@ class Daemon:
         chosen = [self.get(name)] if name is not None else self._extensions.values()
         return [(ext.name, tool) for ext in chosen for tool in ext.tools()]
 
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
+        return self.gateway.exposed(extension, tool)
+
+    def collisions(self, extension: str) -> list[str]:
+        return self.gateway.collisions(extension)
+
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         return await self.get(name).call_tool(tool, arguments)
 

@@ -30,6 +30,8 @@ class Backend(Protocol):
     async def stop(self, name: str, *, wait: bool = True) -> Snapshot: ...
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot: ...
     def tools(self, name: str | None = None) -> list[tuple[str, mcp_types.Tool]]: ...
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]: ...
+    def collisions(self, extension: str) -> list[str]: ...
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
     def logs(self, name: str, lines: int) -> list[str]: ...
     async def reload(self) -> dict[str, list[str]]: ...
@@ -75,7 +77,10 @@ class Method:
 
 
 async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
-    return {"extensions": [snapshot.as_dict() for snapshot in backend.status(params.name)]}
+    records = [snapshot.as_dict() for snapshot in backend.status(params.name)]
+    for record in records:
+        record["name_collisions"] = backend.collisions(record["name"])
+    return {"extensions": records}
 
 
 async def _start(backend: Backend, params: _Action) -> dict[str, Any]:
@@ -91,15 +96,11 @@ async def _restart(backend: Backend, params: _Action) -> dict[str, Any]:
 
 
 async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
-    records = [
-        {
-            "extension": extension,
-            "name": tool.name,
-            "description": tool.description,
-            "inputSchema": tool.input_schema,
-        }
-        for extension, tool in backend.tools(params.name)
-    ]
+    records = []
+    for extension, tool in backend.tools(params.name):
+        exposed, collision = backend.exposed(extension, tool.name)
+        definition = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
+        records.append({"extension": extension, "exposed": exposed, "collision": collision, **definition})
     return {"tools": records}
 
 

@@ -66,7 +66,12 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
     reason = record.get("last_error") or exit_text(record.get("last_exit"))
     if state == "running":
         calls = record.get("in_flight") or 0
-        return f"{calls} call{'s' if calls != 1 else ''} in flight" if calls else ""
+        renamed = len(record.get("name_collisions") or ())
+        notes = [f"{calls} call{'s' if calls != 1 else ''} in flight"] if calls else []
+        notes += (
+            [f"{renamed} tool{'s' if renamed != 1 else ''} renamed by a name collision"] if renamed else []
+        )
+        return "; ".join(notes)
     if state == "backoff":
         at = _when(record.get("next_restart"))
         wait = f"restart in {max(0.0, (at - now).total_seconds()):.1f}s" if at else "restart pending"
@@ -108,11 +113,16 @@ def status_table(records: list[dict[str, Any]], now: datetime | None = None) -> 
 
 
 def tools_table(tools: list[dict[str, Any]], width: int) -> str:
-    rows = [("EXTENSION", "TOOL", "DESCRIPTION")]
-    rows += [(t["extension"], t["name"], (t.get("description") or "").strip().split("\n")[0]) for t in tools]
-    used = sum(max(len(row[i]) for row in rows) + 2 for i in range(2))
+    """Extension, tool, the name gateway clients see (``-`` if filtered out) and the description."""
+    rows = [("EXTENSION", "TOOL", "GATEWAY NAME", "DESCRIPTION")]
+    for t in tools:
+        exposed = t.get("exposed") or "-"
+        if t.get("collision"):
+            exposed += " (renamed: collision)"
+        rows.append((t["extension"], t["name"], exposed, (t.get("description") or "").strip().split("\n")[0]))
+    used = sum(max(len(row[i]) for row in rows) + 2 for i in range(3))
     room = max(width - used, 20)
-    return table([(*row[:2], row[2] if len(row[2]) <= room else row[2][: room - 1] + "…") for row in rows])
+    return table([(*row[:3], row[3] if len(row[3]) <= room else row[3][: room - 1] + "…") for row in rows])
 
 
 def _content_line(item: dict[str, Any]) -> str:

@@ -97,6 +97,12 @@ class Backend:
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
         return await self._act("restart", name, wait)
 
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
+        return f"{extension}__{tool}", None
+
+    def collisions(self, extension: str) -> list[str]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         schema = {"type": "object"}
         tools = [
@@ -195,7 +201,9 @@ class TestStatus:
             code = await run("status", "--json", "--socket", path)
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {
-            "extensions": [snapshot.as_dict() for snapshot in backend.snapshots.values()]
+            "extensions": [
+                {**snapshot.as_dict(), "name_collisions": []} for snapshot in backend.snapshots.values()
+            ]
         }
 
     async def test_one_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -292,18 +300,18 @@ class TestTools:
     async def test_table(
         self, short_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """tools prints extension, tool and the first line of each description, cut to the terminal width."""
+        """tools prints extension, tool, gateway name and the first description line, cut to the width."""
         monkeypatch.setenv("COLUMNS", "80")
         async with serving(short_tmp) as path:
             code = await run("tools", "--socket", path)
         out = capsys.readouterr().out.splitlines()
         assert code == cli.EXIT_OK
-        assert out[0].split() == ["EXTENSION", "TOOL", "DESCRIPTION"]
-        assert out[1].split() == ["alpha", "echo", "Echo", "the", "text", "back."]
-        assert out[2].startswith("alpha      wordy  word word")
+        assert out[0].split() == ["EXTENSION", "TOOL", "GATEWAY", "NAME", "DESCRIPTION"]
+        assert out[1].split() == ["alpha", "echo", "alpha__echo", "Echo", "the", "text", "back."]
+        assert out[2].startswith("alpha      wordy  alpha__wordy  word word")
         assert out[2].endswith("…")
         assert len(out[2]) == 80
-        assert out[3].split() == ["beta", "bare"]
+        assert out[3].split() == ["beta", "bare", "beta__bare"]
 
     async def test_json(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """tools NAME --json prints the daemon's records."""
@@ -312,7 +320,13 @@ class TestTools:
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {
             "tools": [
-                {"extension": "beta", "name": "bare", "description": None, "inputSchema": {"type": "object"}}
+                {
+                    "extension": "beta",
+                    "exposed": "beta__bare",
+                    "collision": None,
+                    "name": "bare",
+                    "inputSchema": {"type": "object"},
+                }
             ]
         }
 

@@ -77,11 +77,25 @@ class FakeBackend:
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
         return await self._act("restart", name, wait, State.RUNNING)
 
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
+        return f"{extension}__{tool}", None
+
+    def collisions(self, extension: str) -> list[str]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         if name is not None:
             self._get(name)
         schema = {"type": "object", "properties": {"text": {"type": "string"}}}
-        return [("alpha", types.Tool(name="echo", description="Echo text.", input_schema=schema))]
+        tool = types.Tool(
+            name="echo",
+            title="Echo",
+            description="Echo text.",
+            input_schema=schema,
+            output_schema={"type": "object"},
+            annotations=types.ToolAnnotations(read_only_hint=True),
+        )
+        return [("alpha", tool)]
 
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         self._get(name)
@@ -192,7 +206,9 @@ class TestMethods:
         assert reply == {
             "jsonrpc": "2.0",
             "id": 1,
-            "result": {"extensions": [s.as_dict() for s in backend.snapshots.values()]},
+            "result": {
+                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()]
+            },
         }
 
     async def test_status_of_one(self, short_tmp: Path) -> None:
@@ -219,16 +235,21 @@ class TestMethods:
         assert backend.actions == [(verb, "beta", True), (verb, "beta", False)]
 
     async def test_tools(self, short_tmp: Path) -> None:
-        """tools lists extension, name, description and inputSchema of each tool."""
+        """tools lists each tool's whole definition, its extension and the name gateway clients see."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("tools")
         assert reply["result"] == {
             "tools": [
                 {
                     "extension": "alpha",
+                    "exposed": "alpha__echo",
+                    "collision": None,
                     "name": "echo",
+                    "title": "Echo",
                     "description": "Echo text.",
                     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+                    "outputSchema": {"type": "object"},
+                    "annotations": {"readOnlyHint": True},
                 }
             ]
         }

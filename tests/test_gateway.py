@@ -22,7 +22,9 @@ from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.timeout(60),
-    pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),  # our test client speaks the handshake era
+    pytest.mark.filterwarnings(
+        "ignore::mcp.MCPDeprecationWarning"
+    ),  # our test client speaks the handshake era
 ]
 
 INLINE = 4096  # spool.max_inline_bytes in these tests
@@ -127,6 +129,12 @@ class TestSurface:
             echoes = [t.name for t in tools if t.description == "The echo tool."]
             results = {first_text(await session.call_tool(name, {"text": name})) for name in echoes}
             assert results == set(echoes) and len(results) == 3
+        records = json.loads(daemon.cli("tools", "--json").stdout)["tools"]
+        assert {r["exposed"] for r in records} == set(names)
+        renamed = [r for r in records if r["extension"] == "two" and r["name"] == "echo"]
+        assert renamed[0]["collision"] and "taken by one/echo" in renamed[0]["collision"]
+        assert renamed[0]["outputSchema"] and renamed[0]["title"] == "Echo"  # the whole definition
+        assert daemon.status()["two"]["name_collisions"] and not daemon.status()["one"]["name_collisions"]
 
 
 class TestForwarding:

@@ -135,6 +135,17 @@ class Gateway:
             self._catalog = catalogs.build(sources, self._budget)
         return self._catalog
 
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
+        """The name clients see for *tool* (None if hidden by a filter), and why it differs, if it does."""
+        catalog = self.catalog()
+        name = catalog.tool_names.exposed(extension, tool)
+        why = next((c.describe() for c in catalog.collisions if c.loser == (extension, tool)), None)
+        return name, why
+
+    def collisions(self, extension: str) -> list[str]:
+        """Name collisions that cost *extension* a plain name, described."""
+        return [c.describe() for c in self.catalog().collisions if c.loser[0] == extension]
+
     def client_count(self) -> int:
         return len(self._clients)
 
