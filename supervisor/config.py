@@ -195,7 +195,9 @@ class HttpConfig(_Frozen):
 
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = Field(8765, ge=1, le=65535)
+    port: int = Field(
+        8765, ge=0, le=65535
+    )  # 0: any free port (the log line gateway.http_listening says which)
     token: SecretStr | None = None  # bearer token; required when host is not a loopback address
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from . import config, control, logs, process
 from .config import ExtensionConfig, Settings
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
+from .gateway.http import serve_http
 from .gateway.listeners import serve_unix
 from .gateway.server import Gateway
 from .health import process_stats
@@ -93,6 +94,11 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
         )
+
+    def counts(self) -> dict[str, Any]:
+        """Extensions by state and gateway clients, for ``/healthz``."""
+        states = collections.Counter(ext.snapshot().state.value for ext in self._extensions.values())
+        return {"extensions": dict(states), "gateway_clients": self.gateway.client_count()}
 
     def summary(self) -> str:
         """Extension counts by state, for systemd's STATUS= line: ``3 running, 1 backoff``."""
@@ -298,6 +304,24 @@ async def run(
             log.error("daemon.socket_unavailable", error=str(exc))
             tg.cancel_scope.cancel()
             return 1
+        http = settings.gateway.http
+        if http.enabled:
+            try:
+                await tg.start(
+                    functools.partial(
+                        serve_http,
+                        daemon.gateway,
+                        host=http.host,
+                        port=http.port,
+                        token=http.token.get_secret_value() if http.token else None,
+                        metrics=daemon.metrics.render,
+                        health=daemon.counts,
+                    )
+                )
+            except SupervisorError as exc:
+                log.error("daemon.socket_unavailable", error=str(exc))
+                tg.cancel_scope.cancel()
+                return 1
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)

@@ -16,10 +16,8 @@ MAX_LINE = 256 << 20
 
 
 @asynccontextmanager
-async def gateway_session(
-    path: str, *, initialize: bool = True, **session_args: Any
-) -> AsyncIterator[ClientSession]:
-    """A handshake-era ClientSession connected to the gateway at *path* (initialized unless asked not to)."""
+async def unix_transport(path: str) -> AsyncIterator[tuple[Any, Any]]:
+    """An SDK client transport over the gateway's unix socket: (read stream, write stream)."""
     stream = await anyio.connect_unix(path)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
@@ -45,11 +43,19 @@ async def gateway_session(
     async with stream, anyio.create_task_group() as tg:
         tg.start_soon(reader)
         tg.start_soon(writer)
-        async with ClientSession(read_recv, write_send, **session_args) as session:
-            if initialize:
-                await session.initialize()
-            yield session
+        yield read_recv, write_send
         tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def gateway_session(
+    path: str, *, initialize: bool = True, **session_args: Any
+) -> AsyncIterator[ClientSession]:
+    """A handshake-era ClientSession connected to the gateway at *path* (initialized unless asked not to)."""
+    async with unix_transport(path) as (read, write), ClientSession(read, write, **session_args) as session:
+        if initialize:
+            await session.initialize()
+        yield session
 
 
 async def raw_exchange(

@@ -13,10 +13,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import MCPError
+from mcp import Client, MCPError
 
 from .conftest import eventually, extension_settings, first_text
-from .gateway_client import gateway_session, raw_exchange
+from .gateway_client import gateway_session, raw_exchange, unix_transport
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 
 pytestmark = [
@@ -330,3 +330,18 @@ class TestIsolation:
             assert [r["error"]["code"] for r in replies] == [-32700, -32600, -32700]
             assert replies[1]["id"] == 7
             assert first_text(await bystander.call_tool("echo__echo", {"text": "fine"})) == "fine"
+
+
+class TestModernEra:
+    async def test_a_2026_client_lists_calls_and_hears_of_changes(self, gateway) -> None:
+        """A 2026-07-28 client (server/discover, no handshake) on mcp.sock: lists, calls, listens."""
+        daemon = gateway({"rich": RICH})
+        async with Client(unix_transport(mcp_sock(daemon)), mode="2026-07-28") as client:
+            assert client.protocol_version == "2026-07-28"
+            assert "rich__echo" in [t.name for t in (await client.list_tools()).tools]
+            assert first_text(await client.call_tool("rich__echo", {"text": "modern"})) == "modern"
+            async with client.listen(tools_list_changed=True) as subscription:
+                await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")
+                with anyio.fail_after(10):
+                    event = await subscription.__anext__()
+            assert type(event).__name__ == "ToolsListChanged"
