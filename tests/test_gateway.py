@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import psutil
 import pytest
 from mcp import Client, MCPError
 
@@ -52,7 +53,7 @@ def gateway(daemons: Callable[..., Daemon], short_tmp: Path) -> Iterator[Callabl
     yield start
     for daemon in started:  # gracefully, so the check of the daemons fixture finds every tree gone
         if daemon.proc is not None and daemon.proc.poll() is None:
-            assert daemon.terminate() == 0
+            assert daemon.terminate() == 0, daemon.log.read_text()[-3000:]
 
 
 def mcp_sock(daemon: Daemon) -> str:
@@ -345,3 +346,51 @@ class TestModernEra:
                 with anyio.fail_after(10):
                     event = await subscription.__anext__()
             assert type(event).__name__ == "ToolsListChanged"
+
+
+class TestSlowClients:
+    async def test_a_client_that_never_reads_slows_nobody_and_grows_nothing(self, gateway) -> None:
+        """A client pipelining 2,000 big calls without reading: others keep their latency, RSS stays flat."""
+        daemon = gateway({"echo": ECHO})
+        assert daemon.proc is not None
+        rss = psutil.Process(daemon.proc.pid).memory_info().rss
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "hog", "version": "0"},
+        }
+        lines = [
+            json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}),
+            json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            *(
+                json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": i,
+                        "method": "tools/call",
+                        "params": {"name": "echo__big_text", "arguments": {"bytes": 100_000}},
+                    }
+                )
+                for i in range(1, 2001)
+            ),
+        ]
+        async with await anyio.connect_unix(mcp_sock(daemon)) as hog, anyio.create_task_group() as tg:
+
+            async def flood() -> None:
+                for line in lines:
+                    await hog.send(line.encode() + b"\n")  # blocks once the daemon stops reading
+
+            tg.start_soon(flood)
+            latencies = []
+            async with gateway_session(mcp_sock(daemon)) as polite:
+                for _ in range(30):
+                    started = anyio.current_time()
+                    assert first_text(await polite.call_tool("echo__echo", {"text": "hi"})) == "hi"
+                    latencies.append(anyio.current_time() - started)
+            grown = psutil.Process(daemon.proc.pid).memory_info().rss - rss
+            tg.cancel_scope.cancel()
+        assert max(latencies) < 2.0, latencies  # typically a few ms; the hog holds 64 answers at most
+        assert grown < 64 << 20, grown  # 2,000 answers of 100 kB would be 200 MB
+        async with gateway_session(mcp_sock(daemon)) as after:  # the hog hung up mid-answer: all is well
+            assert first_text(await after.call_tool("echo__echo", {"text": "after"})) == "after"
+        assert daemon.proc.poll() is None

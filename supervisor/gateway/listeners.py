@@ -63,6 +63,8 @@ async def serve_unix(
                 await _Connection(gateway, stream).serve()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
             log.debug("gateway.client_gone")
+        except Exception:  # a bug of ours: end this client, never the daemon
+            log.exception("gateway.connection_crashed")
         finally:
             active -= 1
 
@@ -164,8 +166,12 @@ class _Connection:
             async for item in source:
                 message = item.message
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-                with anyio.move_on_after(SEND_TIMEOUT) as timer:
-                    await self.stream.send(data)
+                try:
+                    with anyio.move_on_after(SEND_TIMEOUT) as timer:
+                        await self.stream.send(data)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    scope.cancel()  # the client is gone
+                    return
                 if timer.cancelled_caught:
                     log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
                     scope.cancel()
