@@ -151,6 +151,19 @@ class TestForwarding:
         assert first_text(result) == "did 3 steps"
         assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
+    async def test_progress_renews_call_timeout_up_to_call_timeout_max(self, gateway) -> None:
+        """A 2.4 s call reporting progress every 0.6 s outlives a 1 s call_timeout, not a 1.5 s cap."""
+        patient = {**RICH, "call_timeout": 1, "call_timeout_max": 30}
+        capped = {**RICH, "call_timeout": 1, "call_timeout_max": 1.5}
+        daemon = gateway({"patient": patient, "capped": capped})
+        arguments = {"steps": 4, "interval": 0.6}
+        async with gateway_session(mcp_sock(daemon)) as session:
+            assert first_text(await session.call_tool("patient__progress", arguments)) == "did 4 steps"
+            result = await session.call_tool("capped__progress", arguments)
+            assert result.is_error and "call_timeout_max (1.5s)" in first_text(result)
+            silent = await session.call_tool("patient__wait", {"seconds": 3})
+            assert silent.is_error and "did not answer within 1s" in first_text(silent)
+
     async def test_cancellation_reaches_the_child(self, gateway) -> None:
         daemon = gateway({"rich": RICH})
         async with gateway_session(mcp_sock(daemon)) as session:

@@ -1,6 +1,6 @@
 """Fixture: a real SDK server offering every kind of thing the gateway forwards.
 
-Tools: ``echo(text)``, ``progress(steps)`` (reports 1..steps, then answers), ``wait(seconds)``
+Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then answers), ``wait(seconds)``
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message)`` (a log
 notification, then "logged"), ``touch(uri)`` (sends resources/updated), ``image(bytes)`` (one
 PNG-typed image of that many bytes), ``crash()``.
@@ -38,7 +38,7 @@ TOOLS = [
         output_schema={"type": "object", "properties": {"text": {"type": "string"}}},
         annotations=types.ToolAnnotations(read_only_hint=True),
     ),
-    _tool("progress", {"steps": {"type": "integer"}}),
+    _tool("progress", {"steps": {"type": "integer"}, "interval": {"type": "number"}}),
     _tool("wait", {"seconds": {"type": "number"}}),
     _tool("log", {"level": {"type": "string"}, "message": {"type": "string"}}),
     _tool("touch", {"uri": {"type": "string"}}),
@@ -64,8 +64,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             structured_content={"text": str(args["text"])},
         )
     if name == "progress":
-        steps = int(args.get("steps", 3))
+        steps, interval = int(args.get("steps", 3)), float(args.get("interval", 0))
         for step in range(1, steps + 1):
+            await anyio.sleep(interval)
             await ctx.session.report_progress(step, steps, f"step {step}")
         return _text(f"did {steps} steps")
     if name == "wait":
