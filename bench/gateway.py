@@ -1,0 +1,218 @@
+"""Gateway overhead: echo-call latency and throughput through the daemon against a direct session.
+
+Four ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
+
+  direct   the SDK's stdio_client + ClientSession spawning the fixture (what a client does today)
+  connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
+  http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
+  proxy    the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture, installed for this
+           benchmark only, in bench/.venv-mcp-proxy
+
+Latency: median and p99 of N sequential calls on one session (after a warm-up). Throughput: 8
+clients calling at once (direct: 8 sessions, 8 fixture processes; the others: 8 sessions sharing
+one supervised fixture). Prints JSON, with each figure's ratio to ``direct``.
+
+    python bench/gateway.py [--calls 2000] [--clients 8] [--skip-proxy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = str(ROOT / "tests" / "servers" / "echo.py")
+BIN = Path(sys.executable).parent
+PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
+PROXY_VERSION = "0.13.0"
+
+Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        httpx2.get(url, timeout=1)
+        return True
+    except httpx2.HTTPError:
+        return False
+
+
+@asynccontextmanager
+async def _stdio(command: str, *args: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=command, args=list(args), env={**os.environ})
+    with open(os.devnull, "w") as quiet:
+        async with stdio_client(params, errlog=quiet) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+
+@asynccontextmanager
+async def _http(url: str) -> AsyncIterator[ClientSession]:
+    async with streamable_http_client(url) as streams, ClientSession(streams[0], streams[1]) as session:
+        await session.initialize()
+        yield session
+
+
+async def _latency(open_session: Opener, tool: str, calls: int) -> dict[str, float]:
+    async with open_session() as session:
+        for _ in range(50):
+            await session.call_tool(tool, {"text": "warm"})
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            await session.call_tool(tool, {"text": "ping"})
+            times.append(time.perf_counter() - started)
+    times.sort()
+    return {
+        "median_ms": round(statistics.median(times) * 1000, 3),
+        "p99_ms": round(times[int(len(times) * 0.99) - 1] * 1000, 3),
+    }
+
+
+async def _throughput(open_session: Opener, tool: str, clients: int, calls_each: int) -> float:
+    sessions: list[ClientSession] = []
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(clients):
+            sessions.append(await stack.enter_async_context(open_session()))
+        for session in sessions:
+            await session.call_tool(tool, {"text": "warm"})
+
+        async def client(session: ClientSession) -> None:
+            for _ in range(calls_each):
+                await session.call_tool(tool, {"text": "ping"})
+
+        started = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(client, session)
+        elapsed = time.perf_counter() - started
+    return round(clients * calls_each / elapsed, 1)
+
+
+@contextlib.contextmanager
+def _daemon(directory: Path) -> Any:
+    port = _free_port()
+    config = {
+        "socket": str(directory / "control.sock"),
+        "spool": {"dir": str(directory / "spool")},
+        "gateway": {"http": {"enabled": True, "port": port}},
+        "extensions": {"fx": {"command": sys.executable, "args": [FIXTURE]}},
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    with open(directory / "daemon.log", "wb") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "mcp-supervisor"), "daemon", "-c", str(directory / "config.json")],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        status = [str(BIN / "mcp-supervisor"), "status", "fx", "--json", "--socket", config["socket"]]
+
+        def running() -> bool:
+            result = subprocess.run(status, capture_output=True, text=True)
+            return result.returncode == 0 and '"running"' in result.stdout
+
+        _wait_for(running, "the daemon's fixture to run")
+        yield config["socket"], f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _install_proxy() -> Path:
+    exe = PROXY_VENV / "bin" / "mcp-proxy"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PROXY_VENV)], check=True)
+        pip = [str(PROXY_VENV / "bin" / "pip"), "install", "--quiet", f"mcp-proxy=={PROXY_VERSION}"]
+        subprocess.run(pip, check=True)
+    return exe
+
+
+@contextlib.contextmanager
+def _proxy() -> Any:
+    exe = _install_proxy()
+    port = _free_port()
+    with open(os.devnull, "wb") as quiet:
+        proc = subprocess.Popen(
+            [str(exe), "--port", str(port), "--", sys.executable, FIXTURE], stdout=quiet, stderr=quiet
+        )
+    try:
+        _wait_for(lambda: _http_ok(f"http://127.0.0.1:{port}/sse"), "mcp-proxy to listen")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def _measure(name: str, open_session: Opener, tool: str, args: argparse.Namespace) -> dict[str, Any]:
+    latency = await _latency(open_session, tool, args.calls)
+    throughput = await _throughput(open_session, tool, args.clients, args.calls // args.clients)
+    print(f"bench: {name}: {latency} {throughput} calls/s", file=sys.stderr)
+    return {**latency, "throughput_cps": throughput}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    results["direct"] = await _measure("direct", lambda: _stdio(sys.executable, FIXTURE), "echo", args)
+    with (
+        tempfile.TemporaryDirectory(prefix="mcps-bench-", dir="/tmp") as tmp,
+        _daemon(Path(tmp)) as (sock, url),
+    ):
+        connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", sock]
+        results["connect"] = await _measure("connect", lambda: _stdio(*connect), "fx__echo", args)
+        results["http"] = await _measure("http", lambda: _http(url), "fx__echo", args)
+    if not args.skip_proxy:
+        with _proxy() as url:
+            results["proxy"] = await _measure("proxy", lambda: _http(url), "echo", args)
+    base = results["direct"]
+    for name, figures in results.items():
+        figures["median_ratio"] = round(figures["median_ms"] / base["median_ms"], 2)
+        figures["throughput_ratio"] = round(figures["throughput_cps"] / base["throughput_cps"], 2)
+    return {
+        "calls": args.calls,
+        "clients": args.clients,
+        "python": sys.version.split()[0],
+        "results": results,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--skip-proxy", action="store_true", help="do not install and measure mcp-proxy")
+    report = anyio.run(main, parser.parse_args())
+    print(json.dumps(report, indent=2))
+    shutil.rmtree(ROOT / "bench" / "__pycache__", ignore_errors=True)
