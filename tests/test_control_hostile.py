@@ -1,0 +1,154 @@
+"""The control socket under hostile clients, against a real daemon process.
+
+Memory is the daemon's resident set, read from /proc while the hostile clients run; the
+bounds below are stated here and in the README ("Control protocol").
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from supervisor import cli, client, control
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 10  # seconds any single step may take
+MiB = 1 << 20
+RSS_GROWTH_LIMIT = 16 * MiB  # what hostile clients may add to the daemon's resident set
+FLOODERS = 3  # whether asyncio reads ahead depended on a race in each connection's first read
+
+
+@dataclass(frozen=True)
+class Daemon:
+    path: str
+    pid: int
+    log: Path
+
+    def rss(self) -> int:
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def problems(self) -> list[str]:
+        """Log lines that mean the daemon hit a bug: a crash, a traceback."""
+        bad = ("crashed", "Traceback", "internal error", "unhandled")
+        return [line for line in self.log.read_text().splitlines() if any(word in line for word in bad)]
+
+
+@pytest.fixture
+def daemon(short_tmp: Path) -> Iterator[Daemon]:
+    """A real `mcp-supervisor daemon` with no extensions, its control socket in short_tmp/run."""
+    config = short_tmp / "config.yaml"
+    config.write_text(f"spool: {{dir: {short_tmp / 'spool'}}}\nextensions: {{}}\n")
+    path = str(short_tmp / "run" / "control.sock")
+    log = short_tmp / "daemon.log"
+    argv = [sys.executable, "-m", "supervisor.cli", "daemon", "-c", str(config), "--socket", path]
+    with log.open("wb") as stderr, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr) as proc:
+        try:
+            deadline = time.monotonic() + WAIT
+            while cli.main(["status", "--socket", path]) != cli.EXIT_OK:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the daemon did not answer"
+                time.sleep(0.05)
+            yield Daemon(path, proc.pid, log)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+    assert proc.returncode == 0, log.read_text()[-2000:]
+
+
+async def connect(path: str) -> anyio.abc.SocketStream:
+    return await anyio.connect_unix(path)
+
+
+async def status_latency(path: str, count: int) -> list[float]:
+    """Seconds each of *count* `status` requests took on one connection."""
+    latencies = []
+    async with client.Client(path) as c:
+        for _ in range(count):
+            started = time.perf_counter()
+            result = await c.request("status", timeout=WAIT)
+            latencies.append(time.perf_counter() - started)
+            assert result == {"extensions": []}
+    return latencies
+
+
+def flood_without_reading(path: str, seconds: float) -> tuple[socket.socket, int]:
+    """Pipeline `status` requests for *seconds* without reading a reply; the bytes the socket took."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(path)
+    sock.setblocking(False)
+    batch = b'{"jsonrpc":"2.0","id":1,"method":"status"}\n' * 1000
+    sent, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            sent += sock.send(batch)
+        except BlockingIOError:
+            time.sleep(0.005)
+    return sock, sent
+
+
+class TestBackPressure:
+    async def test_clients_that_never_read_cannot_grow_the_daemon(self, daemon: Daemon) -> None:
+        """Pipelined requests with no reads: the daemon stops reading, stays small, others are served."""
+        await status_latency(daemon.path, 20)  # warm up what a status costs
+        baseline = daemon.rss()
+        floods: list[tuple[socket.socket, int]] = []
+
+        async def flood() -> None:
+            floods.append(await anyio.to_thread.run_sync(flood_without_reading, daemon.path, 2.0))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(FLOODERS):
+                tg.start_soon(flood)
+            await anyio.sleep(0.5)  # let the floods fill what they can first
+            served = await status_latency(daemon.path, 5)
+        peak = daemon.rss()
+        for sock, _ in floods:
+            sock.close()
+        taken = sum(sent for _, sent in floods)
+        assert max(served) < 1.0
+        assert taken < FLOODERS * MiB, f"the daemon kept reading: it took {taken / MiB:.0f} MiB"
+        assert peak - baseline < RSS_GROWTH_LIMIT, f"{(peak - baseline) / MiB:.1f} MiB"
+        assert not daemon.problems()
+
+
+class TestLockout:
+    async def test_the_operator_gets_in_past_max_connections_idle_clients(self, daemon: Daemon) -> None:
+        """With MAX_CONNECTIONS idle connections open, a new `status` answers within a second."""
+        idle = [await connect(daemon.path) for _ in range(control.MAX_CONNECTIONS)]
+        try:
+            started = time.perf_counter()
+            with anyio.fail_after(1):
+                assert await client.request(daemon.path, "status") == {"extensions": []}
+            elapsed = time.perf_counter() - started
+            with anyio.fail_after(WAIT):  # the idlest (the first) made room, and was told so
+                notice = json.loads(await BufferedByteReceiveStream(idle[0]).receive_until(b"\n", 4096))
+        finally:
+            for stream in idle:
+                await stream.aclose()
+        assert elapsed < 1.0
+        assert (
+            notice["error"]["message"]
+            == "connection closed to make room for a new client (it was the idlest)"
+        )
+        assert not daemon.problems()
