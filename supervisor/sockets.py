@@ -154,8 +154,8 @@ async def connect(path: str) -> anyio.abc.SocketStream:
     if not trusted_uid(uid):
         await stream.aclose()
         raise UntrustedPeer(
-            f"refusing to use {path}: it is served by uid {uid}, not by uid {os.geteuid()} or root;"
-            " another user may have taken it over"
+            f"refusing to talk to {path}: the process listening there runs as uid {uid}, not as you"
+            f" (uid {os.geteuid()}); another user may have taken the socket over"
         )
     return stream
 

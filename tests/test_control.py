@@ -605,7 +605,7 @@ class TestSocketFile:
             assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
         assert os.listdir(os.path.dirname(path)) == []
 
-    @pytest.mark.parametrize("mode", [0o777, 0o755, 0o750, 0o711, 0o701])
+    @pytest.mark.parametrize("mode", [0o777, 0o755, 0o750, 0o711, 0o701], ids=lambda mode: f"{mode:04o}")
     async def test_an_open_directory_is_refused(self, short_tmp: Path, mode: int) -> None:
         """An existing directory open to group or others is refused, left as it was, and nothing is bound."""
         (short_tmp / "run").mkdir()

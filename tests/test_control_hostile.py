@@ -7,6 +7,8 @@ bounds below are stated here and in the README ("Control protocol").
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +23,7 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from supervisor import cli, client, control
+from supervisor import cli, client, control, sockets
 
 pytestmark = pytest.mark.anyio
 
@@ -152,3 +154,101 @@ class TestLockout:
             == "connection closed to make room for a new client (it was the idlest)"
         )
         assert not daemon.problems()
+
+
+_FOREIGN_LISTENER = """
+import socket, sys
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen(8)
+print("listening", flush=True)
+while True:
+    conn, _ = listener.accept()
+    conn.settimeout(5)
+    received = b""
+    try:
+        while chunk := conn.recv(65536):
+            received += chunk
+    except OSError:
+        pass
+    print(len(received), flush=True)
+    conn.close()
+"""
+
+
+@pytest.fixture
+def foreign_listener(short_tmp: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A unix socket served by uid 65534 (setpriv), printing how many bytes each client sent."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to listen as another uid")
+    os.chmod(short_tmp, 0o711)
+    directory = short_tmp / "theirs"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, 65534, 65534)
+    path = str(directory / "control.sock")
+    argv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        sys.executable,
+        "-c",
+        _FOREIGN_LISTENER,
+        path,
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            if proc.stdout.readline() != "listening\n":
+                pytest.skip("could not run a listener as uid 65534")
+            yield path, proc
+        finally:
+            proc.kill()
+
+
+class TestClientChecksTheDaemon:
+    async def test_a_listener_of_another_user_gets_nothing(
+        self, foreign_listener: tuple[str, subprocess.Popen[str]]
+    ) -> None:
+        """The client refuses a socket served by another uid before sending a byte."""
+        path, listener = foreign_listener
+        with anyio.fail_after(WAIT), pytest.raises(sockets.UntrustedPeer) as caught:
+            await client.request(path, "call", {"name": "x", "tool": "y", "arguments": {"secret": "s3cr3t"}})
+        assert str(caught.value) == (
+            f"refusing to talk to {path}: the process listening there runs as uid 65534, not as you"
+            f" (uid {os.geteuid()}); another user may have taken the socket over"
+        )
+        assert listener.stdout is not None
+        assert await anyio.to_thread.run_sync(listener.stdout.readline) == "0\n"
+
+    def test_the_cli_exits_1_with_one_sentence(
+        self, foreign_listener: tuple[str, subprocess.Popen[str]], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Every client command fails the same way: exit 1, one line naming the uid."""
+        path, listener = foreign_listener
+        assert cli.main(["status", "--socket", path]) == cli.EXIT_FAILED
+        err = capsys.readouterr().err
+        assert err.startswith(f"mcp-supervisor: refusing to talk to {path}: ")
+        assert "uid 65534" in err
+        assert err.count("\n") == 1
+        assert listener.stdout is not None
+        assert listener.stdout.readline() == "0\n"
+
+
+class TestSocketDirectory:
+    def test_the_daemon_refuses_a_directory_open_to_others(self, short_tmp: Path) -> None:
+        """A pre-created 0777 socket directory stops the daemon at start: exit 1, the reason logged."""
+        config = short_tmp / "config.yaml"
+        config.write_text(f"spool: {{dir: {short_tmp / 'spool'}}}\nextensions: {{}}\n")
+        (short_tmp / "run").mkdir()
+        os.chmod(short_tmp / "run", 0o777)
+        path = str(short_tmp / "run" / "control.sock")
+        argv = [sys.executable, "-m", "supervisor.cli", "daemon", "-c", str(config), "--socket", path]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT, check=False)
+        assert done.returncode == 1
+        errors = [json.loads(line) for line in done.stderr.splitlines() if '"error"' in line]
+        assert [e["error"] for e in errors] == [
+            f"refusing socket directory {short_tmp / 'run'}: its mode is 0777, open to other users"
+            f" (run 'chmod 700 {short_tmp / 'run'}')"
+        ]
+        assert os.listdir(short_tmp / "run") == []
