@@ -71,7 +71,8 @@ class _Stream(anyio.abc.SocketStream):
     the loop's ``sock_recv``/``sock_sendall`` unregister cleanly when cancelled (the raw
     UNIXSocketStream's ``add_reader(future.set_result)`` logs InvalidStateError then).
 
-    Resource handling: the owner closes it once no receive or send is pending.
+    Resource handling: one task may receive while another sends, but never two at once of
+    the same kind; the owner closes it once no receive or send is pending.
     """
 
     def __init__(self, sock: socket.socket) -> None:
