@@ -3,9 +3,10 @@
 Resource handling: :class:`Client` owns one connection, opened by ``async with`` and closed on
 exit; :func:`request` opens one for a single request.
 
-Error handling: a missing or dead socket is :class:`DaemonUnreachable`; an error the daemon
-sends back is :class:`RemoteError`; anything else going wrong on the wire is a
-:class:`~supervisor.errors.SupervisorError` whose message names what happened.
+Error handling: a missing or dead socket is :class:`DaemonUnreachable`; a socket served by
+another user is :class:`~supervisor.sockets.UntrustedPeer` (checked before anything is sent);
+an error the daemon sends back is :class:`RemoteError`; anything else going wrong on the wire
+is a :class:`~supervisor.errors.SupervisorError` whose message names what happened.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor import sockets
 from supervisor.errors import SupervisorError
 
 __all__ = ("MAX_REPLY", "Client", "DaemonUnreachable", "RemoteError", "request")
@@ -59,7 +61,7 @@ class Client:
 
     async def __aenter__(self) -> Client:
         try:
-            self._stream = await anyio.connect_unix(self.path)
+            self._stream = await sockets.connect(self.path)  # raises UntrustedPeer before we send
         except PermissionError:
             raise DaemonUnreachable(self.path, f"permission denied connecting to {self.path}") from None
         except OSError as exc:

@@ -1,28 +1,31 @@
 """The control socket: JSON-RPC 2.0 over a unix socket, one JSON object per line.
 
 Resource handling: :func:`serve` owns the listener, the socket file and a task group with one
-task per connection; that task reads, handles and writes its requests one after another, so a
-slow or hostile client only ever blocks itself. Error handling: whatever a client sends and
-whatever a handler raises becomes a JSON-RPC error for that one client, never reaching the group.
+task per connection. That task reads one request, handles it, writes its reply, and only then
+reads the next: one request in flight per connection, and nothing is read while a reply is
+unsent, so a client that pipelines without reading fills its own socket buffer (which the
+kernel charges to the sender), never the daemon. What one connection can hold is bounded: a
+request line (:data:`MAX_FRAME`), one reply, :data:`REPLY_TIMEOUT` seconds to write it.
+
+The operator always gets in: at :data:`MAX_CONNECTIONS` a new client is still accepted, and
+the connection with the least recent activity that is not running a request is closed for
+it; while at the limit, idle connections get :data:`CROWDED_IDLE_TIMEOUT` instead of
+:data:`IDLE_TIMEOUT`. Error handling: whatever a client sends and whatever a handler raises
+becomes a JSON-RPC error for that one client (:mod:`supervisor.rpc`), never reaching the group.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
-from pydantic import ValidationError
 
-from supervisor import sockets
-from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor import rpc, sockets
 from supervisor.methods import METHODS, Backend, Method
 from supervisor.protocol import (
     CALL_FAILED,
@@ -37,12 +40,10 @@ from supervisor.protocol import (
     UNKNOWN_EXTENSION,
 )
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = (
     "CALL_FAILED",
     "CONFIG_INVALID",
+    "CROWDED_IDLE_TIMEOUT",
     "EXTENSION_UNAVAILABLE",
     "IDLE_TIMEOUT",
     "INTERNAL_ERROR",
@@ -53,6 +54,7 @@ __all__ = (
     "METHODS",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "REPLY_TIMEOUT",
     "SUPERVISOR_ERROR",
     "UNKNOWN_EXTENSION",
     "Backend",
@@ -62,129 +64,50 @@ __all__ = (
 
 log = structlog.get_logger(__name__)
 
-_TOO_LARGE = "request too large (over 1 MiB)"
-
 MAX_FRAME = 1 << 20  # bytes in one request line, newline excluded
 MAX_CONNECTIONS = 64
-IDLE_TIMEOUT = 300.0  # seconds a connection may make no progress (no request, or a reply not read)
+IDLE_TIMEOUT = 300.0  # seconds a connection may wait for its next request
+CROWDED_IDLE_TIMEOUT = 5.0  # the same while MAX_CONNECTIONS are open
+REPLY_TIMEOUT = 10.0  # seconds to write one reply; a client that does not read is then closed
 
-
-class _RpcError(Exception):
-    """A JSON-RPC error to send back; ``request_id`` is None when the id could not be read."""
-
-    def __init__(self, code: int, message: str, data: Any = None, *, request_id: Any = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.data, self.request_id = code, message, data, request_id
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    id: Any
-    method: str
-    params: Any
-    notification: bool
-
-
-def _parse_request(line: bytes) -> _Request:
-    """Decode one line into a request, or raise the error to reply with."""
-    try:
-        message = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise _RpcError(PARSE_ERROR, "parse error: the request is not valid UTF-8") from None
-    except RecursionError:
-        raise _RpcError(PARSE_ERROR, "parse error: the request is nested too deeply") from None
-    except ValueError as exc:
-        raise _RpcError(PARSE_ERROR, f"parse error: {exc}") from None
-    if isinstance(message, list):
-        raise _RpcError(INVALID_REQUEST, "batch requests are not supported")
-    if not isinstance(message, dict):
-        raise _RpcError(INVALID_REQUEST, "a request must be a JSON object")
-    request_id = message.get("id")
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, int | str)):
-        raise _RpcError(INVALID_REQUEST, "the id must be a string, an integer or null")
-    if message.get("jsonrpc") != "2.0":
-        raise _RpcError(INVALID_REQUEST, 'jsonrpc must be "2.0"', request_id=request_id)
-    method = message.get("method")
-    if not isinstance(method, str):
-        raise _RpcError(INVALID_REQUEST, "method must be a string", request_id=request_id)
-    return _Request(request_id, method, message.get("params", {}), notification="id" not in message)
-
-
-def _application_error(exc: SupervisorError) -> _RpcError:
-    if isinstance(exc, UnknownExtension):
-        return _RpcError(UNKNOWN_EXTENSION, str(exc))
-    if isinstance(exc, ExtensionUnavailable):
-        return _RpcError(EXTENSION_UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable})
-    if isinstance(exc, CallFailed):
-        return _RpcError(CALL_FAILED, str(exc), {"code": exc.code} if exc.code is not None else None)
-    if isinstance(exc, ConfigError):
-        return _RpcError(
-            CONFIG_INVALID, "the config is not valid; nothing was changed", {"errors": list(exc.errors)}
-        )
-    return _RpcError(SUPERVISOR_ERROR, str(exc))
-
-
-_PARAM_PROBLEMS = {"extra_forbidden": "unexpected parameter", "missing": "required parameter is missing"}
-
-
-def _describe_invalid_params(method: str, exc: ValidationError) -> str:
-    problems = []
-    for error in exc.errors(include_url=False):
-        what = _PARAM_PROBLEMS.get(error["type"]) or error["msg"][:1].lower() + error["msg"][1:]
-        problems.append(f"{'.'.join(str(part) for part in error['loc'])}: {what}")
-    return f"invalid params for {method!r}: " + "; ".join(problems)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
-
-
-def _encode_error(request_id: Any, code: int, message: str, data: Any = None) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return _encode({"jsonrpc": "2.0", "id": request_id, "error": error})
-
-
-async def _dispatch(backend: Backend, request: _Request) -> bytes:
-    """Run one request and return its encoded reply; every failure is an :class:`_RpcError`."""
-    method = METHODS.get(request.method)
-    if method is None:
-        raise _RpcError(METHOD_NOT_FOUND, f"unknown method {request.method!r}")
-    if not isinstance(request.params, dict):
-        raise _RpcError(INVALID_PARAMS, "params must be a JSON object")
-    try:
-        params = method.params.model_validate(request.params)
-    except ValidationError as exc:
-        raise _RpcError(INVALID_PARAMS, _describe_invalid_params(request.method, exc)) from None
-    try:
-        result = await method.handler(backend, params)
-        return _encode({"jsonrpc": "2.0", "id": request.id, "result": result})
-    except SupervisorError as exc:
-        raise _application_error(exc) from None
-    except Exception as exc:
-        log.exception("control.handler_crashed", method=request.method)
-        raise _RpcError(INTERNAL_ERROR, f"internal error: {_one_line(exc)}") from None
+_TOO_LARGE = "request too large (over 1 MiB)"
+_EVICTED = "connection closed to make room for a new client (it was the idlest)"
+_GOODBYE_TIMEOUT = 1.0  # a short notice to a client we are turning away or closing
 
 
 class _FrameTooLarge(Exception):
     pass
 
 
+@dataclass(eq=False, slots=True)
+class _Connection:
+    """One client as the server sees it; only its own task and the accept loop touch it."""
+
+    scope: anyio.CancelScope
+    last_activity: float  # monotonic: accepted, or last request received or reply written
+    running: bool = False  # a request is being handled: never evicted then
+    evicted: bool = False
+    read_scope: anyio.CancelScope | None = None  # while waiting for a request; holds the idle deadline
+
+
 class _Server:
     """The accept loop and the per-connection conversation; one instance per serve() call."""
 
-    def __init__(self, backend: Backend, *, max_connections: int, idle_timeout: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_connections: int,
+        idle_timeout: float,
+        crowded_idle_timeout: float,
+        reply_timeout: float,
+    ) -> None:
         self._backend = backend
         self._max_connections = max_connections
         self._idle_timeout = idle_timeout
-        self._allowed_uids = frozenset({os.geteuid(), 0})
-        self._active = 0
+        self._crowded_idle_timeout = min(crowded_idle_timeout, idle_timeout)
+        self._reply_timeout = reply_timeout
+        self._connections: set[_Connection] = set()
 
     async def run(self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as connections:
@@ -201,95 +124,126 @@ class _Server:
                     continue
                 if stream is None:
                     continue
-                if self._active >= self._max_connections:
+                if len(self._connections) >= self._max_connections and not self._evict_idlest():
                     log.warning("control.too_many_connections", limit=self._max_connections)
-                    await self._refuse(stream, "too many connections")
+                    await self._refuse(stream, "too many connections, each with a request in progress")
                     continue
-                self._active += 1
-                connections.start_soon(self._connection, stream)
+                connection = _Connection(anyio.CancelScope(), time.monotonic())
+                self._connections.add(connection)
+                self._apply_idle_timeout()
+                connections.start_soon(self._connection, stream, connection)
+
+    def _current_idle_timeout(self) -> float:
+        crowded = len(self._connections) >= self._max_connections
+        return self._crowded_idle_timeout if crowded else self._idle_timeout
+
+    def _apply_idle_timeout(self) -> None:
+        """Move every waiting connection's deadline to the timeout that applies now."""
+        timeout = self._current_idle_timeout()
+        for connection in self._connections:
+            if connection.read_scope is not None:
+                connection.read_scope.deadline = connection.last_activity + timeout
+
+    def _evict_idlest(self) -> bool:
+        """Close the connection idle the longest, unless each one is running a request."""
+        candidates = [c for c in self._connections if not c.running]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda c: c.last_activity)
+        victim.evicted = True
+        self._connections.discard(victim)
+        # Waiting for a request: end just the wait, so it can say why. Else (a reply stuck
+        # in a client that does not read) end the whole conversation.
+        (victim.read_scope or victim.scope).cancel()
+        log.info("control.connection_evicted", idle_s=round(time.monotonic() - victim.last_activity, 1))
+        return True
 
     async def _refuse(self, stream: anyio.abc.SocketStream, message: str) -> None:
         """Tell a fresh client why it is turned away; a small reply never fills a new socket."""
         with (
-            anyio.move_on_after(1),
+            anyio.move_on_after(_GOODBYE_TIMEOUT),
             contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError),
         ):
-            await stream.send(_encode_error(None, SUPERVISOR_ERROR, message))
+            await stream.send(rpc.encode_error(None, SUPERVISOR_ERROR, message))
         await stream.aclose()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _connection(self, stream: anyio.abc.SocketStream, connection: _Connection) -> None:
         try:
             async with stream:
-                await self._converse(stream)
+                with connection.scope:
+                    await self._converse(stream, connection)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
             log.debug("control.client_gone")
         except Exception:
             log.exception("control.connection_crashed")
         finally:
-            self._active -= 1
+            self._connections.discard(connection)
+            self._apply_idle_timeout()  # below the limit again: the long timeout is back
 
-    async def _converse(self, stream: anyio.abc.SocketStream) -> None:
+    async def _converse(self, stream: anyio.abc.SocketStream, connection: _Connection) -> None:
         pid, uid = sockets.peer_credentials(stream)
-        if uid not in self._allowed_uids:
+        if not sockets.trusted_uid(uid):
             log.warning("control.peer_refused", uid=uid, pid=pid)
-            message = f"permission denied: uid {uid} may not use this socket"
-            await self._send(stream, _encode_error(None, SUPERVISOR_ERROR, message))
+            refusal = f"permission denied: uid {uid} may not use this socket"
+            await self._goodbye(stream, SUPERVISOR_ERROR, refusal)
             return
         reader = BufferedByteReceiveStream(stream)
         while True:
             try:
-                line = await self._receive_line(reader)
+                line = await self._receive_line(reader, connection)
             except _FrameTooLarge:
                 log.warning("control.frame_too_large", limit=MAX_FRAME, pid=pid)
-                await self._send(stream, _encode_error(None, INVALID_REQUEST, _TOO_LARGE))
+                await self._goodbye(stream, INVALID_REQUEST, _TOO_LARGE)
                 return
             if line is None:
+                if connection.evicted:
+                    await self._goodbye(stream, SUPERVISOR_ERROR, _EVICTED)
                 return
             if not line.strip():
                 continue
-            reply = await self._handle(line)
-            if reply is not None and not await self._send(stream, reply):
+            connection.running = True
+            try:
+                reply = await rpc.handle(self._backend, line)
+            finally:
+                connection.running = False
+            if reply is not None and not await self._send(stream, reply, self._reply_timeout):
                 return
+            connection.last_activity = time.monotonic()
 
-    async def _receive_line(self, reader: BufferedByteReceiveStream) -> bytes | None:
-        """The next request line; None when the client has gone or stayed idle too long."""
-        with anyio.move_on_after(self._idle_timeout):
+    async def _receive_line(self, reader: BufferedByteReceiveStream, connection: _Connection) -> bytes | None:
+        """The next request line; None when the client has gone, stayed idle too long or was evicted."""
+        line: bytes | None = None
+        deadline = connection.last_activity + self._current_idle_timeout()
+        with anyio.CancelScope(deadline=deadline) as connection.read_scope:
             try:
                 line = await reader.receive_until(b"\n", MAX_FRAME)
             except anyio.DelimiterNotFound:
                 raise _FrameTooLarge from None
             except anyio.IncompleteRead:
                 return None
-            if len(line) > MAX_FRAME:  # a long line can arrive whole in one read
-                raise _FrameTooLarge
-            return line
-        log.debug("control.connection_idle", timeout=self._idle_timeout)
-        return None
+            finally:
+                connection.read_scope = None
+        if connection.evicted:  # also when the line came in just as the eviction did
+            return None
+        if line is None:
+            log.debug("control.connection_idle", timeout=self._current_idle_timeout())
+            return None
+        if len(line) > MAX_FRAME:  # a long line can arrive whole in one read
+            raise _FrameTooLarge
+        connection.last_activity = time.monotonic()
+        return line
 
-    async def _send(self, stream: anyio.abc.SocketStream, payload: bytes) -> bool:
-        """Write one reply; False if the client did not read it within the idle timeout."""
-        with anyio.move_on_after(self._idle_timeout):
+    async def _goodbye(self, stream: anyio.abc.SocketStream, code: int, message: str) -> None:
+        """A last error (id null) before closing; a client that does not take it is not waited for."""
+        await self._send(stream, rpc.encode_error(None, code, message), _GOODBYE_TIMEOUT)
+
+    async def _send(self, stream: anyio.abc.SocketStream, payload: bytes, timeout: float) -> bool:  # noqa: ASYNC109
+        """Write one reply; False if the client did not take it within *timeout* seconds."""
+        with anyio.move_on_after(timeout):
             await stream.send(payload)
             return True
-        log.warning("control.client_not_reading", timeout=self._idle_timeout)
+        log.warning("control.client_not_reading", timeout=timeout, size=len(payload))
         return False
-
-    async def _handle(self, line: bytes) -> bytes | None:
-        """The encoded reply to one request line, or None for a notification."""
-        started = time.perf_counter()
-        try:
-            request = _parse_request(line)
-        except _RpcError as exc:
-            log.warning("control.bad_request", code=exc.code, error=exc.message)
-            return _encode_error(exc.request_id, exc.code, exc.message, exc.data)
-        try:
-            reply: bytes | None = await _dispatch(self._backend, request)
-        except _RpcError as exc:
-            log.warning("control.request_failed", method=request.method, code=exc.code, error=exc.message)
-            reply = _encode_error(request.id, exc.code, exc.message, exc.data)
-        duration_ms = round((time.perf_counter() - started) * 1000, 2)
-        log.debug("control.request", method=request.method, duration_ms=duration_ms)
-        return None if request.notification else reply
 
 
 async def serve(
@@ -298,25 +252,38 @@ async def serve(
     *,
     max_connections: int = MAX_CONNECTIONS,
     idle_timeout: float = IDLE_TIMEOUT,
+    crowded_idle_timeout: float = CROWDED_IDLE_TIMEOUT,
+    reply_timeout: float = REPLY_TIMEOUT,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the control protocol on the unix socket *path* until cancelled.
 
     Args:
         backend: the daemon the methods act on.
-        path: the socket file; its directory is created 0700 if missing, the socket is 0600.
-        max_connections: clients served at once; one more is told "too many connections".
-        idle_timeout: a connection that makes no progress for this many seconds is closed.
+        path: the socket file (0600); its directory must be ours and 0700, and is created so
+            if missing (:func:`supervisor.sockets.prepare_directory`).
+        max_connections: clients served at once; one more closes the idlest connection, or is
+            told "too many connections" when every connection is running a request.
+        idle_timeout: a connection that sends no request for this many seconds is closed.
+        crowded_idle_timeout: the idle timeout while *max_connections* are open.
+        reply_timeout: a reply the client has not taken within this many seconds closes it.
         task_status: ``started()`` once the socket accepts connections.
 
     Raises:
-        SupervisorError: another daemon is listening on *path*, or it cannot be bound.
+        SupervisorError: the directory is not safe, another daemon is listening on *path*,
+            or it cannot be bound.
 
     Resource handling: the socket file is removed on exit unless another process replaced it.
     """
     listener = await sockets.listen(path)
     identity = sockets.identity(path)
-    server = _Server(backend, max_connections=max_connections, idle_timeout=idle_timeout)
+    server = _Server(
+        backend,
+        max_connections=max_connections,
+        idle_timeout=idle_timeout,
+        crowded_idle_timeout=crowded_idle_timeout,
+        reply_timeout=reply_timeout,
+    )
     log.info("control.listening", path=path)
     try:
         async with listener:

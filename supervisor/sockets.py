@@ -1,36 +1,44 @@
 """Unix socket files the daemon listens on: safe to bind, safe to remove, peers identified.
 
-Shared by the control socket and (later) the gateway socket. The rules: the directory is
-created 0700 (an existing one open to others is reported), the socket is 0600, a stale socket
-is replaced but a live one is refused, and on exit only the file we created is removed.
+Shared by the control socket and the gateway socket, and by their clients. The rules: the
+socket's directory is owned by the effective uid and closed to everyone else (mode 0700; it
+is created so when missing, and anything else is refused: another local user who pre-creates
+``/tmp/mcp-supervisor-$UID`` could otherwise swap the socket), the socket is 0600, a stale
+socket is replaced but a live one is refused, on exit only the file we created is removed,
+and each end checks the other's uid with SO_PEERCRED before trusting a byte from it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import socket
 import stat
 import struct
+from typing import Any
 
 import anyio
 import anyio.abc
-import structlog
+import anyio.lowlevel
 
 from .errors import SupervisorError
 
 __all__ = (
     "ACCEPT_RETRY_DELAY",
     "TRANSIENT_ACCEPT_ERRORS",
+    "UntrustedPeer",
     "accept",
+    "check_directory",
+    "connect",
     "identity",
     "listen",
     "peer_credentials",
+    "prepare_directory",
+    "trusted_uid",
     "unlink_if_ours",
 )
-
-log = structlog.get_logger(__name__)
 
 ACCEPT_RETRY_DELAY = 0.1  # after EMFILE and friends, so the accept loop does not spin
 TRANSIENT_ACCEPT_ERRORS = frozenset(
@@ -39,25 +47,87 @@ TRANSIENT_ACCEPT_ERRORS = frozenset(
 _PROBE_TIMEOUT = 5.0  # connecting to an existing socket to see whether a daemon is behind it
 
 
-async def accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream | None:
-    """Accept one client as a transport-based stream; None if it hung up already.
+def _log() -> Any:
+    import structlog  # lazily: client commands import this module for connect() alone
 
-    anyio 4.16's UNIXSocketStream waits with ``loop.add_reader(future.set_result)``: a cancel
-    (idle timeout, shutdown) landing in the loop iteration where the socket becomes ready makes
-    asyncio log ``InvalidStateError``. The transport-based SocketStream has no such race.
+    return structlog.get_logger(__name__)
+
+
+class UntrustedPeer(SupervisorError):
+    """The process at the other end of a socket runs as a uid we do not trust."""
+
+
+def trusted_uid(uid: int) -> bool:
+    """Whether a peer running as *uid* may be talked to: ourselves, or root (who can do anything)."""
+    return uid in (os.geteuid(), 0)
+
+
+class _Stream(anyio.abc.SocketStream):
+    """A connected socket read and written only when asked: no buffer the caller does not see.
+
+    anyio's transport-based stream (``SocketStream.from_socket``) never pauses the transport
+    it wraps, so asyncio kept reading a client that pipelined without reading its replies:
+    1.9 GB in 30 s. Here a byte leaves the kernel only when :meth:`receive` asks for it, and
+    the loop's ``sock_recv``/``sock_sendall`` unregister cleanly when cancelled (the raw
+    UNIXSocketStream's ``add_reader(future.set_result)`` logs InvalidStateError then).
+
+    Resource handling: one task may receive while another sends, but never two at once of
+    the same kind; the owner closes it once no receive or send is pending.
     """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._closed = False
+
+    @property
+    def _raw_socket(self) -> socket.socket:
+        return self._sock
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await anyio.lowlevel.checkpoint()  # sock_recv returns without yielding when data is there
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            data = await asyncio.get_running_loop().sock_recv(self._sock, max_bytes)
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def send(self, item: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            await asyncio.get_running_loop().sock_sendall(self._sock, item)
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def send_eof(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close()
+        await anyio.lowlevel.checkpoint()
+
+
+async def accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream | None:
+    """Accept one client as a stream that reads only on demand; None if it hung up already."""
     accepted = await listener.accept()
     raw: socket.socket = accepted.extra(anyio.abc.SocketAttribute.raw_socket)
     sock = socket.socket(fileno=raw.detach())
     try:
-        return await anyio.abc.SocketStream.from_socket(sock)
-    except (OSError, ValueError) as exc:
+        sock.getpeername()
+    except OSError as exc:
         sock.close()
-        log.debug("socket.client_gone", error=str(exc))
+        _log().debug("socket.client_gone", error=str(exc))
         return None
-    except BaseException:
-        sock.close()
-        raise
+    return _Stream(sock)
 
 
 def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
@@ -68,17 +138,70 @@ def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
     return pid, uid
 
 
-def _prepare_directory(path: str) -> None:
-    """Create the socket's directory 0700, or warn when an existing one is open to others."""
-    directory = os.path.dirname(os.path.abspath(path))
+async def connect(path: str) -> anyio.abc.SocketStream:
+    """Connect to the unix socket *path* and check who listens there before anything is sent.
+
+    Raises:
+        OSError: nothing could be connected (missing file, refused, permission denied).
+        UntrustedPeer: the listener runs as another user (neither us nor root): someone may
+            have taken over the socket to read requests and forge answers; nothing was sent.
+    """
+    stream = await anyio.connect_unix(path)
     try:
-        mode = stat.S_IMODE(os.stat(directory).st_mode)
-    except FileNotFoundError:
-        os.makedirs(directory, mode=0o700)
-        os.chmod(directory, 0o700)
-        return
+        _pid, uid = peer_credentials(stream)
+    except OSError:
+        await stream.aclose()
+        raise
+    if not trusted_uid(uid):
+        await stream.aclose()
+        raise UntrustedPeer(
+            f"refusing to talk to {path}: the process listening there runs as uid {uid}, not as you"
+            f" (uid {os.geteuid()}); another user may have taken the socket over"
+        )
+    return stream
+
+
+def check_directory(directory: str) -> None:
+    """Raise unless *directory* is a real directory of ours that nobody else may enter.
+
+    Raises:
+        SupervisorError: a symlink or not a directory, owned by another uid, or open to group
+            or others (anything wider than 0700); the message says what to do.
+    """
+    st = os.lstat(directory)
+    euid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise SupervisorError(f"refusing socket directory {directory}: it is not a directory (a symlink?)")
+    if st.st_uid != euid:
+        raise SupervisorError(
+            f"refusing socket directory {directory}: it belongs to uid {st.st_uid}, not {euid};"
+            " another user may have created it (remove it or choose another --socket)"
+        )
+    mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
-        log.warning("socket.dir_open", path=directory, mode=oct(mode))
+        raise SupervisorError(
+            f"refusing socket directory {directory}: its mode is {mode:04o}, open to other users"
+            f" (run 'chmod 700 {directory}')"
+        )
+
+
+def prepare_directory(path: str) -> str:
+    """Create the directory of socket *path* (0700) if missing, check it, and return it.
+
+    Raises:
+        SupervisorError: see :func:`check_directory`.
+        OSError: the directory could not be created.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass  # someone's: checked below, never chmod-ed into shape
+    else:
+        os.chmod(directory, 0o700)  # a umask may have taken owner bits away
+    check_directory(directory)
+    return directory
 
 
 async def _remove_stale(path: str) -> None:
@@ -93,7 +216,7 @@ async def _remove_stale(path: str) -> None:
         with anyio.fail_after(_PROBE_TIMEOUT):
             probe = await anyio.connect_unix(path)
     except ConnectionRefusedError:
-        log.info("socket.stale_removed", path=path)
+        _log().info("socket.stale_removed", path=path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return
@@ -104,8 +227,14 @@ async def _remove_stale(path: str) -> None:
 
 
 async def listen(path: str) -> anyio.abc.SocketListener:
+    """Listen on the unix socket *path* (0600) in a directory of ours (see :func:`check_directory`).
+
+    Raises:
+        SupervisorError: the directory is not safe, a daemon already listens on *path*, a
+            non-socket file is in the way, or binding failed.
+    """
     try:
-        _prepare_directory(path)
+        prepare_directory(path)
         await _remove_stale(path)
         return await anyio.create_unix_listener(path, mode=0o600)  # chmod before listen()
     except OSError as exc:
@@ -113,11 +242,13 @@ async def listen(path: str) -> anyio.abc.SocketListener:
 
 
 def unlink_if_ours(path: str, ours: tuple[int, int]) -> None:
+    """Remove *path* if it is still the file whose :func:`identity` is *ours*."""
     with contextlib.suppress(OSError):
         if identity(path) == ours:
             os.unlink(path)
 
 
 def identity(path: str) -> tuple[int, int]:
+    """(device, inode) of *path*: tells our socket file from one that replaced it."""
     st = os.stat(path)
     return st.st_dev, st.st_ino

@@ -26,6 +26,8 @@ from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, Sup
 from supervisor.metrics import Metrics
 from supervisor.state import ExitStatus, Snapshot, State
 
+from .conftest import eventually
+
 PROCESS_KEYS = ("rss_bytes", "threads", "open_fds", "asyncio_tasks", "uptime_s")
 SINCE = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 WAIT = 5  # seconds any single step may take
@@ -529,32 +531,75 @@ class TestIsolation:
             assert "result" in await w.request("status")
             await w.wait_closed()
 
-    async def test_a_client_not_reading_is_dropped_after_the_idle_timeout(
+    async def test_a_client_not_reading_is_dropped_after_the_reply_timeout(
         self, short_tmp: Path, logs: list[dict[str, Any]]
     ) -> None:
-        """A reply left unread for idle_timeout seconds ends that connection."""
+        """A reply left unread for reply_timeout seconds ends that connection."""
         backend = FakeBackend()
         backend.log_line = "y" * 1000
-        async with serving(backend, short_tmp, idle_timeout=0.3) as path, wire(path) as lazy:
+        async with serving(backend, short_tmp, reply_timeout=0.3) as path, wire(path) as lazy:
             await lazy.send(
                 {"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {"name": "alpha", "lines": 10_000}}
             )
             await _until_logged(logs, "control.client_not_reading")
             await lazy.wait_closed()
 
-    async def test_the_connection_cap(self, short_tmp: Path) -> None:
-        """Over max_connections, a client gets -32000 'too many connections'; a freed slot is reused."""
-        async with serving(FakeBackend(), short_tmp, max_connections=2) as path:
-            async with wire(path) as first, wire(path) as second:
-                assert "result" in await first.request("status")
-                assert "result" in await second.request("status")
-                async with wire(path) as third:
-                    reply = await third.receive()
+    async def test_at_the_limit_the_idlest_connection_makes_room(self, short_tmp: Path) -> None:
+        """Over max_connections a new client is served; the idlest one is told why and closed."""
+        async with (
+            serving(FakeBackend(), short_tmp, max_connections=3) as path,
+            wire(path) as oldest,
+            wire(path) as older,
+            wire(path) as recent,
+        ):
+            for w in (oldest, older, recent):  # activity in this order: oldest is the idlest
+                assert "result" in await w.request("status")
+            async with wire(path) as newcomer:
+                assert "result" in await newcomer.request("status")
+                notice = await oldest.receive()
+                await oldest.wait_closed()
+                for w in (older, recent, newcomer):
+                    assert "result" in await w.request("status", request_id=2)
+        assert notice["id"] is None
+        assert error_of(notice) == (
+            control.SUPERVISOR_ERROR,
+            "connection closed to make room for a new client (it was the idlest)",
+        )
+
+    async def test_a_connection_running_a_request_is_never_evicted(self, short_tmp: Path) -> None:
+        """When every connection is running a request, the newcomer is refused, not them."""
+        backend = FakeBackend()
+        backend.gate = anyio.Event()
+        async with serving(backend, short_tmp, max_connections=1) as path, wire(path) as slow:
+            await slow.send({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {"name": "beta"}})
+            await eventually(lambda: backend.actions != [])
+            async with wire(path) as newcomer:
+                refusal = await newcomer.receive()
+                await newcomer.wait_closed()
+            backend.gate.set()
+            reply = await slow.receive()
+        assert error_of(refusal) == (
+            control.SUPERVISOR_ERROR,
+            "too many connections, each with a request in progress",
+        )
+        assert reply["result"]["state"] == "running"
+
+    async def test_the_idle_timeout_is_short_while_at_the_limit(self, short_tmp: Path) -> None:
+        """At max_connections idle connections get crowded_idle_timeout; below it, idle_timeout again."""
+        options = {"max_connections": 3, "crowded_idle_timeout": 0.3}
+        async with serving(FakeBackend(), short_tmp, **options) as path:
+            async with wire(path) as first, wire(path) as second, wire(path) as third:
+                with anyio.fail_after(2):  # the limit: all three wait 0.3 s at most
                     await third.wait_closed()
-            assert error_of(reply) == (control.SUPERVISOR_ERROR, "too many connections")
-            with anyio.fail_after(WAIT):  # the server notices the two hang-ups soon, not at once
-                while "result" not in await _status_or_refusal(path):  # noqa: ASYNC110 - polling a peer
-                    await anyio.sleep(0.01)
+                await first.wait_closed()
+                await second.wait_closed()
+            async with wire(path) as lone, wire(path) as other:
+                async with wire(path) as crowding:
+                    assert "result" in await crowding.request("status")
+                # below the limit again: the others' deadline is back to idle_timeout (300 s)
+                await anyio.sleep(0.6)  # an absence cannot be waited for; twice the short timeout
+                assert "result" in await lone.request("status")
+                assert "result" in await other.request("status")
 
 
 async def _until_logged(logs: list[dict[str, Any]], event: str) -> None:
@@ -581,16 +626,41 @@ class TestSocketFile:
             assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
         assert os.listdir(os.path.dirname(path)) == []
 
-    async def test_an_open_directory_is_kept_but_reported(
-        self, short_tmp: Path, logs: list[dict[str, Any]]
-    ) -> None:
-        """An existing directory open to others keeps its mode and logs socket.dir_open."""
-        (short_tmp / "run").mkdir(mode=0o755)
-        os.chmod(short_tmp / "run", 0o755)
-        async with serving(FakeBackend(), short_tmp):
-            pass
-        assert stat.S_IMODE(os.stat(short_tmp / "run").st_mode) == 0o755
-        assert [e["log_level"] for e in logs if e["event"] == "socket.dir_open"] == ["warning"]
+    @pytest.mark.parametrize("mode", [0o777, 0o755, 0o750, 0o711, 0o701], ids=lambda mode: f"{mode:04o}")
+    async def test_an_open_directory_is_refused(self, short_tmp: Path, mode: int) -> None:
+        """An existing directory open to group or others is refused, left as it was, and nothing is bound."""
+        (short_tmp / "run").mkdir()
+        os.chmod(short_tmp / "run", mode)
+        path = str(short_tmp / "run" / "control.sock")
+        with anyio.fail_after(WAIT), pytest.raises(SupervisorError) as caught:
+            await control.serve(FakeBackend(), path)
+        assert str(caught.value) == (
+            f"refusing socket directory {short_tmp / 'run'}: its mode is {mode:04o}, open to other users"
+            f" (run 'chmod 700 {short_tmp / 'run'}')"
+        )
+        assert stat.S_IMODE(os.stat(short_tmp / "run").st_mode) == mode
+        assert os.listdir(short_tmp / "run") == []
+
+    @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another uid")
+    async def test_a_directory_of_another_user_is_refused(self, short_tmp: Path) -> None:
+        """A 0700 directory pre-created by another user (the /tmp hijack) is refused."""
+        (short_tmp / "run").mkdir(mode=0o700)
+        os.chown(short_tmp / "run", 65534, 65534)
+        path = str(short_tmp / "run" / "control.sock")
+        with anyio.fail_after(WAIT), pytest.raises(SupervisorError) as caught:
+            await control.serve(FakeBackend(), path)
+        assert str(caught.value) == (
+            f"refusing socket directory {short_tmp / 'run'}: it belongs to uid 65534, not {os.geteuid()};"
+            " another user may have created it (remove it or choose another --socket)"
+        )
+        assert os.listdir(short_tmp / "run") == []
+
+    async def test_a_symlink_for_a_directory_is_refused(self, short_tmp: Path) -> None:
+        """The socket directory must be a directory itself, not a link someone could re-point."""
+        (short_tmp / "real").mkdir(mode=0o700)
+        (short_tmp / "run").symlink_to(short_tmp / "real")
+        with anyio.fail_after(WAIT), pytest.raises(SupervisorError, match="it is not a directory"):
+            await control.serve(FakeBackend(), str(short_tmp / "run" / "control.sock"))
 
     async def test_a_stale_socket_is_replaced(self, short_tmp: Path) -> None:
         """A socket file nobody listens on is removed and bound again."""
