@@ -44,6 +44,8 @@ BIN = Path(sys.executable).parent
 PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
 PROXY_VERSION = "0.13.0"
 
+_QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
+
 Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
 
 
@@ -72,10 +74,9 @@ def _http_ok(url: str) -> bool:
 @asynccontextmanager
 async def _stdio(command: str, *args: str) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(command=command, args=list(args), env={**os.environ})
-    with open(os.devnull, "w") as quiet:
-        async with stdio_client(params, errlog=quiet) as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            yield session
+    async with stdio_client(params, errlog=_QUIET) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
 
 
 @asynccontextmanager
@@ -197,7 +198,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         with _proxy() as url:
             results["proxy"] = await _measure("proxy", lambda: _http(url), "echo", args)
     base = results["direct"]
-    for name, figures in results.items():
+    for figures in results.values():
         figures["median_ratio"] = round(figures["median_ms"] / base["median_ms"], 2)
         figures["throughput_ratio"] = round(figures["throughput_cps"] / base["throughput_cps"], 2)
     return {
