@@ -122,7 +122,7 @@ class TestGuard:
     async def test_a_busy_port_is_a_clear_error(self, http_gateway, daemons, short_tmp: Path) -> None:  # noqa: F811
         first = http_gateway({})
         port = int(first.url.rsplit(":", 1)[1])
-        (short_tmp / "second").mkdir()
+        (short_tmp / "second").mkdir(mode=0o700)
         second = daemons({}, start=False, directory=short_tmp / "second")
         gateway = {"http": {"enabled": True, "port": port}}
         second.config.write_text(json.dumps({"socket": second.socket, "gateway": gateway, "extensions": {}}))

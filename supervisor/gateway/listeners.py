@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 
 import anyio
 import anyio.abc
@@ -48,7 +47,6 @@ async def serve_unix(
     """
     listener = await sockets.listen(path)
     identity = sockets.identity(path)
-    allowed = frozenset({os.geteuid(), 0})
     active = 0
     log.info("gateway.listening", path=path)
 
@@ -57,7 +55,7 @@ async def serve_unix(
         try:
             async with stream:
                 pid, uid = sockets.peer_credentials(stream)
-                if uid not in allowed:
+                if not sockets.trusted_uid(uid):
                     log.warning("gateway.peer_refused", uid=uid, pid=pid)
                     return
                 await _Connection(gateway, stream).serve()
