@@ -107,7 +107,7 @@ class Daemon:
         return ", ".join(parts) or "no extensions"
 
     def _state_changed(self, snapshot: Snapshot) -> None:
-        self.gateway.invalidate()
+        self.gateway.invalidate(snapshot)
         if self.notifier.enabled:
             self.notifier.status(self.summary())
 

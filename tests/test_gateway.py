@@ -214,7 +214,13 @@ class TestForwarding:
             await session.call_tool("rich__touch", {"uri": "note://a"})
             with anyio.fail_after(5):
                 await arrived.wait()
-        assert updated == ["mcp-supervisor://rich/note://a"]
+            assert updated == ["mcp-supervisor://rich/note://a"]
+            await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")  # the new run is subscribed again
+            arrived = anyio.Event()
+            await session.call_tool("rich__touch", {"uri": "note://a"})
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert updated == ["mcp-supervisor://rich/note://a"] * 2
 
 
 class TestRestarts:

@@ -33,7 +33,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from .. import __version__
 from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
-from ..state import State
+from ..state import Snapshot, State
 from . import catalog as catalogs
 from . import spoollinks
 from .catalog import Catalog, Source
@@ -90,6 +90,7 @@ class Gateway:
         self._changed = anyio.Event()
         self._clients: dict[int, Downstream] = {}
         self._subscribers: dict[str, int] = {}  # exposed URI -> clients subscribed to it
+        self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
         self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
@@ -113,10 +114,36 @@ class Gateway:
 
     # ---- the view ------------------------------------------------------------------------
 
-    def invalidate(self) -> None:
-        """An extension changed state or listing, or the set of extensions changed. Sync."""
+    def invalidate(self, snapshot: Snapshot | None = None) -> None:
+        """An extension changed (its new *snapshot*), or the set of extensions did. Sync."""
         self._stale = True
         self._changed.set()
+        if snapshot is None:
+            names = {ext.name for ext in self._backend.extensions()}
+            self._runs = {name: pid for name, pid in self._runs.items() if name in names}
+        elif snapshot.state is State.RUNNING and self._runs.get(snapshot.name) != snapshot.pid:
+            restarted = snapshot.name in self._runs
+            self._runs[snapshot.name] = snapshot.pid
+            if restarted:
+                self._resubscribe(snapshot.name)
+
+    def _resubscribe(self, extension: str) -> None:
+        """A new run of *extension* knows nothing of our subscriptions: make them again."""
+        uris = [
+            target[1] for uri in self._subscribers if (target := parse_uri(uri)) and target[0] == extension
+        ]
+        if uris and self._tg is not None:
+            self._tg.start_soon(self._subscribe_again, extension, uris)
+
+    async def _subscribe_again(self, extension: str, uris: list[str]) -> None:
+        ext = self._extension(extension)
+        for uri in uris:
+            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            try:
+                with anyio.fail_after(10):
+                    await ext.request(request, types.EmptyResult) if ext else None
+            except Exception as exc:  # TimeoutError, an MCP error, the extension gone again
+                log.warning("gateway.resubscribe_failed", extension=extension, uri=uri, error=str(exc)[:300])
 
     def catalog(self) -> Catalog:
         if self._stale:

@@ -2,7 +2,7 @@
 
 Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then answers), ``wait(seconds)``
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message)`` (a log
-notification, then "logged"), ``touch(uri)`` (sends resources/updated), ``image(bytes)`` (one
+notification, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed), ``image(bytes)`` (one
 PNG-typed image of that many bytes), ``crash()``.
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b``; template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
@@ -23,6 +23,7 @@ from mcp.server.stdio import stdio_server
 
 PREFIX = os.environ.get("RICH_TOOL_PREFIX", "")
 NOTES = {"a": "note A", "b": "note B"}
+SUBSCRIBED: set[str] = set()
 
 
 def _tool(name: str, properties: dict[str, Any] | None = None, **extra: Any) -> types.Tool:
@@ -83,7 +84,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         )
         return _text("logged")
     if name == "touch":
-        await ctx.session.send_resource_updated(str(args["uri"]))
+        if str(args["uri"]) in SUBSCRIBED:  # like a real server: updates only for subscriptions
+            await ctx.session.send_resource_updated(str(args["uri"]))
         return _text("touched")
     if name == "image":
         data = b"\x89PNG\r\n\x1a\n" + b"\0" * max(0, int(args["bytes"]) - 8)
@@ -134,6 +136,7 @@ async def read_resource(
 
 
 async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    SUBSCRIBED.add(str(params.uri))
     return types.EmptyResult()
 
 
