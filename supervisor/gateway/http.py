@@ -35,7 +35,7 @@ from ..errors import SupervisorError
 from .listeners import MAX_MESSAGE
 from .server import Gateway
 
-__all__ = ("Guard", "serve_http")
+__all__ = ("Guard", "build_app", "serve_http")
 
 log = structlog.get_logger(__name__)
 

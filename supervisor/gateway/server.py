@@ -3,7 +3,7 @@
 :class:`Gateway` answers every client on every listener. It reads extension snapshots and
 listings and borrows their sessions through :class:`~supervisor.extension.Extension`'s
 forwarding methods; it never opens or closes one. Its own task (:meth:`Gateway.run`) owns the
-change announcer and each handshake-era client's :class:`~.clients.Downstream` task.
+change announcer and the :class:`~.fanout.Fanout` that carries notifications to clients.
 """
 
 from __future__ import annotations
@@ -19,16 +19,8 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.connection import Connection
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
-from mcp.shared.subscriptions import (
-    PromptsListChanged,
-    ResourcesListChanged,
-    ResourceUpdated,
-    ToolsListChanged,
-)
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp.server.subscriptions import ListenHandler
 
 from .. import __version__
 from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
@@ -37,7 +29,8 @@ from ..state import Snapshot, State
 from . import catalog as catalogs
 from . import spoollinks
 from .catalog import Catalog, Source
-from .clients import MAX_SUBSCRIPTIONS, Downstream
+from .clients import MAX_SUBSCRIPTIONS
+from .fanout import Fanout
 from .names import expose_uri, parse_uri
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -51,7 +44,6 @@ INSTRUCTIONS = (
     "Names are EXTENSION__NAME; resource URIs are mcp-supervisor://EXTENSION/ORIGINAL-URI."
 )
 _LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
-_EVENTS = {"tools": ToolsListChanged(), "prompts": PromptsListChanged(), "resources": ResourcesListChanged()}
 ResultT = TypeVar("ResultT")
 
 
@@ -88,12 +80,10 @@ class Gateway:
         self._stale = True
         self._announced = Catalog()
         self._changed = anyio.Event()
-        self._clients: dict[int, Downstream] = {}
-        self._subscribers: dict[str, int] = {}  # exposed URI -> clients subscribed to it
+        self.fanout = Fanout()
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
-        self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -108,7 +98,7 @@ class Gateway:
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
-            on_subscriptions_listen=ListenHandler(self.bus),
+            on_subscriptions_listen=ListenHandler(self.fanout.bus),
         )
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
 
@@ -130,7 +120,9 @@ class Gateway:
     def _resubscribe(self, extension: str) -> None:
         """A new run of *extension* knows nothing of our subscriptions: make them again."""
         uris = [
-            target[1] for uri in self._subscribers if (target := parse_uri(uri)) and target[0] == extension
+            target[1]
+            for uri in self.fanout.subscribed()
+            if (target := parse_uri(uri)) and target[0] == extension
         ]
         if uris and self._tg is not None:
             self._tg.start_soon(self._subscribe_again, extension, uris)
@@ -174,13 +166,14 @@ class Gateway:
         return [c.describe() for c in self.catalog().collisions if c.loser[0] == extension]
 
     def client_count(self) -> int:
-        return len(self._clients)
+        return len(self.fanout)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Announce changes to clients until cancelled; owns the per-client tasks."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             self._announced = self.catalog()
+            await tg.start(self.fanout.run)
             task_status.started()
             try:
                 await self._announce_changes()
@@ -201,90 +194,43 @@ class Gateway:
             self._announced = newer
             if not kinds:
                 continue
-            log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self._clients))
-            for client in self._clients.values():
-                client.lists_changed(kinds)
-            for kind in sorted(kinds):
-                await self.bus.publish(_EVENTS[kind])
+            log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self.fanout))
+            await self.fanout.lists_changed(kinds)
 
     def notify(self, extension: str, notification: types.ServerNotification) -> None:
         """Route a child's log message or resource update to the clients that asked. Sync."""
         if isinstance(notification, types.LoggingMessageNotification):
             params = notification.params
-            logger = f"{extension}/{params.logger}" if params.logger else extension
-            for client in self._clients.values():
-                client.log(params.level, params.data, logger)
+            self.fanout.log(
+                params.level, params.data, f"{extension}/{params.logger}" if params.logger else extension
+            )
         elif isinstance(notification, types.ResourceUpdatedNotification):
-            uri = expose_uri(extension, notification.params.uri)
-            if uri in self._subscribers:
-                for client in self._clients.values():
-                    client.resource_updated(uri)
-            if self._tg is not None:  # 2026-07-28 listeners filter by URI themselves
-                self._tg.start_soon(self.bus.publish, ResourceUpdated(uri=uri))
-
-    # ---- clients -------------------------------------------------------------------------
-
-    def _client(self, ctx: ServerRequestContext[Any]) -> Downstream | None:
-        """The handshake-era client behind *ctx*, tracked from its first request until it closes."""
-        connection: Connection = ctx.session._connection  # the SDK has no public accessor (2.3)
-        client = self._clients.get(id(connection))
-        if client is not None or self._tg is None:
-            return client
-        if (
-            connection.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
-            or not connection.has_standalone_channel
-        ):
-            return None  # 2026-07-28 clients get their events through subscriptions/listen
-        client = Downstream(connection)
-        scope = anyio.CancelScope()
-        self._clients[id(connection)] = client
-        connection.exit_stack.callback(self._forget, id(connection), scope)
-
-        async def serve() -> None:
-            with scope:
-                await client.run()
-
-        self._tg.start_soon(serve)
-        return client
-
-    def _forget(self, key: int, scope: anyio.CancelScope) -> None:
-        scope.cancel()
-        client = self._clients.pop(key, None)
-        if client is not None:
-            for uri in client.subscriptions:
-                self._unref(uri)
-
-    def _unref(self, uri: str) -> None:
-        remaining = self._subscribers.get(uri, 0) - 1
-        if remaining > 0:
-            self._subscribers[uri] = remaining
-        else:
-            self._subscribers.pop(uri, None)
+            self.fanout.resource_updated(expose_uri(extension, notification.params.uri))
 
     # ---- handlers ------------------------------------------------------------------------
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         return types.ListToolsResult(tools=list(self.catalog().tools))
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         return types.ListPromptsResult(prompts=list(self.catalog().prompts))
 
     async def _list_resources(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         return types.ListResourcesResult(resources=list(self.catalog().resources))
 
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: Any
     ) -> types.ListResourceTemplatesResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         return types.ListResourceTemplatesResult(resource_templates=list(self.catalog().templates))
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         target = self.catalog().tool_names.resolve(params.name)
         if target is None:
             return self._unknown_tool(params.name)
@@ -316,7 +262,7 @@ class Gateway:
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         target = self.catalog().prompt_names.resolve(params.name)
         if target is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}")
@@ -327,7 +273,7 @@ class Gateway:
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         uri = params.uri
         if uri.startswith("file:"):
             return await spoollinks.read(self._spool_dir, uri, self._spool_readers)
@@ -343,7 +289,7 @@ class Gateway:
     async def _complete(
         self, ctx: ServerRequestContext[Any], params: types.CompleteRequestParams
     ) -> types.CompleteResult:
-        self._client(ctx)
+        self.fanout.client(ctx)
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             target = self.catalog().prompt_names.resolve(ref.name)
@@ -361,31 +307,27 @@ class Gateway:
     async def _subscribe(
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
-        client = self._client(ctx)
+        client = self.fanout.client(ctx)
         target = parse_uri(params.uri)
         if target is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {params.uri!r}")
-        if client is not None and params.uri not in client.subscriptions:
-            if len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
-                raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
-            client.subscriptions.add(params.uri)
-            self._subscribers[params.uri] = self._subscribers.get(params.uri, 0) + 1
+        if client is not None and not self.fanout.subscribe(client, params.uri):
+            raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
         request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
         return await self._forward(target[0], ctx, request, types.EmptyResult)
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
-        client = self._client(ctx)
-        if client is not None and params.uri in client.subscriptions:
-            client.subscriptions.discard(params.uri)
-            self._unref(params.uri)
+        client = self.fanout.client(ctx)
+        if client is not None:
+            self.fanout.unsubscribe(client, params.uri)
         return types.EmptyResult()  # the child keeps sending; nobody is routed its updates
 
     async def _set_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
     ) -> types.EmptyResult:
-        client = self._client(ctx)
+        client = self.fanout.client(ctx)
         if client is not None:
             client.log_level = params.level
         return types.EmptyResult()

@@ -1,0 +1,141 @@
+"""Sending to many clients: list_changed, log messages and resource updates, never waiting on one.
+
+:class:`Fanout` keeps a :class:`~.clients.Downstream` for each handshake-era client, from its
+first request until its connection closes, each served by a task of its own, and feeds
+2026-07-28 clients through the SDK's subscription bus (``subscriptions/listen``). Producers call
+it synchronously; everything it holds is bounded by the number of connections.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from mcp.server import ServerRequestContext
+from mcp.server.connection import Connection
+from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.shared.subscriptions import (
+    PromptsListChanged,
+    ResourcesListChanged,
+    ResourceUpdated,
+    ToolsListChanged,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from .clients import MAX_SUBSCRIPTIONS, Downstream
+
+__all__ = ("Fanout",)
+
+_EVENTS = {"tools": ToolsListChanged(), "prompts": PromptsListChanged(), "resources": ResourcesListChanged()}
+
+
+class Fanout:
+    """The gateway's clients, as one audience. :meth:`run` owns every per-client task."""
+
+    def __init__(self) -> None:
+        self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
+        self._clients: dict[int, Downstream] = {}  # by id() of the SDK connection
+        self._subscribers: dict[str, int] = {}  # exposed URI -> clients subscribed to it
+        self._updated: dict[str, None] = {}  # URIs updated, not yet published to the bus
+        self._updates_waiting = anyio.Event()
+        self._tg: TaskGroup | None = None
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                await self._publish_updates()
+            finally:
+                self._tg = None
+
+    # ---- who is listening ----------------------------------------------------------------
+
+    def client(self, ctx: ServerRequestContext[Any]) -> Downstream | None:
+        """The handshake-era client behind *ctx*, tracked from its first request until it closes."""
+        connection: Connection = ctx.session._connection  # the SDK has no public accessor (2.3)
+        client = self._clients.get(id(connection))
+        if client is not None or self._tg is None:
+            return client
+        if (
+            connection.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+            or not connection.has_standalone_channel
+        ):
+            return None  # 2026-07-28 clients get their events through subscriptions/listen
+        client = Downstream(connection)
+        scope = anyio.CancelScope()
+        self._clients[id(connection)] = client
+        connection.exit_stack.callback(self._forget, id(connection), scope)
+
+        async def serve() -> None:
+            with scope:
+                await client.run()
+
+        self._tg.start_soon(serve)
+        return client
+
+    def _forget(self, key: int, scope: anyio.CancelScope) -> None:
+        scope.cancel()
+        client = self._clients.pop(key, None)
+        if client is not None:
+            for uri in client.subscriptions:
+                self._unref(uri)
+
+    def subscribe(self, client: Downstream, uri: str) -> bool:
+        """Record *client*'s subscription; False when it holds :data:`MAX_SUBSCRIPTIONS` already."""
+        if uri in client.subscriptions:
+            return True
+        if len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
+            return False
+        client.subscriptions.add(uri)
+        self._subscribers[uri] = self._subscribers.get(uri, 0) + 1
+        return True
+
+    def unsubscribe(self, client: Downstream, uri: str) -> None:
+        if uri in client.subscriptions:
+            client.subscriptions.discard(uri)
+            self._unref(uri)
+
+    def subscribed(self) -> list[str]:
+        """Every URI some client is subscribed to."""
+        return list(self._subscribers)
+
+    def _unref(self, uri: str) -> None:
+        remaining = self._subscribers.get(uri, 0) - 1
+        if remaining > 0:
+            self._subscribers[uri] = remaining
+        else:
+            self._subscribers.pop(uri, None)
+
+    # ---- what they hear ------------------------------------------------------------------
+
+    async def lists_changed(self, kinds: set[str]) -> None:
+        for client in self._clients.values():
+            client.lists_changed(kinds)
+        for kind in sorted(kinds):
+            await self.bus.publish(_EVENTS[kind])
+
+    def log(self, level: str, data: Any, logger: str) -> None:
+        for client in self._clients.values():
+            client.log(level, data, logger)
+
+    def resource_updated(self, uri: str) -> None:
+        if uri in self._subscribers:
+            for client in self._clients.values():
+                client.resource_updated(uri)
+        if len(self._updated) < MAX_SUBSCRIPTIONS:  # for 2026-07-28 listeners; they filter by URI
+            self._updated[uri] = None
+            self._updates_waiting.set()
+
+    async def _publish_updates(self) -> None:
+        """Resource updates to the listen streams, from this one task: a flood stays bounded."""
+        while True:
+            await self._updates_waiting.wait()
+            self._updates_waiting = anyio.Event()
+            updated, self._updated = self._updated, {}
+            for uri in updated:
+                await self.bus.publish(ResourceUpdated(uri=uri))
