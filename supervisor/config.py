@@ -13,13 +13,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from .configfile import describe, parse
 from .errors import ConfigError
 from .paths import ENV_PREFIX as _ENV
 from .paths import default_config_path, default_socket_path
@@ -40,6 +40,8 @@ __all__ = (
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+_DAY = 86_400.0  # upper bound of every duration: a longer one is a typo, and huge ones overflow timers
+_SOCKET_PATH_MAX = 107  # bytes: sun_path is 108 on Linux, one for the terminating NUL
 
 
 @dataclass
@@ -76,7 +78,47 @@ def _expand(value: str) -> str:
         message = "environment variable {name} is not set (write $$ for a literal $)"
         raise PydanticCustomError("unset_variable", message, {"name": name})
 
-    return _VAR.sub(replace, value)
+    return _os_text(_VAR.sub(replace, value))
+
+
+def _os_text(value: str) -> str:
+    """Text that reaches the OS (argv, environment, paths): no NUL, and encodable."""
+    if "\0" in value:
+        raise PydanticCustomError("nul_character", "must not contain a NUL character")
+    try:
+        os.fsencode(value)
+    except UnicodeError:
+        raise PydanticCustomError("not_encodable", "contains a character the system cannot encode") from None
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not value or "=" in value:
+        raise PydanticCustomError(
+            "bad_env_name", "an environment variable name must be non-empty, without '='"
+        )
+    return _os_text(value)
+
+
+def _directory(value: str) -> str:
+    """A missing directory may appear later (a mount); an existing non-directory never works."""
+    if not value:
+        raise PydanticCustomError("empty_cwd", "cwd must not be empty (null: the daemon's directory)")
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise PydanticCustomError("not_a_directory", "'{cwd}' is not a directory", {"cwd": value})
+    return value
+
+
+def _socket_path(value: str) -> str:
+    """Both sockets must fit in ``sockaddr_un``: this one and the gateway's ``mcp.sock`` beside it."""
+    for path in (_os_text(value), os.path.join(os.path.dirname(value), "mcp.sock")):
+        if len(os.fsencode(path)) > _SOCKET_PATH_MAX:
+            raise PydanticCustomError(
+                "socket_too_long",
+                "'{path}' is over the {limit} bytes a unix socket path can have; use a shorter directory",
+                {"path": path, "limit": _SOCKET_PATH_MAX},
+            )
+    return value
 
 
 def _non_empty(value: str) -> str:
@@ -107,20 +149,22 @@ def _is_loopback(host: str) -> bool:
 
 _Expanded = Annotated[str, AfterValidator(_expand)]
 _Name = Annotated[str, AfterValidator(_check_name)]
+_Timeout = Annotated[float, Field(gt=0, le=_DAY)]  # seconds
+_Delay = Annotated[float, Field(ge=0, le=_DAY)]  # seconds; 0 allowed
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # .inf, .nan: errors
 
 
 class BackoffConfig(_Frozen):
     """Restart delays: ``initial * multiplier**n`` up to ``max``, +/- ``jitter``; reset after a stable run."""
 
-    initial: float = Field(0.5, ge=0)
-    max: float = Field(30.0, ge=0)
-    multiplier: float = Field(2.0, ge=1)
+    initial: _Delay = 0.5
+    max: _Delay = 30.0
+    multiplier: float = Field(2.0, ge=1, le=1000)
     jitter: float = Field(0.1, ge=0, le=1)
-    reset_after: float = Field(60.0, ge=0)
+    reset_after: _Delay = 60.0
 
 
 class ToolFilter(_Frozen):
@@ -139,21 +183,21 @@ class ExtensionConfig(_Frozen):
 
     model_config = ConfigDict(coerce_numbers_to_str=True)  # `args: [--port, 8080]` is common in YAML
 
-    command: Annotated[str, AfterValidator(_expand), AfterValidator(_non_empty)]
+    command: Annotated[str, Field(strict=True), AfterValidator(_expand), AfterValidator(_non_empty)]  # 5: no
     args: list[_Expanded] = []
-    env: dict[str, _Expanded] = {}
-    cwd: _Expanded | None = None
+    env: dict[Annotated[str, AfterValidator(_env_name)], _Expanded] = {}
+    cwd: Annotated[_Expanded, AfterValidator(_directory)] | None = None
     autostart: bool = True
     restart: Literal["always", "on-failure", "never"] = "on-failure"
     backoff: BackoffConfig = BackoffConfig()
-    max_restarts: int | None = Field(None, ge=0)  # consecutive failures before `failed`; None: never give up
-    start_timeout: float = Field(30.0, gt=0)  # spawn + initialize + tools/list
-    stop_timeout: float = Field(5.0, ge=0)  # grace after stdin close, then SIGTERM, then SIGKILL
-    call_timeout: float = Field(60.0, gt=0)  # inactivity budget per call; progress renews it
-    call_timeout_max: float = Field(600.0, gt=0)  # absolute cap per call, progress or not
+    max_restarts: int | None = Field(None, ge=0, le=1_000_000)  # consecutive failures before `failed`
+    start_timeout: _Timeout = 30.0  # spawn + initialize + tools/list
+    stop_timeout: _Delay = 5.0  # grace after stdin close, then SIGTERM, then SIGKILL
+    call_timeout: _Timeout = 60.0  # inactivity budget per call; progress renews it
+    call_timeout_max: _Timeout = 600.0  # absolute cap per call, progress or not
     prefix: _Name | None = None  # gateway tool prefix; None: the extension's name
     tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
-    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024)  # cap on one stdout JSON-RPC line
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one stdout JSON-RPC line
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
 
     @model_validator(mode="before")
@@ -185,9 +229,9 @@ class ExtensionConfig(_Frozen):
 class SpoolConfig(_Frozen):
     """Where large media from results goes. ``dir`` None: the daemon picks a cache directory."""
 
-    dir: str | None = None
-    max_inline_bytes: int = Field(262_144, ge=0)  # decoded bytes; a payload of exactly this size stays inline
-    max_total_bytes: int = Field(1024**3, gt=0)
+    dir: Annotated[str, AfterValidator(_os_text)] | None = None
+    max_inline_bytes: int = Field(262_144, ge=0, le=1024**3)  # decoded bytes; exactly this size stays inline
+    max_total_bytes: int = Field(1024**3, gt=0, le=1024**5)
 
 
 class HttpConfig(_Frozen):
@@ -249,11 +293,18 @@ class Settings(BaseSettings):
     """Everything the daemon runs with. Frozen: a reload builds a new value and diffs it with ``==``."""
 
     model_config = SettingsConfigDict(
-        env_prefix=_ENV, env_nested_delimiter="__", frozen=True, extra="forbid", env_file=None
+        env_prefix=_ENV,
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+        env_file=None,
+        allow_inf_nan=False,
     )
 
-    socket: str = Field(default_factory=lambda: default_socket_path(_environ()), min_length=1)
-    shutdown_timeout: float = Field(30.0, gt=0)  # daemon stop: how long to wait for every extension
+    socket: Annotated[str, AfterValidator(_socket_path)] = Field(
+        default_factory=lambda: default_socket_path(_environ()), min_length=1, validate_default=True
+    )
+    shutdown_timeout: _Timeout = 30.0  # daemon stop: how long to wait for every extension
     spool: SpoolConfig = SpoolConfig()
     gateway: GatewayConfig = GatewayConfig()
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
@@ -290,115 +341,20 @@ def load(
     ``${VAR}`` references and the default socket path are resolved from *environ* as well.
     """
     environ = os.environ if environ is None else environ
-    root, data, errors = _read(path) if path is not None else (None, {}, [])
+    root, data, errors = parse(path) if path is not None else (None, {}, [])
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     ctx = _Context(data, environ)
     token = _CONTEXT.set(ctx)
     try:  # validate even after file-level errors, so that every problem is listed at once
         settings = Settings(**given)
     except ValidationError as exc:
-        errors += [_describe(err, root, (given, ctx.env_data)) for err in exc.errors()]
+        errors += [describe(err, root, (given, ctx.env_data)) for err in exc.errors()]
     except SettingsError as exc:  # e.g. malformed JSON in a complex MCP_SUPERVISOR_* variable
         errors.append(f"environment: {exc} (give list and mapping values as JSON)")
+    except RecursionError:  # json.loads of `[[[[...` in a complex MCP_SUPERVISOR_* variable
+        errors.append("environment: a MCP_SUPERVISOR_* value is nested too deeply")
     finally:
         _CONTEXT.reset(token)
     if errors:
         raise ConfigError(errors)
     return settings
-
-
-def _read(path: str | os.PathLike[str]) -> tuple[yaml.Node | None, dict[str, Any], list[str]]:
-    """Parse the file keeping node marks; return the root node, its data (``mcpServers`` renamed), errors."""
-    name = os.fspath(path)
-    try:
-        with open(path, "rb") as file:
-            loader = yaml.SafeLoader(file.read())
-    except OSError as exc:
-        raise ConfigError([f"{name}: {exc.strerror or exc}"]) from None
-    try:  # compose first and construct from the same nodes, so that errors can name lines
-        root = loader.get_single_node()
-        errors = _duplicate_keys(root, "")  # before construction flattens `<<` merges into the node
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError([f"{name}{where}: {exc.problem or exc.context}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{name}: {exc}"]) from None
-    finally:
-        loader.dispose()
-    if data is None:
-        return None, {}, []
-    if not isinstance(data, dict):
-        line, found = root.start_mark.line + 1, type(data).__name__
-        raise ConfigError([f"{name} (line {line}): the top level must be a mapping, not a {found}"])
-    if "mcpServers" in data:
-        if "extensions" in data:
-            line = _locate(root, ("mcpServers",))[1]
-            errors.append(f"mcpServers (line {line}): give 'extensions' or 'mcpServers', not both")
-            del data["mcpServers"]
-        else:
-            data["extensions"] = data.pop("mcpServers")
-    if "extensions" in data and data["extensions"] is None:  # every entry commented out
-        data["extensions"] = {}
-    return root, data, errors
-
-
-def _duplicate_keys(node: yaml.Node | None, path: str, seen: set[int] | None = None) -> list[str]:
-    """YAML silently keeps the last of two equal keys (say, two blocks for one extension): report it."""
-    seen = set() if seen is None else seen
-    if not isinstance(node, yaml.MappingNode) or id(node) in seen:  # seen: aliases can make cycles
-        return []
-    seen.add(id(node))
-    errors: list[str] = []
-    first: dict[str, int] = {}
-    for key, value in node.value:
-        line = key.start_mark.line + 1
-        if isinstance(key, yaml.ScalarNode) and key.value in first:
-            errors.append(f"{path}{key.value} (line {line}): duplicate key, first on line {first[key.value]}")
-        elif isinstance(key, yaml.ScalarNode):
-            first[key.value] = line
-        errors += _duplicate_keys(value, f"{path}{key.value}.", seen)
-    return errors
-
-
-def _locate(root: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int, int | None]:
-    """How many parts of *loc* exist in the file, and the line of the deepest one (its key, for mappings)."""
-    node, line, depth = root, None if root is None else root.start_mark.line + 1, 0
-    for part in loc:
-        names = ("extensions", "mcpServers") if depth == 0 and part == "extensions" else (str(part),)
-        if isinstance(node, yaml.MappingNode):
-            pairs = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value in names]
-            if not pairs:
-                break
-            key, node = pairs[-1]  # the last of equal keys wins, as in PyYAML
-            line = key.start_mark.line + 1
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-        depth += 1
-    return depth, line
-
-
-def _depth(data: Any, loc: tuple[Any, ...]) -> int:
-    """How many parts of *loc* exist in plain data (the overrides or the environment's contribution)."""
-    depth = 0
-    for part in loc:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            break
-        depth += 1
-    return depth
-
-
-def _describe(error: Any, root: yaml.Node | None, higher: tuple[Mapping[str, Any], ...]) -> str:
-    """``path (line N): msg``; no line when the value came from the overrides or the environment."""
-    loc = tuple(part for part in error["loc"] if part != "[key]")
-    path = ".".join(str(part) for part in loc) or "<top level>"
-    file_depth, line = _locate(root, loc)
-    from_higher = max(_depth(data, loc) for data in higher)
-    where = f" (line {line})" if line is not None and (from_higher == 0 or file_depth > from_higher) else ""
-    return f"{path}{where}: {error['msg']}"

@@ -188,8 +188,7 @@ class Daemon:
         Error handling: raises :class:`ConfigError` listing every problem; nothing changes then.
         """
         async with self._reloading:
-            load = functools.partial(config.load, self.config_path, overrides=self._overrides)
-            new = await anyio.to_thread.run_sync(load)
+            new = await anyio.to_thread.run_sync(self._load)
             self.notifier.reloading()
             old = self.settings
             gone = [n for n in self._extensions if n not in new.extensions]
@@ -226,6 +225,15 @@ class Daemon:
         }
         log.info("daemon.reloaded", **report)
         return report
+
+    def _load(self) -> Settings:
+        """The config file again; whatever goes wrong reading it is a ConfigError, never the daemon's end."""
+        try:
+            return config.load(self.config_path, overrides=self._overrides)
+        except ConfigError:
+            raise
+        except Exception as exc:  # a loader bug: keep running on the old config, and say so
+            raise ConfigError([f"{self.config_path}: cannot be loaded ({_first_line(exc)})"]) from exc
 
     async def autostart(self) -> None:
         """Launch every autostart extension; returns once their watchers run (not once ready)."""
@@ -368,12 +376,20 @@ async def _serve_signals(
 
 
 async def _reload_on_signal(daemon: Daemon) -> None:
+    """SIGHUP's reload; it runs in the root task group, so nothing it raises may escape."""
     try:
         await daemon.reload()
     except ConfigError as exc:
         log.error(
             "daemon.reload_failed", errors=list(exc.errors), hint="still running on the previous config"
         )
+    except Exception as exc:  # not from loading (that is a ConfigError): from applying the new config
+        log.exception("daemon.reload_failed", errors=[_first_line(exc)], hint="the reload may be incomplete")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:

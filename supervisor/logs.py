@@ -7,6 +7,7 @@ import sys
 from typing import TextIO
 
 import structlog
+import structlog.tracebacks
 
 __all__ = ("configure",)
 
@@ -26,11 +27,15 @@ def configure(*, json: bool | None = None, level: int = logging.INFO, stream: Te
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.types.Processor
+    # Tracebacks without frame locals: a frame holds secrets (a child's env, a token) that logs must not.
     if json:
         renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.dict_tracebacks)
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        tracebacks = structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+        shared.append(structlog.processors.ExceptionRenderer(tracebacks))
+    else:  # plain: rich or better-exceptions, when installed, would print the locals of every frame
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),

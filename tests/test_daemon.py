@@ -8,15 +8,21 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
-from supervisor import process
+from supervisor import config, process
+from supervisor import daemon as daemon_module
+from supervisor.config import Settings
 from supervisor.daemon import instance_key
+from supervisor.errors import ConfigError
 
 from .conftest import extension_settings
 
@@ -281,3 +287,76 @@ class TestBadInput:
         assert result.returncode == 2
         assert "extensions.fx.restart (line 4)" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+class TestReloadOfABrokenConfig:
+    BROKEN: typing.ClassVar[dict[str, bytes]] = {
+        "invalid-utf8": b'extensions:\n  fx: {command: "\xff"}\n',
+        "nul-byte": b"extensions:\n  fx: {command: x\x00}\n",
+        "5000-brackets": b"[" * 5000,
+        "5000-digits": b"extensions:\n  fx: {command: x, max_restarts: " + b"1" * 5000 + b"}\n",
+        "backoff-inf": b"extensions:\n  fx: {command: x, backoff: {max: .inf}}\n",
+    }
+
+    def test_sighup_and_reload_keep_the_daemon_and_its_config(self, daemons: Callable[..., Daemon]) -> None:
+        """A broken file (unreadable, a FIFO, bad numbers) on SIGHUP or `reload` never ends the daemon.
+
+        Each attempt is logged as daemon.reload_failed (or answered -32005: exit 2 with the errors),
+        the running extension is left alone, and a fixed file reloads as usual afterwards.
+        """
+        daemon = daemons({"fx": extension_settings("quick.py")})
+        pid = daemon.wait_state("fx", "running")["pid"]
+        good = daemon.config.read_bytes()
+        assert daemon.proc is not None
+
+        def failures() -> list[dict[str, Any]]:
+            return [e for e in daemon.events() if e.get("event") == "daemon.reload_failed"]
+
+        for count, (name, data) in enumerate([*self.BROKEN.items(), ("fifo", None)], start=1):
+            daemon.config.unlink()
+            if data is None:
+                os.mkfifo(daemon.config)  # used to block the reload (and every later one) in open()
+            else:
+                daemon.config.write_bytes(data)
+            daemon.proc.send_signal(signal.SIGHUP)
+            until(lambda count=count: len(failures()) >= count)
+            assert daemon.proc.poll() is None, name
+            assert daemon.status()["fx"]["pid"] == pid, name
+            reloaded = daemon.cli("reload")
+            assert reloaded.returncode == 2, (name, reloaded.stderr)
+            assert "the config is not valid; nothing was changed" in reloaded.stderr
+            assert "Traceback" not in reloaded.stderr
+        assert all(event["errors"] for event in failures())
+
+        daemon.config.unlink()
+        extensions = {**json.loads(good)["extensions"], "fy": extension_settings("quick.py")}
+        daemon.config.write_text(json.dumps({**json.loads(good), "extensions": extensions}))
+        daemon.proc.send_signal(signal.SIGHUP)
+        until(lambda: any(e.get("event") == "daemon.reloaded" for e in daemon.events()))
+        assert daemon.wait_state("fy", "running") and daemon.status()["fx"]["pid"] == pid
+        assert daemon.terminate() == 0
+
+    @pytest.mark.anyio
+    async def test_a_loader_bug_is_a_config_error_not_the_end(
+        self, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Whatever config.load raises on a reload becomes a ConfigError (-32005), logged on SIGHUP."""
+        path = short_tmp / "config.yaml"
+        path.write_text(f"socket: {short_tmp}/control.sock\nspool: {{dir: {short_tmp}/spool}}\n")
+        settings = config.load(path)
+
+        def broken_loader(*args: Any, **kwargs: Any) -> Settings:
+            raise RecursionError("maximum recursion depth exceeded")  # a bug the loader did not foresee
+
+        async with anyio.create_task_group() as tg:
+            daemon = daemon_module.Daemon(settings, tg=tg, environ={}, config_path=str(path))
+            monkeypatch.setattr(config, "load", broken_loader)
+            with pytest.raises(ConfigError) as info:
+                await daemon.reload()
+            assert info.value.errors == (
+                f"{path}: cannot be loaded (RecursionError: maximum recursion depth exceeded)",
+            )
+            with capture_logs() as logs:
+                await daemon_module._reload_on_signal(daemon)  # must not raise into the root task group
+            assert [e["event"] for e in logs] == ["daemon.reload_failed"]
+            assert daemon.settings is settings
