@@ -252,6 +252,23 @@ class TestRestarts:
                     changed = anyio.Event()
         assert 2 <= changes <= 6  # coalesced: a restart is not one notification per state change
 
+    async def test_a_childs_own_list_changed_reaches_clients(self, gateway) -> None:
+        """A child that adds a tool and says so: clients hear of it and can call the new tool."""
+        daemon = gateway({"echo": ECHO})
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        async with gateway_session(mcp_sock(daemon), message_handler=on_message) as session:
+            assert "echo__extra" not in [t.name for t in (await session.list_tools()).tools]
+            await session.call_tool("echo__toggle_tool", {})
+            with anyio.fail_after(5):
+                await changed.wait()
+            assert "echo__extra" in [t.name for t in (await session.list_tools()).tools]
+            assert first_text(await session.call_tool("echo__extra", {})) == "extra"
+
     async def test_a_call_during_a_restart_waits_then_succeeds(self, gateway) -> None:
         daemon = gateway({"echo": ECHO})
         async with gateway_session(mcp_sock(daemon)) as session:
