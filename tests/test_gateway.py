@@ -430,3 +430,26 @@ class TestSlowClients:
         async with gateway_session(mcp_sock(daemon)) as after:  # the hog hung up mid-answer: all is well
             assert first_text(await after.call_tool("echo__echo", {"text": "after"})) == "after"
         assert daemon.proc.poll() is None
+
+    async def test_cancelled_requests_free_their_slots(self, gateway) -> None:
+        """100 calls cancelled by the client (no answer ever comes) do not use up the 64 in-flight slots."""
+        daemon = gateway({"echo": ECHO})
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "c", "version": "0"},
+        }
+        lines = [
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        ]
+        for i in range(1, 101):
+            call = {"name": "echo__sleep", "arguments": {"seconds": 30}}
+            lines.append({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": call})
+            cancel = {"requestId": i, "reason": "changed my mind"}
+            lines.append({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel})
+        lines.append({"jsonrpc": "2.0", "id": "last", "method": "ping"})
+        replies = await raw_exchange(
+            mcp_sock(daemon), [json.dumps(line).encode() + b"\n" for line in lines], 2
+        )
+        assert [r.get("id") for r in replies] == [0, "last"]

@@ -20,7 +20,7 @@ import mcp_types as types
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
 from .server import Gateway
@@ -107,7 +107,7 @@ class _Connection:
 
     def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
         self.gateway, self.stream = gateway, stream
-        self._pending: collections.Counter[str | int] = collections.Counter()  # request ids unanswered
+        self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
         self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
 
     async def serve(self) -> None:
@@ -151,10 +151,17 @@ class _Connection:
                 except ValueError:
                     await errors.send(_invalid(line))
                     continue
+                metadata = None
                 if isinstance(message, types.JSONRPCRequest):
                     await self._slots.acquire()  # back-pressure: wait for an answer to go out
-                    self._pending[message.id] += 1
-                await sink.send(SessionMessage(message))
+                    slot = _Slot(self._slots)
+                    self._pending.setdefault(message.id, collections.deque()).append(slot)
+
+                    async def unanswered(request_id: str | int = message.id, slot: _Slot = slot) -> None:
+                        self._settle(request_id, slot)  # cancelled by the client: no answer will come
+
+                    metadata = ServerMessageMetadata(on_request_unanswered=unanswered)
+                await sink.send(SessionMessage(message, metadata=metadata))
         scope.cancel()  # the client is gone: cancel its requests, in the children too
 
     async def _write(
@@ -174,21 +181,46 @@ class _Connection:
                     log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
                     scope.cancel()
                     return
-                if (
-                    isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
-                    and self._pending[message.id]
-                ):
-                    self._pending[message.id] -= 1
-                    if not self._pending[message.id]:
-                        del self._pending[message.id]
-                    self._slots.release()
+                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                if answered and item.metadata is not _OURS and message.id is not None:
+                    self._settle(message.id, None)
+
+    def _settle(self, request_id: str | int, slot: _Slot | None) -> None:
+        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request."""
+        waiting = self._pending.get(request_id)
+        if not waiting:
+            return
+        if slot is None:
+            slot = waiting.popleft()
+        elif slot in waiting:
+            waiting.remove(slot)
+        if not waiting:
+            del self._pending[request_id]
+        slot.release()
+
+
+class _Slot:
+    """One request's share of :data:`MAX_IN_FLIGHT`; released once, however it ends."""
+
+    __slots__ = ("_released", "_semaphore")
+
+    def __init__(self, semaphore: anyio.Semaphore) -> None:
+        self._semaphore, self._released = semaphore, False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._semaphore.release()
+
+
+_OURS = ServerMessageMetadata()  # marks the errors this module writes: they answer no request of the SDK's
 
 
 def _error(request_id: str | int | None, code: int, message: str) -> SessionMessage:
     error = types.JSONRPCError(
         jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
     )
-    return SessionMessage(error)
+    return SessionMessage(error, metadata=_OURS)
 
 
 def _invalid(line: bytes) -> SessionMessage:
