@@ -234,18 +234,23 @@ class SpoolConfig(_Frozen):
     max_total_bytes: int = Field(1024**3, gt=0, le=1024**5)
 
 
+MIN_TOKEN_LENGTH = 16  # a bearer token guards every tool of every extension: not a password to type
+
+
 class HttpConfig(_Frozen):
     """The gateway's optional streamable-HTTP listener."""
 
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = Field(
-        8765, ge=0, le=65535
-    )  # 0: any free port (the log line gateway.http_listening says which)
+    port: int = Field(8765, ge=0, le=65535)  # 0: any free port (the log line gateway.http_listening says)
     token: SecretStr | None = None  # bearer token; required when host is not a loopback address
 
     @model_validator(mode="after")
     def _token_off_loopback(self) -> HttpConfig:
+        if self.token is not None and len(self.token.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise PydanticCustomError(
+                "token_too_short", "a 'token' needs at least {n} characters", {"n": MIN_TOKEN_LENGTH}
+            )
         if self.enabled and self.token is None and not _is_loopback(self.host):
             raise PydanticCustomError(
                 "token_required",

@@ -535,9 +535,16 @@ class TestGatewaySettings:
         """Listening beyond loopback without a bearer token is a config error naming the field."""
         errors = errors_of(write("gateway: {http: {enabled: true, host: 0.0.0.0}}\n"), environ=SOCKET)
         assert any("gateway.http" in e and "token" in e for e in errors), errors
-        text = "gateway: {http: {enabled: true, host: 0.0.0.0, token: s3cret}}\n"
+        text = "gateway: {http: {enabled: true, host: 0.0.0.0, token: s3cret-s3cret-s3cret}}\n"
         settings = load(write(text), environ=SOCKET)
         assert "s3cret" not in repr(settings)
+
+    @pytest.mark.parametrize("token", ["''", "short"])
+    def test_a_token_too_short_to_guard_anything_is_refused(self, write, token: str) -> None:
+        """An empty token would turn the check off; a short one is guessable: both are errors."""
+        text = f"gateway: {{http: {{enabled: true, host: 0.0.0.0, token: {token}}}}}\n"
+        errors = errors_of(write(text), environ=SOCKET)
+        assert any("gateway.http" in e and "16 characters" in e for e in errors), errors
 
     def test_http_on_loopback_needs_no_token(self, write) -> None:
         for host in ("127.0.0.1", "::1", "localhost"):

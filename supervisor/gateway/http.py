@@ -57,7 +57,7 @@ class Guard:
 
     def __init__(self, app: ASGIApp, *, host: str, port: int, token: str | None) -> None:
         self.app = app
-        self._token = token.encode() if token else None
+        self._token = token.encode() if token is not None else None
         bracketed = f"[{host}]" if ":" in host else host
         names = (*_LOOPBACK_NAMES, bracketed) if _is_loopback(host) else (bracketed,)
         self._hosts = {f"{name}:{port}" for name in names} | ({*names} if port == 80 else set())
@@ -65,8 +65,10 @@ class Guard:
         self._origins = {f"{scheme}://{h}" for scheme in ("http", "https") for h in self._hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets and whatever comes next: not ours to serve
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         refusal = self._refusal(scope.get("path", ""), headers)
