@@ -209,6 +209,9 @@ class TestForwarding:
                 arrived.set()
 
         async with gateway_session(mcp_sock(daemon), message_handler=on_message) as session:
+            for i in range(1001):  # failed subscriptions are not kept: they never fill the 1,000 allowed
+                with pytest.raises(MCPError):
+                    await session.subscribe_resource(f"mcp-supervisor://nobody/note://{i}")
             await session.subscribe_resource("mcp-supervisor://rich/note://a")
             await session.call_tool("rich__touch", {"uri": "note://b"})  # not subscribed
             await session.call_tool("rich__touch", {"uri": "note://a"})

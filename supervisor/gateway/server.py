@@ -38,7 +38,7 @@ __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
 log = structlog.get_logger(__name__)
 
 UNAVAILABLE = -32003  # as on the control socket: the extension is not running (data: state, retryable)
-RESOURCE_NOT_FOUND = -32002
+MAX_URI_LENGTH = 4096  # a subscription is kept for the connection's life: keep its key small
 INSTRUCTIONS = (
     "Tools, prompts and resources of every MCP server supervised by mcp-supervisor on this host. "
     "Names are EXTENSION__NAME; resource URIs are mcp-supervisor://EXTENSION/ORIGINAL-URI."
@@ -279,7 +279,7 @@ class Gateway:
             return await spoollinks.read(self._spool_dir, uri, self._spool_readers)
         target = parse_uri(uri)
         if target is None:
-            raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}")
+            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri!r}")
         extension, original = target
         request = types.ReadResourceRequest(params=_forwarded(params, uri=original))
         result = await self._forward(extension, ctx, request, types.ReadResourceResult)
@@ -308,13 +308,16 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         client = self.fanout.client(ctx)
-        target = parse_uri(params.uri)
+        target = parse_uri(params.uri) if len(params.uri) <= MAX_URI_LENGTH else None
         if target is None:
-            raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {params.uri!r}")
-        if client is not None and not self.fanout.subscribe(client, params.uri):
+            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {params.uri[:200]!r}")
+        if client is not None and len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
         request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
-        return await self._forward(target[0], ctx, request, types.EmptyResult)
+        result = await self._forward(target[0], ctx, request, types.EmptyResult)
+        if client is not None:  # recorded once the extension took it: a failure leaves nothing behind
+            self.fanout.subscribe(client, params.uri)
+        return result
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams

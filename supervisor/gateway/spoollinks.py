@@ -19,10 +19,10 @@ import anyio
 import mcp_types as types
 from mcp import MCPError
 
-__all__ = ("MAX_READ_BYTES", "read")
+__all__ = ("MAX_READ_BYTES", "RESOURCE_NOT_FOUND", "read")
 
 MAX_READ_BYTES = 256 << 20  # one spooled file served at most; the spool's own cap is usually lower
-RESOURCE_NOT_FOUND = -32002
+RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for resources/read of an unknown URI
 
 
 def _inside(spool_dir: Path, uri: str) -> Path:
