@@ -108,13 +108,12 @@ class Connection:
         while len(items) < MAX_LISTED:
             params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await fetch(params=params)
-            items += getattr(page, attribute)
-            if not (cursor := page.next_cursor):
+            found = getattr(page, attribute)
+            items += found
+            if not found or page.next_cursor in (None, "", cursor):  # done, or paging in place
                 break
+            cursor = page.next_cursor
         return items[:MAX_LISTED]
-
-    async def list_tools(self) -> list[types.Tool]:
-        return await self.list("tools")
 
     async def call_tool(
         self,

@@ -99,6 +99,11 @@ class TestSurface:
             assert read.contents[0].uri == "mcp-supervisor://rich/note://b"
             templated = await session.read_resource("mcp-supervisor://rich/note://zz")
             assert templated.contents[0].text == "note zz (made up)"  # type: ignore[union-attr]
+            link, embedded = (await session.call_tool("rich__link", {})).content
+            assert isinstance(link, types.ResourceLink) and isinstance(embedded, types.EmbeddedResource)
+            assert embedded.resource.uri == "mcp-supervisor://rich/note://b"
+            followed = await session.read_resource(link.uri)  # a link in a result can be read back
+            assert followed.contents[0].text == "note A"  # type: ignore[union-attr]
             ref = types.PromptReference(name="rich__greet")
             completion = await session.complete(ref, {"name": "name", "value": "al"})
             assert completion.completion.values == ["alice", "albert"]
@@ -124,7 +129,7 @@ class TestSurface:
         async with gateway_session(mcp_sock(daemon)) as session:
             tools = (await session.list_tools()).tools
             names = [t.name for t in tools]
-            assert len(names) == len(set(names)) == 21
+            assert len(names) == len(set(names)) == 24
             assert all(len(n) <= 20 for n in names), names
             assert "p__echo" in names  # "one" sorts first and keeps the plain name
             echoes = [t.name for t in tools if t.description == "The echo tool."]

@@ -98,14 +98,14 @@ class TestGuard:
         assert http.get("/healthz", Origin=f"http://localhost:{port}").status_code == 200
 
     async def test_token_is_required_when_configured(self, http_gateway) -> None:
-        http = http_gateway({"rich": RICH}, host="0.0.0.0", token="s3cret-token")
+        http = http_gateway({"rich": RICH}, host="0.0.0.0", token="s3cret-token-0123456789")
         local = http.url.replace("0.0.0.0", "127.0.0.1")
         http = Http(http.daemon, local)
         assert http.get("/metrics").status_code == 401
         assert http.get("/metrics", Authorization="Bearer wrong").status_code == 401
-        assert http.get("/metrics", Authorization="Bearer s3cret-token").status_code == 200
+        assert http.get("/metrics", Authorization="Bearer s3cret-token-0123456789").status_code == 200
         assert http.get("/healthz").status_code == 200  # liveness probes carry no secret
-        headers = {"Authorization": "Bearer s3cret-token"}
+        headers = {"Authorization": "Bearer s3cret-token-0123456789"}
         async with httpx2.AsyncClient(headers=headers) as authorised:
             from mcp.client.streamable_http import streamable_http_client
 
@@ -116,7 +116,7 @@ class TestGuard:
                 assert (
                     first_text(await client.call_tool("rich__echo", {"text": "authorised"})) == "authorised"
                 )
-        secret_logged = "s3cret-token" in http.daemon.log.read_text()
+        secret_logged = "s3cret-token-0123456789" in http.daemon.log.read_text()
         assert not secret_logged
 
     async def test_a_busy_port_is_a_clear_error(self, http_gateway, daemons, short_tmp: Path) -> None:  # noqa: F811

@@ -15,14 +15,14 @@ import anyio
 import structlog
 from mcp.server.connection import Connection
 
-__all__ = ("LOG_LEVELS", "MAX_PENDING_LOGS", "MAX_SUBSCRIPTIONS", "Downstream")
+__all__ = ("LOG_LEVELS", "MAX_LOG_DATA", "MAX_PENDING_LOGS", "MAX_SUBSCRIPTIONS", "Downstream")
 
 log = structlog.get_logger(__name__)
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 MAX_PENDING_LOGS = 256  # per client; past it the oldest are dropped and counted
 MAX_SUBSCRIPTIONS = 1_000  # resource URIs one client may subscribe to
-COALESCE = 0.1  # seconds: a restart storm becomes one list_changed per kind
+MAX_LOG_DATA = 16 << 10  # characters of one log message's data kept for clients; the rest is cut
 
 
 class Downstream:
@@ -44,8 +44,12 @@ class Downstream:
         self._list_changed |= kinds
         self._wake.set()
 
+    def wants(self, level: str) -> bool:
+        return self.log_level is not None and LOG_LEVELS.index(level) >= LOG_LEVELS.index(self.log_level)
+
     def log(self, level: str, data: Any, logger: str | None) -> None:
-        if self.log_level is None or LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+        """Queue a log message (its *data* already cut to :data:`MAX_LOG_DATA`) if this client wants it."""
+        if not self.wants(level):
             return
         if len(self._logs) == self._logs.maxlen:
             self.dropped_logs += 1
@@ -63,8 +67,6 @@ class Downstream:
         """Send what is owed, in bursts; ends when cancelled (the connection closed)."""
         while True:
             await self._wake.wait()
-            if self._list_changed:
-                await anyio.sleep(COALESCE)  # let the rest of a burst arrive
             self._wake = anyio.Event()
             kinds, self._list_changed = self._list_changed, set()
             updated, self._updated = list(self._updated), {}

@@ -8,9 +8,11 @@ it synchronously; everything it holds is bounded by the number of connections.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
@@ -23,9 +25,11 @@ from mcp.shared.subscriptions import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from .clients import MAX_SUBSCRIPTIONS, Downstream
+from .clients import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
 
 __all__ = ("Fanout",)
+
+log = structlog.get_logger(__name__)
 
 _EVENTS = {"tools": ToolsListChanged(), "prompts": PromptsListChanged(), "resources": ResourcesListChanged()}
 
@@ -73,7 +77,10 @@ class Fanout:
 
         async def serve() -> None:
             with scope:
-                await client.run()
+                try:
+                    await client.run()
+                except Exception:  # a bug of ours: this client hears no more, the daemon goes on
+                    log.exception("gateway.client_notifier_crashed")
 
         self._tg.start_soon(serve)
         return client
@@ -120,7 +127,11 @@ class Fanout:
             await self.bus.publish(_EVENTS[kind])
 
     def log(self, level: str, data: Any, logger: str) -> None:
-        for client in self._clients.values():
+        listeners = [client for client in self._clients.values() if client.wants(level)]
+        if not listeners:
+            return
+        data = _bounded(data)
+        for client in listeners:
             client.log(level, data, logger)
 
     def resource_updated(self, uri: str) -> None:
@@ -139,3 +150,11 @@ class Fanout:
             updated, self._updated = self._updated, {}
             for uri in updated:
                 await self.bus.publish(ResourceUpdated(uri=uri))
+
+
+def _bounded(data: Any) -> Any:
+    """A child's log data as sent on, cut to :data:`MAX_LOG_DATA` characters of JSON if longer."""
+    text = data if isinstance(data, str) else json.dumps(data, default=str)
+    if len(text) <= MAX_LOG_DATA:
+        return data
+    return f"{text[:MAX_LOG_DATA]}... ({len(text) - MAX_LOG_DATA} characters cut by mcp-supervisor)"

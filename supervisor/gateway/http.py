@@ -32,13 +32,14 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import SupervisorError
-from .listeners import MAX_MESSAGE
+from .listeners import MAX_CONNECTIONS, MAX_MESSAGE
 from .server import Gateway
 
 __all__ = ("Guard", "build_app", "serve_http")
 
 log = structlog.get_logger(__name__)
 
+SESSION_IDLE_TIMEOUT = 600  # seconds an HTTP session may stay unused before it is forgotten
 SHUTDOWN_GRACE = 3  # seconds for open HTTP streams to end once the daemon stops
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
@@ -112,6 +113,8 @@ def build_app(
         streamable_http_path="/mcp",
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),  # Guard does it
         max_request_body_size=MAX_MESSAGE,
+        max_sessions=MAX_CONNECTIONS,  # the same bound as mcp.sock
+        session_idle_timeout=SESSION_IDLE_TIMEOUT,
         host=host,
         custom_starlette_routes=[Route("/metrics", metrics_route), Route("/healthz", healthz_route)],
     )
@@ -170,7 +173,11 @@ async def serve_http(
 
         async def run() -> None:
             with anyio.CancelScope(shield=True):  # ended by should_exit below, never mid-shutdown
-                await server.serve(sockets=[sock])  # owns the socket from here on
+                try:
+                    await server.serve(sockets=[sock])  # owns the socket from here on
+                except Exception:  # the HTTP listener is lost; the daemon and mcp.sock go on
+                    log.exception("gateway.http_crashed")
+                    return
             if not server.should_exit:
                 log.error("gateway.http_stopped", hint="see the errors above")
 

@@ -8,8 +8,7 @@ change announcer and the :class:`~.fanout.Fanout` that carries notifications to 
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -31,7 +30,7 @@ from . import spoollinks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
-from .names import expose_uri, parse_uri
+from .names import expose, expose_uri, parse_uri
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
 
@@ -81,6 +80,7 @@ class Gateway:
         self._announced = Catalog()
         self._changed = anyio.Event()
         self.fanout = Fanout()
+        self._resubscribing: dict[str, anyio.CancelScope] = {}  # extension -> its resubscribe task
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
@@ -118,24 +118,33 @@ class Gateway:
                 self._resubscribe(snapshot.name)
 
     def _resubscribe(self, extension: str) -> None:
-        """A new run of *extension* knows nothing of our subscriptions: make them again."""
-        uris = [
-            target[1]
-            for uri in self.fanout.subscribed()
-            if (target := parse_uri(uri)) and target[0] == extension
-        ]
-        if uris and self._tg is not None:
-            self._tg.start_soon(self._subscribe_again, extension, uris)
+        """A new run of *extension* knows nothing of our subscriptions: make them again.
 
-    async def _subscribe_again(self, extension: str, uris: list[str]) -> None:
+        One task per extension: a newer run cancels the attempt for an older one.
+        """
+        targets = [parse_uri(uri) for uri in self.fanout.subscribed()]
+        uris = [target[1] for target in targets if target and target[0] == extension]
         ext = self._extension(extension)
-        for uri in uris:
-            request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
-            try:
-                with anyio.fail_after(10):
-                    await ext.request(request, types.EmptyResult) if ext else None
-            except Exception as exc:  # TimeoutError, an MCP error, the extension gone again
-                log.warning("gateway.resubscribe_failed", extension=extension, uri=uri, error=str(exc)[:300])
+        if not uris or ext is None or self._tg is None:
+            return
+        if (previous := self._resubscribing.pop(extension, None)) is not None:
+            previous.cancel()
+        scope = self._resubscribing[extension] = anyio.CancelScope()
+        self._tg.start_soon(self._subscribe_again, ext, uris, scope)
+
+    async def _subscribe_again(self, ext: Extension, uris: list[str], scope: anyio.CancelScope) -> None:
+        with scope:
+            for uri in uris:
+                request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+                try:
+                    with anyio.fail_after(10):
+                        await ext.request(request, types.EmptyResult)
+                except Exception as exc:  # TimeoutError, an MCP error, the extension gone again
+                    log.warning(
+                        "gateway.resubscribe_failed", extension=ext.name, uri=uri, error=str(exc)[:300]
+                    )
+        if self._resubscribing.get(ext.name) is scope:
+            del self._resubscribing[ext.name]
 
     def catalog(self) -> Catalog:
         if self._stale:
@@ -239,7 +248,8 @@ class Gateway:
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
-            return await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx))
+            result = await ext.call_tool(tool, params.arguments, progress=_ProgressRelay(ctx))
+            return result.model_copy(update={"content": self._expose_links(extension, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
         except CallFailed as exc:
@@ -250,7 +260,7 @@ class Gateway:
     def _unknown_tool(self, name: str) -> types.CallToolResult:
         """A tool no live extension offers: say which extension is not running, if one matches."""
         for ext in self._backend.extensions():
-            if name.startswith(f"{ext.config.prefix or ext.name}__"):
+            if name.startswith(expose(ext.config.prefix or ext.name, "")):
                 state = ext.snapshot().state
                 if state is not State.RUNNING:
                     return _tool_error(
@@ -268,7 +278,27 @@ class Gateway:
             raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}")
         extension, prompt = target
         request = types.GetPromptRequest(params=_forwarded(params, name=prompt))
-        return await self._forward(extension, ctx, request, types.GetPromptResult)
+        result = await self._forward(extension, ctx, request, types.GetPromptResult)
+        messages = [
+            m.model_copy(update={"content": self._expose_links(extension, [m.content])[0]})
+            for m in result.messages
+        ]
+        return result.model_copy(update={"messages": messages})
+
+    def _expose_links(self, extension: str, content: Sequence[Any]) -> list[Any]:
+        """Resource URIs inside results, as clients must read them back: through the gateway.
+
+        Spool links stay ``file://`` links (the gateway serves those itself).
+        """
+        exposed = []
+        for item in content:
+            if isinstance(item, types.ResourceLink) and not spoollinks.is_spooled(self._spool_dir, item.uri):
+                item = item.model_copy(update={"uri": expose_uri(extension, item.uri)})
+            elif isinstance(item, types.EmbeddedResource):
+                resource = item.resource.model_copy(update={"uri": expose_uri(extension, item.resource.uri)})
+                item = item.model_copy(update={"resource": resource})
+            exposed.append(item)
+        return exposed
 
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -347,7 +377,7 @@ class Gateway:
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
-            return await ext.request(request, result_type, progress=_progress_relay(ctx))
+            return await ext.request(request, result_type, progress=_ProgressRelay(ctx))
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
         except CallFailed as exc:
@@ -364,17 +394,29 @@ def _forwarded(params: Any, **changes: Any) -> Any:
     return params.model_copy(update={**changes, "meta": None})
 
 
-def _progress_relay(
-    ctx: ServerRequestContext[Any],
-) -> Callable[[float, float | None, str | None], Awaitable[None]]:
-    """Progress from the child, back to the client that asked (a no-op if it sent no token)."""
-    return functools.partial(_relay, ctx)
+class _ProgressRelay:
+    """Progress from the child, back to the client that asked (a no-op if it sent no token).
 
+    Only the latest value waits: while one is being sent to a slow client, newer ones replace
+    each other, so a chatty child costs no queue and no task per notification.
+    """
 
-async def _relay(
-    ctx: ServerRequestContext[Any], progress: float, total: float | None, message: str | None
-) -> None:
-    await ctx.session.report_progress(progress, total, message)
+    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
+        self._ctx = ctx
+        self._latest: tuple[float, float | None, str | None] | None = None
+        self._sending = False
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self._latest = (progress, total, message)
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._latest is not None:
+                latest, self._latest = self._latest, None
+                await self._ctx.session.report_progress(*latest)
+        finally:
+            self._sending = False
 
 
 def _tool_error(text: str) -> types.CallToolResult:

@@ -19,9 +19,9 @@ import anyio
 import mcp_types as types
 from mcp import MCPError
 
-__all__ = ("MAX_READ_BYTES", "RESOURCE_NOT_FOUND", "read")
+__all__ = ("MAX_READ_BYTES", "RESOURCE_NOT_FOUND", "is_spooled", "read")
 
-MAX_READ_BYTES = 256 << 20  # one spooled file served at most; the spool's own cap is usually lower
+MAX_READ_BYTES = 32 << 20  # one file served at most: it is held as base64 until the client takes it
 RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for resources/read of an unknown URI
 
 
@@ -31,12 +31,24 @@ def _inside(spool_dir: Path, uri: str) -> Path:
         raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {uri!r}")
     requested = Path(unquote(parts.path))
     root = spool_dir.resolve()
-    resolved = requested.resolve()
+    try:
+        resolved = requested.resolve()
+    except (ValueError, OSError):  # an embedded NUL, a loop of links
+        raise MCPError(RESOURCE_NOT_FOUND, f"unknown resource {uri[:200]!r}") from None
     if not requested.is_absolute() or root not in resolved.parents:
         raise MCPError(
             RESOURCE_NOT_FOUND, f"{uri!r} is not a file in the media spool; only spool links are served"
         )
     return resolved
+
+
+def is_spooled(spool_dir: Path, uri: str) -> bool:
+    """Whether *uri* names a file inside the spool (a link the gateway serves itself)."""
+    try:
+        _inside(spool_dir, uri)
+    except MCPError:
+        return False
+    return True
 
 
 def _read(path: Path, uri: str) -> types.BlobResourceContents:

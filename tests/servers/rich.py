@@ -3,7 +3,8 @@
 Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then answers), ``wait(seconds)``
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message)`` (a log
 notification, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed), ``image(bytes)`` (one
-PNG-typed image of that many bytes), ``crash()``.
+PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
+resource), ``crash()``.
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b``; template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
@@ -44,6 +45,7 @@ TOOLS = [
     _tool("log", {"level": {"type": "string"}, "message": {"type": "string"}}),
     _tool("touch", {"uri": {"type": "string"}}),
     _tool("image", {"bytes": {"type": "integer"}}),
+    _tool("link"),
     _tool("crash"),
 ]
 
@@ -91,6 +93,10 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         data = b"\x89PNG\r\n\x1a\n" + b"\0" * max(0, int(args["bytes"]) - 8)
         image = types.ImageContent(data=base64.b64encode(data).decode(), mime_type="image/png")
         return types.CallToolResult(content=[types.TextContent(text="an image"), image])
+    if name == "link":
+        link = types.ResourceLink(uri="note://a", name="note-a", mime_type="text/plain")
+        embedded = types.EmbeddedResource(resource=types.TextResourceContents(uri="note://b", text="note B"))
+        return types.CallToolResult(content=[link, embedded])
     if name == "crash":
         os._exit(3)
     return types.CallToolResult(
