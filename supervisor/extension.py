@@ -94,10 +94,13 @@ class Extension:
         self._connection: transport.Connection | None = None
         self._in_flight = 0
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
+        self._tools_stale = anyio.Event()  # set by list_changed; the running watcher refreshes
+        self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._stop_requested = False
+        self._ending = False  # the watcher decided to end on its own (gave up, clean exit)
         self._gave_up = False
         self._restart_at = 0.0
 
@@ -134,15 +137,16 @@ class Extension:
         """Run a watcher in the daemon's long-lived *tg*, unless one is live. Returns at once.
 
         A stopped or failed extension starts afresh with a new failure budget. A start while a
-        stop is in progress waits for the stop to finish, then starts.
+        stop is in progress, or while the watcher is ending on its own (it gave up, or the
+        child exited cleanly), waits for that ending to finish, then starts.
         """
         while self._done is not None and not self._done.is_set():
-            if not self._stop_requested:
+            if not (self._stop_requested or self._ending):
                 return
             await self._done.wait()
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()
-        self._stop_requested = self._gave_up = False
+        self._stop_requested = self._ending = self._gave_up = False
         await tg.start(self._watch)
 
     def request_stop(self) -> None:
@@ -151,6 +155,8 @@ class Extension:
             return
         assert self._scope is not None
         self._stop_requested = True
+        # Before the cancel: it fails the calls in flight at once, and they say why.
+        self._cut = (self._connection, "was restarted" if self._restarting else "was stopped")
         self._scope.cancel()  # lands in the handshake, the running wait or the backoff sleep
 
     async def stop(self) -> None:
@@ -199,7 +205,7 @@ class Extension:
             try:
                 return await connection.call_tool(tool, arguments)
             except MCPError as exc:
-                raise self._call_failed(tool, exc) from None
+                raise self._call_failed(tool, exc, connection) from None
             except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
                 log.warning("extension.bad_result", tool=tool, error=str(exc).splitlines()[0][:300])
                 raise CallFailed(f"extension {self.name!r} returned an invalid result for {tool!r}") from None
@@ -228,9 +234,14 @@ class Extension:
                 )
             await changed.wait()
 
-    def _call_failed(self, tool: str, exc: MCPError) -> CallFailed:
+    def _call_failed(self, tool: str, exc: MCPError, connection: transport.Connection) -> CallFailed:
         if exc.code == types.CONNECTION_CLOSED:
-            message = f"extension {self.name!r} exited during the call to {tool!r}; it may be restarting"
+            failure = connection.failure
+            what = f"failed ({failure})" if failure else "exited"
+            what = self._cut[1] if self._cut[0] is connection else what
+            message = (
+                f"extension {self.name!r} {what} during the call to {tool!r}; it may or may not have run"
+            )
         else:
             message = f"{self.name}/{tool}: {exc.message}"
         return CallFailed(message, code=exc.code)
@@ -249,7 +260,7 @@ class Extension:
                     self._set(State.STARTING, restarts=self._snapshot.restarts + 1, next_restart=None)
             except Exception as exc:  # a bug of ours: fail this extension, keep the daemon
                 log.exception("extension.watcher_crashed")
-                self._gave_up = True
+                self._gave_up = self._ending = True
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
                 self._connection, self._tools = None, {}
@@ -273,9 +284,10 @@ class Extension:
                 stop_timeout=self.config.stop_timeout,
                 max_message_bytes=self.config.max_message_bytes,
                 on_stderr=self._on_stderr,
-                on_tools_changed=self._refresh_tools,
+                on_tools_changed=self._tools_changed,
                 hurry=self._hurry,
                 spool=self._spool,
+                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
             ) as connection:
                 try:
                     return await self._serve(connection)
@@ -288,6 +300,7 @@ class Extension:
 
     async def _serve(self, connection: transport.Connection) -> bool:
         child = connection.child
+        self._tools_stale = anyio.Event()
         self._set(State.STARTING, pid=child.pid)
         try:
             with anyio.fail_after(self.config.start_timeout):
@@ -306,7 +319,10 @@ class Extension:
         self._tools, self._connection = _by_name(tools), connection
         started = time.monotonic()
         self._set(State.RUNNING, last_error=None)
-        await connection.ended.wait()
+        async with anyio.create_task_group() as refresher:
+            refresher.start_soon(self._keep_tools_fresh, connection)
+            await connection.ended.wait()
+            refresher.cancel_scope.cancel()
         self._connection = None
         uptime = time.monotonic() - started
         if child.returncode is None:  # stdio broke or a message was too large: it gets killed
@@ -337,19 +353,28 @@ class Extension:
         if self.policy.should_restart(outcome, failures):
             delay = self.policy.backoff.delay(failures)
             self._restart_at = time.monotonic() + delay
-            self._set(State.BACKOFF, next_restart=_now() + timedelta(seconds=delay), **changes)
+            self._set(State.BACKOFF, pid=None, next_restart=_now() + timedelta(seconds=delay), **changes)
             return True
+        self._ending = True
         self._gave_up = self.policy.gave_up(outcome, failures)
         self._set(State.STOPPING, **changes)
         return False
 
-    async def _refresh_tools(self) -> None:
-        connection = self._connection
-        if connection is None:
-            return
+    async def _tools_changed(self) -> None:
+        self._tools_stale.set()  # once per notification: must not wait; the refresh is coalesced
+
+    async def _keep_tools_fresh(self, connection: transport.Connection) -> None:
+        """Refresh the tools after list_changed: one refresh in flight, any number of notices coalesced."""
+        while True:
+            await self._tools_stale.wait()
+            self._tools_stale = anyio.Event()
+            await self._refresh_tools(connection)
+
+    async def _refresh_tools(self, connection: transport.Connection) -> None:
         try:
-            tools = await connection.list_tools()
-        except Exception as exc:
+            with anyio.fail_after(self.config.call_timeout):
+                tools = await connection.list_tools()
+        except Exception as exc:  # TimeoutError, MCPError, a malformed result
             log.warning("extension.tools_refresh_failed", error=_first_line(exc))
             return
         if connection is self._connection:  # still the same run
