@@ -281,3 +281,62 @@ class TestBadInput:
         assert result.returncode == 2
         assert "extensions.fx.restart (line 4)" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+class TestReloadRaces:
+    def test_a_start_while_reload_replaces_the_extension_leaves_one_child(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """`start NAME` while a reload is stopping NAME acts on the new object: one child, the visible one."""
+        slow_stop = {"stop_timeout": 3, "env": {"QUICK_LINGER": "30"}}  # 3 s in `stopping`
+        daemon = daemons({"fx": extension_settings("quick.py", **slow_stop)})
+        daemon.wait_state("fx", "running")
+        new_env = {**slow_stop["env"], "QUICK_STDERR_AT_START": "1"}  # shows which config runs
+        edited = {"fx": extension_settings("quick.py", **{**slow_stop, "env": new_env})}
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
+        reload = subprocess.Popen(
+            [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        daemon.wait_state("fx", "stopping")
+        started = daemon.cli("start", "fx")
+        assert reload.wait(timeout=30) == 0 and started.returncode == 0, started.stderr
+        record = daemon.wait_state("fx", "running")
+        assert daemon.proc is not None
+        assert process.find_marked(f"{daemon.instance}{daemon.proc.pid}:fx:") == {record["pid"]}
+        until(lambda: "start line 1" in daemon.cli("logs", "fx").stdout)  # the new config's child
+        assert daemon.terminate() == 0
+
+    def test_stop_no_wait_during_a_reload_returns_and_wins(self, daemons: Callable[..., Daemon]) -> None:
+        """`stop --no-wait` while a reload replaces the extension neither deadlocks nor is undone."""
+        slow_stop = {"stop_timeout": 2, "env": {"QUICK_LINGER": "30"}}
+        daemon = daemons({"fx": extension_settings("quick.py", **slow_stop)})
+        daemon.wait_state("fx", "running")
+        edited = {"fx": extension_settings("quick.py", **slow_stop, call_timeout=7)}
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
+        reload = subprocess.Popen(
+            [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        daemon.wait_state("fx", "stopping")
+        stopped = daemon.cli("stop", "fx", "--no-wait")
+        assert stopped.returncode == 0, stopped.stderr
+        assert reload.wait(timeout=30) == 0
+        daemon.wait_state("fx", "stopped")
+        assert daemon.proc is not None
+        until(lambda: not process.find_marked(f"{daemon.instance}{daemon.proc.pid}:fx:"))  # type: ignore[union-attr]
+        assert daemon.terminate() == 0
+
+
+class TestBadCalls:
+    def test_an_argument_that_cannot_be_encoded_fails_that_call_only(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """A lone surrogate in an argument is a -32602 for that call; the extension serves on, same pid."""
+        daemon = daemons({"a": extension_settings("quick.py", restart="always")})
+        before = daemon.wait_state("a", "running")
+        bad = daemon.cli("call", "a", "echo", "--args", '{"text":"\\ud800"}')
+        assert bad.returncode == 1 and "cannot be encoded" in bad.stderr and "Traceback" not in bad.stderr
+        good = daemon.cli("call", "a", "echo", "--args", '{"text":"fine"}')
+        assert (good.returncode, good.stdout.strip()) == (0, "fine")
+        after = daemon.status()["a"]
+        assert (after["state"], after["pid"], after["restarts"]) == ("running", before["pid"], 0)
+        assert daemon.terminate() == 0
