@@ -140,11 +140,16 @@ async def connect(
         with scope:
             await pump(*args)
 
+    bad_messages = 0
+
     async def on_message(message: Any) -> None:
+        nonlocal bad_messages
         if isinstance(message, types.ToolListChangedNotification):
             await on_tools_changed()
         elif isinstance(message, Exception):
-            log.warning("extension.bad_message", error=_one_line(message))
+            bad_messages += 1
+            if bad_messages <= 10 or bad_messages % 1000 == 0:  # a junk flood must not flood our log
+                log.warning("extension.bad_message", error=_one_line(message), count=bad_messages)
 
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         log.info("extension.log", level=params.level, logger=params.logger, data=params.data)

@@ -12,10 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import psutil
 import pytest
 
-from supervisor import process
+from supervisor import client, process
 from supervisor.daemon import instance_key
 
 from .conftest import extension_settings
@@ -340,3 +341,69 @@ class TestBadCalls:
         after = daemon.status()["a"]
         assert (after["state"], after["pid"], after["restarts"]) == ("running", before["pid"], 0)
         assert daemon.terminate() == 0
+
+
+MISBEHAVING = {  # name -> (fixture, its arguments, extra settings): each misbehaves its own way
+    "garbage-on-stdout": ("garbage.py", (), {}),
+    "line-without-end": ("flood.py", ("endless_line",), {"max_message_bytes": 4 << 20}),
+    "stderr-flood": ("flood.py", ("stderr",), {}),
+    "no-initialize-answer": ("hang_init.py", (), {"start_timeout": 1}),
+    "exits-at-once-forever": ("exit_now.py", (), {"restart": "always"}),
+    "invalid-json-rpc": ("flood.py", ("junk",), {}),
+    "closes-stdout-alive": ("flood.py", ("close_stdout",), {}),
+    "list-changed-flood": ("flood.py", ("list_changed",), {}),
+    "ping-flood": ("flood.py", ("ping",), {}),
+    "not-reading-stdin": ("flood.py", ("deaf",), {}),
+}
+
+
+class TestMisbehavingExtensions:
+    @pytest.mark.parametrize("case", MISBEHAVING)
+    def test_the_daemon_stays_bounded_and_the_others_serve_on(
+        self, case: str, daemons: Callable[..., Daemon]
+    ) -> None:
+        """While one extension misbehaves, the daemon stays up within 100 tasks and 128 MiB RSS
+        (idle: about 17 and 71 MiB), and a healthy neighbour answers every call."""
+        script, args, extra = MISBEHAVING[case]
+        bad = extension_settings(
+            script, *args, call_timeout=1, backoff={"initial": 0.2, "jitter": 0}, **extra
+        )
+        daemon = daemons({"healthy": extension_settings("quick.py"), "bad": bad})
+        # Measure once the misbehaviour runs: fixtures that get through the handshake misbehave after it.
+        runs = script in ("flood.py", "garbage.py")
+        peaks = anyio.run(self._watch, daemon.socket, runs, case == "not-reading-stdin")
+        assert peaks["tasks"] < 100, peaks
+        assert peaks["rss"] < 128 << 20, f"RSS {peaks['rss'] >> 20} MiB"
+        assert daemon.status()["healthy"]["restarts"] == 0
+        assert daemon.terminate() == 0
+
+    @staticmethod
+    async def _watch(sock: str, bad_runs: bool, fill_stdin: bool) -> dict[str, int]:
+        """Call the healthy extension and sample the daemon's health for 2 s; return the peaks."""
+
+        async def request(method: str, **params: Any) -> Any:
+            return await client.request(sock, method, params, timeout=10)
+
+        async def state(name: str) -> str:
+            return str((await request("status", name=name))["extensions"][0]["state"])
+
+        with anyio.fail_after(10):
+            while await state("healthy") != "running" or (  # noqa: ASYNC110 - another process: a bounded poll
+                bad_runs and await state("bad") != "running"
+            ):
+                await anyio.sleep(0.02)
+        if fill_stdin:  # give the deaf child more than its pipe holds; this call fails
+            with pytest.raises(client.RemoteError):
+                await request("call", name="bad", tool="echo", arguments={"text": "x" * (512 << 10)})
+        peaks = {"tasks": 0, "rss": 0}
+        calls = 0
+        with anyio.move_on_after(2):
+            while True:
+                reply = await request("call", name="healthy", tool="echo", arguments={"text": f"n{calls}"})
+                assert reply["content"][0]["text"] == f"n{calls}"
+                calls += 1
+                health = (await request("health"))["process"]
+                peaks["tasks"] = max(peaks["tasks"], health["asyncio_tasks"])
+                peaks["rss"] = max(peaks["rss"], health["rss_bytes"])
+        assert calls >= 3
+        return peaks

@@ -21,7 +21,7 @@ from supervisor.spool import Spool
 from supervisor.state import Snapshot, State
 from supervisor.transport import LineSplitter
 
-from .conftest import fast_config, first_text, running
+from .conftest import eventually, fast_config, first_text, running
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -121,6 +121,19 @@ class TestHostileChild:
         assert ended.last_error == "it did not read its stdin for 1s"
         again = await wait_for(ext, lambda s: s.state is State.RUNNING, within=10)
         assert again.restarts == 1 and again.pid != first.pid
+        await ext.stop()
+
+    async def test_a_junk_flood_is_logged_sparingly(
+        self, make_extension: MakeExtension, task_group: TaskGroup
+    ) -> None:
+        """Endless invalid lines: the first 10 are logged, then one in a thousand; calls are served."""
+        ext = make_extension(fast_config("flood.py", "junk"))
+        with capture_logs() as logs:
+            await running(ext, task_group)
+            await eventually(lambda: any(e.get("count", 0) >= 1000 for e in logs), within=20)
+            assert first_text(await ext.call_tool("echo", {"text": "served"})) == "served"
+        bad = [e["count"] for e in logs if e["event"] == "extension.bad_message"]
+        assert bad[:10] == list(range(1, 11)) and all(n % 1000 == 0 for n in bad[10:])
         await ext.stop()
 
 

@@ -8,6 +8,9 @@ Modes (after answering ``initialize`` and the first ``tools/list``):
 * ``deaf``: never reads its stdin again; stays alive.
 * ``close_stdout``: closes its stdout and stays alive, still reading stdin.
 * ``stderr``: writes stderr lines without pause while it keeps answering requests.
+* ``junk``: writes non-JSON and invalid JSON-RPC lines without pause (from a thread) while it
+  keeps answering requests.
+* ``endless_line``: writes one line that never ends (1 MiB chunks of "x", no newline), forever.
 
 Tool: ``echo(text)``. Writes "flood: MODE" to stderr when the misbehaviour starts.
 """
@@ -30,6 +33,12 @@ def send(message: dict[str, object]) -> None:
     line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
     with _lock:
         _out.write(line)
+        _out.flush()
+
+
+def raw(data: bytes) -> None:
+    with _lock:
+        _out.write(data)
         _out.flush()
 
 
@@ -70,6 +79,11 @@ def misbehave(mode: str) -> bool:
         forever(lambda: send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
     elif mode == "stderr":
         forever(lambda: (sys.stderr.write("flood " * 20 + "\n"), sys.stderr.flush()))
+    elif mode == "junk":
+        lines = (b"not json\n", b'{"jsonrpc":"2.0","id":{},"result":1}\n', b'{"jsonrpc":"1.0"}\n', b"[]\n")
+        forever(lambda: [raw(line) for line in lines])
+    elif mode == "endless_line":
+        forever(lambda: raw(b"x" * (1 << 20)))
     elif mode == "close_stdout":
         os.close(1)
     elif mode == "ping":
