@@ -13,7 +13,6 @@ from types import TracebackType
 from typing import Any
 
 import mcp_types as types
-import pydantic_core
 import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
@@ -117,9 +116,14 @@ def _encode(message: types.JSONRPCMessage) -> bytes | None:
 
 
 def check_encodable(value: Any) -> None:
+    """Raise ``MCPError(INVALID_PARAMS)`` unless *value* can be sent as strict JSON in UTF-8.
+
+    Refused: lone surrogates, NaN and infinities (``NaN`` is not JSON, though a lenient
+    encoder writes it), nesting deeper than Python's recursion limit.
+    """
     try:
-        pydantic_core.to_json(value)
-    except (ValueError, RecursionError) as exc:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
+    except (ValueError, TypeError, RecursionError) as exc:
         reason = _one_line(exc)
         raise MCPError(
             code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})"

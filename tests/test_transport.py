@@ -144,8 +144,9 @@ class TestUnencodableInput:
             {"text": "\ud800"},
             {"text": "ok", "\udfff": 1},
             {"text": functools.reduce(lambda x, _: [x], range(3000), [])},
+            {"text": "ok", "n": float("nan")},
         ],
-        ids=["lone-surrogate", "surrogate-key", "nested-3000"],
+        ids=["lone-surrogate", "surrogate-key", "nested-3000", "nan"],
     )
     async def test_is_invalid_params_for_that_call_only(
         self, arguments: dict[str, Any], make_extension: MakeExtension, task_group: TaskGroup
