@@ -12,11 +12,12 @@ die before the daemon exits).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class Daemon:
         self._tg = tg
         self.notifier = notifier or Notifier(None)
         self._reloading = anyio.Lock()
+        # One operation at a time per name (start, stop, restart, or a reload replacing it),
+        # so nothing acts on an Extension object that a reload is retiring.
+        self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
@@ -126,26 +130,43 @@ class Daemon:
             return [self.get(name).snapshot()]
         return [ext.snapshot() for ext in self._extensions.values()]
 
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
+        """Hold *name*'s lock and yield its current object, looked up once the lock is held."""
+        self.get(name)  # an unknown name gets no lock
+        async with self._name_locks.setdefault(name, anyio.Lock()):
+            yield self.get(name)  # a reload may have replaced or removed it meanwhile
+
     async def start(self, name: str, *, wait: bool = True) -> Snapshot:
-        ext = self.get(name)
-        await ext.start(self._tg)
+        async with self._exclusive(name) as ext:
+            await ext.start(self._tg)
         return await _settled(ext) if wait else ext.snapshot()
 
     async def stop(self, name: str, *, wait: bool = True) -> Snapshot:
-        ext = self.get(name)
-        if wait:
-            await ext.stop()
-        else:
-            ext.request_stop()  # the watcher does the rest: no task per request
+        async with self._exclusive(name) as ext:
+            if wait:
+                await ext.stop()
+            else:
+                ext.request_stop()  # the watcher does the rest: no task per request
         return ext.snapshot()
 
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
-        ext = self.get(name)
         if not wait:
-            self._tg.start_soon(ext.restart, self._tg)
-            return ext.snapshot()
-        await ext.restart(self._tg)
+            snapshot = self.get(name).snapshot()
+            self._tg.start_soon(self._restart, name)
+            return snapshot
+        ext = await self._restart(name)
+        if ext is None:
+            raise UnknownExtension(name)
         return await _settled(ext)
+
+    async def _restart(self, name: str) -> Extension | None:
+        """Restart *name*; None if a reload removed it meanwhile. Never raises: may run as a task."""
+        with contextlib.suppress(UnknownExtension):
+            async with self._exclusive(name) as ext:
+                await ext.restart(self._tg)
+            return ext
+        return None
 
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         chosen = [self.get(name)] if name is not None else self._extensions.values()
@@ -198,20 +219,10 @@ class Daemon:
                 if n in self._extensions and c != self._extensions[n].config
             ]
             added = [n for n in new.extensions if n not in self._extensions]
-            was_live = {n: self._extensions[n].snapshot().state.is_live for n in changed}
-            async with anyio.create_task_group() as stoppers:
-                for name in (*gone, *changed):
-                    stoppers.start_soon(self._extensions[name].stop)
-            for name in gone:
-                del self._extensions[name]
-                self.metrics.forget(name)
-            for name in (*changed, *added):
-                self._extensions[name] = self._make(name, new.extensions[name])
-            # Keep the daemon's own order the config's order.
-            self._extensions = {n: self._extensions[n] for n in new.extensions}
-            for name in (*changed, *added):
-                if new.extensions[name].autostart or was_live.get(name, False):
-                    await self._extensions[name].start(self._tg)
+            async with contextlib.AsyncExitStack() as held:
+                for name in sorted({*gone, *changed, *added}):  # each operation holds one: no deadlock
+                    await held.enter_async_context(self._name_locks.setdefault(name, anyio.Lock()))
+                await self._apply(new, gone, changed, added)
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())
@@ -234,6 +245,24 @@ class Daemon:
             raise
         except Exception as exc:  # a loader bug: keep running on the old config, and say so
             raise ConfigError([f"{self.config_path}: cannot be loaded ({_first_line(exc)})"]) from exc
+
+    async def _apply(self, new: Settings, gone: list[str], changed: list[str], added: list[str]) -> None:
+        """Stop what is gone or changed, then start what changed or was added (under their locks)."""
+        was_live = {n: self._extensions[n].snapshot().state.is_live for n in changed}
+        async with anyio.create_task_group() as stoppers:
+            for name in (*gone, *changed):
+                stoppers.start_soon(self._extensions[name].stop)
+        for name in gone:
+            del self._extensions[name]
+            del self._name_locks[name]  # a waiter still holding it finds the name gone
+            self.metrics.forget(name)
+        for name in (*changed, *added):
+            self._extensions[name] = self._make(name, new.extensions[name])
+        # Keep the daemon's own order the config's order.
+        self._extensions = {n: self._extensions[n] for n in new.extensions}
+        for name in (*changed, *added):
+            if new.extensions[name].autostart or was_live.get(name, False):
+                await self._extensions[name].start(self._tg)
 
     async def autostart(self) -> None:
         """Launch every autostart extension; returns once their watchers run (not once ready)."""

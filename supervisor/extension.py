@@ -104,10 +104,12 @@ class Extension:
         self._connection: transport.Connection | None = None
         self._in_flight = 0
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
+        self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
         self._stop_requested = False
+        self._ending = False  # the watcher decided to end on its own (gave up, clean exit)
         self._gave_up = False
         self._restart_at = 0.0
 
@@ -148,15 +150,16 @@ class Extension:
         """Run a watcher in the daemon's long-lived *tg*, unless one is live. Returns at once.
 
         A stopped or failed extension starts afresh with a new failure budget. A start while a
-        stop is in progress waits for the stop to finish, then starts.
+        stop is in progress, or while the watcher is ending on its own (it gave up, or the
+        child exited cleanly), waits for that ending to finish, then starts.
         """
         while self._done is not None and not self._done.is_set():
-            if not self._stop_requested:
+            if not (self._stop_requested or self._ending):
                 return
             await self._done.wait()
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()
-        self._stop_requested = self._gave_up = False
+        self._stop_requested = self._ending = self._gave_up = False
         await tg.start(self._watch)
 
     def request_stop(self) -> None:
@@ -165,6 +168,8 @@ class Extension:
             return
         assert self._scope is not None
         self._stop_requested = True
+        # Before the cancel: it fails the calls in flight at once, and they say why.
+        self._cut = (self._connection, "was restarted" if self._restarting else "was stopped")
         self._scope.cancel()  # lands in the handshake, the running wait or the backoff sleep
 
     async def stop(self) -> None:
@@ -249,7 +254,7 @@ class Extension:
             try:
                 return await send(connection, renew)
             except MCPError as exc:
-                raise self._call_failed(what, exc) from None
+                raise self._call_failed(what, exc, connection) from None
             except CallFailed:
                 raise
             except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
@@ -282,9 +287,12 @@ class Extension:
                 )
             await changed.wait()
 
-    def _call_failed(self, what: str, exc: MCPError) -> CallFailed:
+    def _call_failed(self, what: str, exc: MCPError, connection: transport.Connection) -> CallFailed:
         if exc.code == types.CONNECTION_CLOSED:
-            message = f"extension {self.name!r} exited during the call to {what}; it may be restarting"
+            failure = connection.failure
+            ended = f"failed ({failure})" if failure else "exited"
+            ended = self._cut[1] if self._cut[0] is connection else ended
+            message = f"extension {self.name!r} {ended} during the call to {what}; it may or may not have run"
             return CallFailed(message, code=exc.code)
         return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data)
 
@@ -302,7 +310,7 @@ class Extension:
                     self._set(State.STARTING, restarts=self._snapshot.restarts + 1, next_restart=None)
             except Exception as exc:  # a bug of ours: fail this extension, keep the daemon
                 log.exception("extension.watcher_crashed")
-                self._gave_up = True
+                self._gave_up = self._ending = True
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
                 self._connection, self._listing = None, Listing()
@@ -330,6 +338,7 @@ class Extension:
                 on_notification=self._notified,
                 hurry=self._hurry,
                 spool=self._spool,
+                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
             ) as connection:
                 try:
                     return await self._serve(connection)
@@ -394,8 +403,9 @@ class Extension:
         if self.policy.should_restart(outcome, failures):
             delay = self.policy.backoff.delay(failures)
             self._restart_at = time.monotonic() + delay
-            self._set(State.BACKOFF, next_restart=_now() + timedelta(seconds=delay), **changes)
+            self._set(State.BACKOFF, pid=None, next_restart=_now() + timedelta(seconds=delay), **changes)
             return True
+        self._ending = True
         self._gave_up = self.policy.gave_up(outcome, failures)
         self._set(State.STOPPING, **changes)
         return False

@@ -4,13 +4,16 @@ Results are rewritten as plain JSON dicts, straight off an extension's stdout, b
 MCP model holds them: a payload is decoded in chunks into a file and never sits in memory
 twice. Layout::
 
-    <root>/<instance>-<daemon pid>/<extension>/<random>.<ext>     dirs 0700, files 0600
+    <root>/<instance>-<daemon pid>/<extension>.<n>/<random>.<ext>     dirs 0700, files 0600
 
-One directory per extension, created on first use and removed when that extension is
+One directory per Extension object (``n`` counts them, so the object a reload replaces and
+its successor never share one), created on first use and removed when that extension is
 stopped (kept across a crash-restart, so links already handed out stay valid). The daemon's
 directory goes at daemon exit, and a daemon start removes those of earlier daemons on the
 same socket that are no longer running. ``max_total_bytes`` and ``max_files`` bound the
-whole spool, oldest files evicted first.
+whole spool, oldest files evicted first, once the new file is written; never a file of the
+result being rewritten nor one younger than ``min_age`` (its link was just handed out): when
+no room can be made that way, the item stays inline.
 
 Thread safety: rewrites run in worker threads; the index is guarded by a lock.
 """
@@ -21,11 +24,13 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import itertools
 import mimetypes
 import os
 import secrets
 import shutil
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +54,7 @@ log = structlog.get_logger(__name__)
 DECODE_CHUNK = 4 << 20  # base64 characters per step (a multiple of 4)
 MEDIA_TYPES = ("image", "audio")
 VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+MIN_AGE = 1.0  # seconds a spooled file is safe from eviction: its link was just handed out
 SUFFIXES = {  # where the mimetypes table has no answer or an odd one
     "audio/wav": ".wav",
     "audio/x-wav": ".wav",
@@ -108,6 +114,7 @@ class Spool:
         instance: names this daemon's run directory, with its pid; see :meth:`sweep`.
         max_inline_bytes: a payload decoding to more than this is spooled; exactly this stays inline.
         max_total_bytes, max_files: bounds on the whole spool, oldest files evicted first.
+        min_age: files younger than this (seconds) are never evicted.
     """
 
     def __init__(
@@ -118,6 +125,7 @@ class Spool:
         max_inline_bytes: int,
         max_total_bytes: int,
         max_files: int = 10_000,
+        min_age: float = MIN_AGE,
     ) -> None:
         self.root = root
         self.instance = instance
@@ -125,9 +133,11 @@ class Spool:
         self.max_inline_bytes = max_inline_bytes
         self.max_total_bytes = max_total_bytes
         self.max_files = max_files
+        self.min_age = min_age
         self._lock = threading.Lock()
-        self._files: OrderedDict[Path, int] = OrderedDict()  # oldest first: path -> size
+        self._files: OrderedDict[Path, tuple[int, float]] = OrderedDict()  # oldest first: size, written at
         self._total = 0
+        self._generations = itertools.count(1)
 
     def stats(self) -> SpoolStats:
         with self._lock:
@@ -156,14 +166,15 @@ class Spool:
             log.warning("spool.in_memory_filesystem", path=str(self.root), filesystem=kind)
 
     def for_extension(self, extension: str) -> ExtensionSpool:
-        return ExtensionSpool(self, extension)
+        """A spool for one Extension object, in a directory of its own (``<extension>.<n>``)."""
+        return ExtensionSpool(self, extension, f"{extension}.{next(self._generations)}")
 
-    def remove_extension(self, extension: str) -> None:
+    def remove_extension(self, directory_name: str) -> None:
         """Forget and delete one extension's spooled files (it was stopped). Blocking."""
-        directory = self.run_dir / extension
+        directory = self.run_dir / directory_name
         with self._lock:
             for path in [p for p in self._files if p.parent == directory]:
-                self._total -= self._files.pop(path)
+                self._total -= self._files.pop(path)[0]
         shutil.rmtree(directory, ignore_errors=True)
 
     def close(self) -> None:
@@ -177,27 +188,31 @@ class Spool:
         """Whether a message line this long can hold a payload over the inline limit."""
         return line_length > self.max_inline_bytes
 
-    def rewrite(self, message: Any, extension: str) -> int:
+    def rewrite(self, message: Any, extension: str, *, directory: str | None = None) -> int:
         """Spool the oversized items of a tool result in place; return how many were spooled.
 
         *message* is a parsed JSON-RPC message; only ``result.content`` items of type image,
         audio, or resource with a blob are considered. Text, structured content and small
         items are left alone, order preserved. Never raises for bad input or a failed write:
-        the item stays inline and a warning is logged.
+        the item stays inline and a warning is logged. Files go to *directory* (a name in
+        the run directory; default: *extension*).
         """
         result = message.get("result") if isinstance(message, dict) else None
         content = result.get("content") if isinstance(result, dict) else None
         if not isinstance(content, list):
             return 0
         spooled = 0
+        written: set[Path] = set()  # this result's files: never evicted to make room for its next item
         for index, item in enumerate(content):
-            link = self._spool_item(item, extension)
+            link = self._spool_item(item, extension, directory or extension, written)
             if link is not None:
                 content[index] = link
                 spooled += 1
         return spooled
 
-    def _spool_item(self, item: Any, extension: str) -> dict[str, Any] | None:
+    def _spool_item(
+        self, item: Any, extension: str, directory: str, written: set[Path]
+    ) -> dict[str, Any] | None:
         if not isinstance(item, dict):
             return None
         kind = item.get("type")
@@ -217,7 +232,7 @@ class Spool:
         if size <= self.max_inline_bytes:
             return None
         mime = holder.get("mimeType") if isinstance(holder.get("mimeType"), str) else None
-        stored = self._store(data, size, mime, extension, kind)
+        stored = self._store(data, size, mime, extension, kind, directory, written)
         if stored is None:
             return None
         path, digest = stored
@@ -238,16 +253,27 @@ class Spool:
         return link
 
     def _store(
-        self, data: str, size: int, mime: str | None, extension: str, kind: str
+        self,
+        data: str,
+        size: int,
+        mime: str | None,
+        extension: str,
+        kind: str,
+        directory_name: str,
+        written: set[Path],
     ) -> tuple[Path, str] | None:
         """Write the decoded payload; None (with a warning) when it cannot be spooled."""
         if size > self.max_total_bytes:
             log.warning("spool.over_quota", extension=extension, size=size, limit=self.max_total_bytes)
             return None
+        with self._lock:
+            room = self._victims(size, written) is not None
+        if not room:
+            log.warning("spool.no_room", extension=extension, size=size, reason="the other files are too new")
+            return None
         suffix = (SUFFIXES.get(mime) or mimetypes.guess_extension(mime) if mime else None) or ".bin"
-        directory = self.run_dir / extension
+        directory = self.run_dir / directory_name
         path = directory / f"{secrets.token_urlsafe(16)}{suffix}"
-        self._make_room(size)
         try:
             _make_private_dirs(self.root, self.run_dir, directory)
             digest = write_decoded(path, data)
@@ -260,25 +286,45 @@ class Spool:
             )
             log.warning(event, extension=extension, type=kind, reason=reason, path=str(path))
             return None
-        with self._lock:
-            self._files[path] = size
-            self._total += size
-        return path, digest
-
-    def _make_room(self, size: int) -> None:
-        with self._lock:
-            victims: list[Path] = []
-            while self._files and (
-                self._total + size > self.max_total_bytes or len(self._files) >= self.max_files
-            ):
-                path, old = self._files.popitem(last=False)
-                self._total -= old
-                victims.append(path)
-        for path in victims:
+        with self._lock:  # evict only now that the write succeeded
+            victims = self._victims(size, written)
+            if victims is not None:
+                for victim in victims:
+                    self._total -= self._files.pop(victim)[0]
+                self._files[path] = (size, time.monotonic())
+                self._total += size
+        if victims is None:  # other writers took the room meanwhile
             with contextlib.suppress(OSError):
                 path.unlink()
+            log.warning("spool.no_room", extension=extension, size=size, reason="the other files are too new")
+            return None
+        written.add(path)
+        for victim in victims:
+            with contextlib.suppress(OSError):
+                victim.unlink()
         if victims:
             log.info("spool.evicted", files=len(victims))
+        return path, digest
+
+    def _victims(self, size: int, keep: set[Path]) -> list[Path] | None:
+        """The oldest files to evict so that *size* more bytes and one more file fit; None if impossible.
+
+        Never a file in *keep*, nor one younger than ``min_age``. Call with the lock held.
+        """
+        excess_bytes = self._total + size - self.max_total_bytes
+        excess_files = len(self._files) + 1 - self.max_files
+        victims: list[Path] = []
+        young = time.monotonic() - self.min_age
+        for path, (old, written_at) in self._files.items():
+            if excess_bytes <= 0 and excess_files <= 0:
+                break
+            if written_at > young:  # oldest first: every file from here on is younger still
+                break
+            if path not in keep:
+                victims.append(path)
+                excess_bytes -= old
+                excess_files -= 1
+        return victims if excess_bytes <= 0 and excess_files <= 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,15 +333,16 @@ class ExtensionSpool:
 
     spool: Spool
     extension: str
+    directory: str  # its own directory's name in the run directory
 
     def needs_look(self, line_length: int) -> bool:
         return self.spool.needs_look(line_length)
 
     def rewrite(self, message: Any) -> int:
-        return self.spool.rewrite(message, self.extension)
+        return self.spool.rewrite(message, self.extension, directory=self.directory)
 
     def remove(self) -> None:
-        self.spool.remove_extension(self.extension)
+        self.spool.remove_extension(self.directory)
 
 
 def write_decoded(path: Path, data: str) -> str:

@@ -26,14 +26,17 @@ from . import process
 from .process import ChildProcess
 from .spool import ExtensionSpool
 from .state import Listing
+from .wire import InboundRequests, Outbox, check_encodable
 
 __all__ = ("Connection", "LineSplitter", "connect")
 
 log = structlog.get_logger(__name__)
 
 STDERR_LINE_CAP = 8 << 10  # longer stderr lines are truncated, not buffered
-EXIT_FLUSH_GRACE = 0.25  # at most this long after an exit, to deliver what the child wrote last
+EXIT_FLUSH_GRACE = 0.25  # after an exit, wait this long for bytes still in the pipe (not for spooling)
 MAX_LISTED = 10_000  # per listing: a server paginating forever must not grow our cache forever
+MAX_INBOUND_REQUESTS = 32  # requests from the child being answered at once; more are dropped
+STDIN_TIMEOUT = 30.0  # default: a child that reads nothing of a pending message this long is stuck
 
 ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, must not block
 Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
@@ -122,7 +125,12 @@ class Connection:
         *,
         progress: ProgressFnT | None = None,
     ) -> types.CallToolResult:
-        """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel."""
+        """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel.
+
+        Error handling: ``MCPError(INVALID_PARAMS)`` when the call cannot be encoded as JSON
+        (a lone surrogate, nesting too deep); nothing is sent then.
+        """
+        check_encodable({"name": name, "arguments": arguments})  # before the SDK trips over it
         return await self._session.call_tool(name, arguments, progress_callback=progress)
 
     async def request(
@@ -132,7 +140,11 @@ class Connection:
         *,
         progress: ProgressFnT | None = None,
     ) -> ResultT:
-        """Forward any client request as is (prompts/get, resources/read, completion/complete, ...)."""
+        """Forward any client request as is (prompts/get, resources/read, completion/complete, ...).
+
+        Error handling: as :meth:`call_tool`, for params that cannot be encoded.
+        """
+        check_encodable(request.model_dump(by_alias=True, mode="json", exclude_none=True))
         return await self._session.send_request(request, result_type, progress_callback=progress)
 
     @property
@@ -155,6 +167,7 @@ async def connect(
     on_notification: Notified,
     hurry: anyio.Event | None = None,
     spool: ExtensionSpool | None = None,
+    stdin_timeout: float = STDIN_TIMEOUT,
 ) -> AsyncIterator[Connection]:
     """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
 
@@ -166,19 +179,26 @@ async def connect(
     Oversized media in the child's results goes to *spool* before anything parses it into
     models (see :mod:`supervisor.spool`).
 
+    Bounds: at most ``MAX_INBOUND_REQUESTS`` requests from the child are answered at once
+    (more are dropped with a warning); a message to the child that it does not read within
+    *stdin_timeout* ends the connection. *on_list_changed* and *on_notification* must return
+    at once: they run once per notification.
+
     Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
+    A message that cannot be encoded fails its sender only (see :class:`~supervisor.wire.Outbox`).
     """
     child = await process.spawn(argv, env=env, cwd=cwd, marker=marker)
     connection = Connection(child)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    write_send, write_recv = anyio.create_memory_object_stream[bytes](0)
+    inbound = InboundRequests(MAX_INBOUND_REQUESTS)
     drains: list[anyio.CancelScope] = []
 
     def end(failure: str | None) -> None:
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
         connection.end(failure)
 
-    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool)
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound)
 
     async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
@@ -186,9 +206,14 @@ async def connect(
         with scope:
             await pump(*args)
 
+    bad_messages = 0
+
     async def on_message(message: Any) -> None:
+        nonlocal bad_messages
         if isinstance(message, Exception):
-            log.warning("extension.bad_message", error=_one_line(message))
+            bad_messages += 1
+            if bad_messages <= 10 or bad_messages % 1000 == 0:  # a junk flood must not flood our log
+                log.warning("extension.bad_message", error=_one_line(message), count=bad_messages)
         elif (kind := _LIST_CHANGED.get(type(message))) is not None:
             on_list_changed(kind)
         elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
@@ -201,11 +226,12 @@ async def connect(
         async with anyio.create_task_group() as pumps:
             pumps.start_soon(drain, stdout.run)
             pumps.start_soon(drain, _pump_stderr, child, on_stderr)
-            pumps.start_soon(_pump_stdin, child, write_recv, end)
+            pumps.start_soon(_pump_stdin, child, write_recv, end, stdin_timeout)
             pumps.start_soon(_watch_exit, child, stdout, end)
+            outbox = Outbox(write_send, inbound)
             try:
                 async with ClientSession(
-                    read_recv, write_send, message_handler=on_message, logging_callback=on_log
+                    read_recv, outbox, message_handler=on_message, logging_callback=on_log
                 ) as session:
                     connection.session = session
                     yield connection
@@ -275,21 +301,38 @@ class _StdoutPump:
         max_message_bytes: int,
         end: Callable[[str | None], None],
         spool: ExtensionSpool | None,
+        inbound: InboundRequests,
     ) -> None:
         self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
         self.spool = spool
+        self.inbound = inbound
         self.eof = anyio.Event()
+        self.settled = anyio.Event()  # after stop_delivering(): what was read is delivered
         self.waiting = False  # parked in read(): everything read so far has been handled
+        self._closing = False
 
     def caught_up(self) -> bool:
         """All bytes the child wrote are delivered (or discarded): nothing more is on its way."""
         return self.eof.is_set() or (self.waiting and self.child.stdout.drained())
 
+    def stop_delivering(self) -> None:
+        """Deliver what was already read (however long spooling it takes), then discard the rest."""
+        self._closing = True
+        if self.waiting or self.eof.is_set():  # nothing in hand
+            self.settled.set()
+
     async def run(self) -> None:
         splitter = LineSplitter()
         delivering = True
+        final_read = False
         try:
             while True:
+                if self._closing and not self.settled.is_set():
+                    # Once more for what is buffered on our side of the pipe, then no more.
+                    if not delivering or final_read or not self.child.stdout.buffered:
+                        delivering = False
+                        self.settled.set()
+                    final_read = True
                 self.waiting = True
                 chunk = await self.child.stdout.read()
                 self.waiting = False
@@ -311,7 +354,8 @@ class _StdoutPump:
         finally:
             self.waiting = False
             self.eof.set()
-        if delivering:  # EOF: an exit explains itself; give the exit event a moment to arrive
+            self.settled.set()
+        if delivering and not self._closing:  # EOF: an exit explains itself; give its event a moment
             with anyio.move_on_after(EXIT_FLUSH_GRACE):
                 await self.child.exited.wait()
             self.end(None if self.child.exited.is_set() else "it closed its stdout")
@@ -328,6 +372,8 @@ class _StdoutPump:
                 message = await anyio.to_thread.run_sync(_parse_and_spool, box, self.spool)
             else:
                 message = _parse(line)
+            if not self.inbound.admit(message):
+                continue
             try:
                 await self.sink.send(message)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -357,16 +403,23 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 async def _pump_stdin(
     child: ChildProcess,
-    source: MemoryObjectReceiveStream[SessionMessage],
+    source: MemoryObjectReceiveStream[bytes],
     end: Callable[[str | None], None],
+    stall_after: float,
 ) -> None:
+    """Write each encoded message; a child that reads none of one within *stall_after* s is stuck."""
     try:
         async with source:
-            async for message in source:
-                data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                child.stdin.write(data.encode() + b"\n")
-                await child.stdin.drain()
-    except (ConnectionError, RuntimeError, anyio.BrokenResourceError):
+            async for data in source:
+                child.stdin.write(data)
+                del data
+                with anyio.move_on_after(stall_after) as waited:
+                    await child.stdin.drain()
+                if waited.cancelled_caught:
+                    log.error("extension.stdin_stalled", seconds=stall_after)
+                    end(f"it did not read its stdin for {stall_after:g}s")
+                    return
+    except (OSError, RuntimeError, anyio.BrokenResourceError):  # BrokenPipe, connection lost
         end("the child closed its stdin")
 
 
@@ -384,11 +437,14 @@ async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> N
 
 async def _watch_exit(child: ChildProcess, stdout: _StdoutPump, end: Callable[[str | None], None]) -> None:
     await child.exited.wait()
-    # Deliver what the child wrote before it died, then end the session: without waiting
-    # for an EOF that a grandchild holding the pipe would delay forever.
+    # Deliver what the child wrote before it died, then end the session, without waiting for
+    # an EOF that a grandchild holding the pipe would delay forever. The grace is for bytes
+    # still in the pipe; lines already read are delivered however long spooling them takes.
     with anyio.move_on_after(EXIT_FLUSH_GRACE):
         while not stdout.caught_up():  # noqa: ASYNC110 - a pipe's emptiness fires no event
             await anyio.sleep(0.001)
+    stdout.stop_delivering()
+    await stdout.settled.wait()
     end(None)
 
 

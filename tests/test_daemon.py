@@ -18,7 +18,7 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import config, process
+from supervisor import client, config, process
 from supervisor import daemon as daemon_module
 from supervisor.config import Settings
 from supervisor.daemon import instance_key
@@ -360,3 +360,128 @@ class TestReloadOfABrokenConfig:
                 await daemon_module._reload_on_signal(daemon)  # must not raise into the root task group
             assert [e["event"] for e in logs] == ["daemon.reload_failed"]
             assert daemon.settings is settings
+
+
+class TestReloadRaces:
+    def test_a_start_while_reload_replaces_the_extension_leaves_one_child(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """`start NAME` while a reload is stopping NAME acts on the new object: one child, the visible one."""
+        slow_stop = {"stop_timeout": 3, "env": {"QUICK_LINGER": "30"}}  # 3 s in `stopping`
+        daemon = daemons({"fx": extension_settings("quick.py", **slow_stop)})
+        daemon.wait_state("fx", "running")
+        new_env = {**slow_stop["env"], "QUICK_STDERR_AT_START": "1"}  # shows which config runs
+        edited = {"fx": extension_settings("quick.py", **{**slow_stop, "env": new_env})}
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
+        reload = subprocess.Popen(
+            [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        daemon.wait_state("fx", "stopping")
+        started = daemon.cli("start", "fx")
+        assert reload.wait(timeout=30) == 0 and started.returncode == 0, started.stderr
+        record = daemon.wait_state("fx", "running")
+        assert daemon.proc is not None
+        assert process.find_marked(f"{daemon.instance}{daemon.proc.pid}:fx:") == {record["pid"]}
+        until(lambda: "start line 1" in daemon.cli("logs", "fx").stdout)  # the new config's child
+        assert daemon.terminate() == 0
+
+    def test_stop_no_wait_during_a_reload_returns_and_wins(self, daemons: Callable[..., Daemon]) -> None:
+        """`stop --no-wait` while a reload replaces the extension neither deadlocks nor is undone."""
+        slow_stop = {"stop_timeout": 2, "env": {"QUICK_LINGER": "30"}}
+        daemon = daemons({"fx": extension_settings("quick.py", **slow_stop)})
+        daemon.wait_state("fx", "running")
+        edited = {"fx": extension_settings("quick.py", **slow_stop, call_timeout=7)}
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
+        reload = subprocess.Popen(
+            [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        daemon.wait_state("fx", "stopping")
+        stopped = daemon.cli("stop", "fx", "--no-wait")
+        assert stopped.returncode == 0, stopped.stderr
+        assert reload.wait(timeout=30) == 0
+        daemon.wait_state("fx", "stopped")
+        assert daemon.proc is not None
+        until(lambda: not process.find_marked(f"{daemon.instance}{daemon.proc.pid}:fx:"))  # type: ignore[union-attr]
+        assert daemon.terminate() == 0
+
+
+class TestBadCalls:
+    def test_an_argument_that_cannot_be_encoded_fails_that_call_only(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """A lone surrogate in an argument is a -32602 for that call; the extension serves on, same pid."""
+        daemon = daemons({"a": extension_settings("quick.py", restart="always")})
+        before = daemon.wait_state("a", "running")
+        bad = daemon.cli("call", "a", "echo", "--args", '{"text":"\\ud800"}')
+        assert bad.returncode == 1 and "cannot be encoded" in bad.stderr and "Traceback" not in bad.stderr
+        good = daemon.cli("call", "a", "echo", "--args", '{"text":"fine"}')
+        assert (good.returncode, good.stdout.strip()) == (0, "fine")
+        after = daemon.status()["a"]
+        assert (after["state"], after["pid"], after["restarts"]) == ("running", before["pid"], 0)
+        assert daemon.terminate() == 0
+
+
+MISBEHAVING = {  # name -> (fixture, its arguments, extra settings): each misbehaves its own way
+    "garbage-on-stdout": ("garbage.py", (), {}),
+    "line-without-end": ("flood.py", ("endless_line",), {"max_message_bytes": 4 << 20}),
+    "stderr-flood": ("flood.py", ("stderr",), {}),
+    "no-initialize-answer": ("hang_init.py", (), {"start_timeout": 1}),
+    "exits-at-once-forever": ("exit_now.py", (), {"restart": "always"}),
+    "invalid-json-rpc": ("flood.py", ("junk",), {}),
+    "closes-stdout-alive": ("flood.py", ("close_stdout",), {}),
+    "list-changed-flood": ("flood.py", ("list_changed",), {}),
+    "ping-flood": ("flood.py", ("ping",), {}),
+    "not-reading-stdin": ("flood.py", ("deaf",), {}),
+}
+
+
+class TestMisbehavingExtensions:
+    @pytest.mark.parametrize("case", MISBEHAVING)
+    def test_the_daemon_stays_bounded_and_the_others_serve_on(
+        self, case: str, daemons: Callable[..., Daemon]
+    ) -> None:
+        """While one extension misbehaves, the daemon stays up within 100 tasks and 128 MiB RSS
+        (idle: about 17 and 71 MiB), and a healthy neighbour answers every call."""
+        script, args, extra = MISBEHAVING[case]
+        bad = extension_settings(
+            script, *args, call_timeout=1, backoff={"initial": 0.2, "jitter": 0}, **extra
+        )
+        daemon = daemons({"healthy": extension_settings("quick.py"), "bad": bad})
+        # Measure once the misbehaviour runs: fixtures that get through the handshake misbehave after it.
+        runs = script in ("flood.py", "garbage.py")
+        peaks = anyio.run(self._watch, daemon.socket, runs, case == "not-reading-stdin")
+        assert peaks["tasks"] < 100, peaks
+        assert peaks["rss"] < 128 << 20, f"RSS {peaks['rss'] >> 20} MiB"
+        assert daemon.status()["healthy"]["restarts"] == 0
+        assert daemon.terminate() == 0
+
+    @staticmethod
+    async def _watch(sock: str, bad_runs: bool, fill_stdin: bool) -> dict[str, int]:
+        """Call the healthy extension and sample the daemon's health for 2 s; return the peaks."""
+
+        async def request(method: str, **params: Any) -> Any:
+            return await client.request(sock, method, params, timeout=10)
+
+        async def state(name: str) -> str:
+            return str((await request("status", name=name))["extensions"][0]["state"])
+
+        with anyio.fail_after(10):
+            while await state("healthy") != "running" or (  # noqa: ASYNC110 - another process: a bounded poll
+                bad_runs and await state("bad") != "running"
+            ):
+                await anyio.sleep(0.02)
+        if fill_stdin:  # give the deaf child more than its pipe holds; this call fails
+            with pytest.raises(client.RemoteError):
+                await request("call", name="bad", tool="echo", arguments={"text": "x" * (512 << 10)})
+        peaks = {"tasks": 0, "rss": 0}
+        calls = 0
+        with anyio.move_on_after(2):
+            while True:
+                reply = await request("call", name="healthy", tool="echo", arguments={"text": f"n{calls}"})
+                assert reply["content"][0]["text"] == f"n{calls}"
+                calls += 1
+                health = (await request("health"))["process"]
+                peaks["tasks"] = max(peaks["tasks"], health["asyncio_tasks"])
+                peaks["rss"] = max(peaks["rss"], health["rss_bytes"])
+        assert calls >= 3
+        return peaks

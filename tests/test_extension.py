@@ -123,6 +123,30 @@ class TestStart:
         assert ext.snapshot().failures == 0
         assert (await wait_state(ext, State.FAILED)).failures == 1
 
+    @pytest.mark.parametrize("restart", ["never", "on-failure"])
+    async def test_a_start_while_the_watcher_ends_on_its_own_takes_effect(
+        self, restart: str, make_extension: MakeExtension, task_group: TaskGroup
+    ) -> None:
+        """A start during the watcher's own ending (it gave up, or a clean exit) starts anew after it."""
+        ext = make_extension(fast_config("quick.py", restart=restart))
+        first = await running(ext, task_group)
+        assert first.pid is not None
+
+        async def clean_exit() -> None:
+            with pytest.raises(CallFailed):
+                await ext.call_tool("crash", {"code": 0})
+
+        if restart == "never":
+            os.kill(first.pid, signal.SIGKILL)  # gives up: failed
+        else:
+            task_group.start_soon(clean_exit)  # exit 0 under on-failure: stopped
+        with anyio.fail_after(5):
+            await ext.wait_for(in_state(State.STOPPING))  # ending on its own: no stop was asked for
+        await ext.start(task_group)
+        again = await wait_state(ext, State.RUNNING, State.FAILED, State.STOPPED)
+        assert again.state is State.RUNNING and again.pid != first.pid
+        await ext.stop()
+
 
 class TestCrash:
     async def test_kill_9_is_noticed_and_restarted(
@@ -149,12 +173,22 @@ class TestCrash:
         """A crash is noticed although a grandchild keeps the stdout pipe open; the tree is killed."""
         ext = make_extension(fast_config("tree.py", restart="never"))
         await running(ext, task_group)
-        with pytest.raises(CallFailed, match="exited during the call"):
+        with pytest.raises(CallFailed, match="exited during the call to tool 'crash'; it may or may not have run"):
             with anyio.fail_after(5):
                 await ext.call_tool("crash", {"code": 3})
         snapshot = await wait_state(ext, State.FAILED)
         assert snapshot.last_exit is not None and snapshot.last_exit.returncode == 3
         # the marker_prefix fixture asserts the grandchild and great-grandchild are gone
+
+    async def test_backoff_shows_no_pid(self, make_extension: MakeExtension, task_group: TaskGroup) -> None:
+        """In backoff the dead child's pid is gone from the status."""
+        ext = make_extension(fast_config("quick.py", backoff={"initial": 30, "jitter": 0}))
+        first = await running(ext, task_group)
+        assert first.pid is not None
+        os.kill(first.pid, signal.SIGKILL)
+        backoff = await wait_state(ext, State.BACKOFF)
+        assert backoff.pid is None and backoff.last_exit is not None
+        await ext.stop()
 
     async def test_clean_exit_under_on_failure_stops(
         self, make_extension: MakeExtension, task_group: TaskGroup
@@ -316,6 +350,32 @@ class TestCalls:
         assert info.value.code == types.REQUEST_TIMEOUT
         assert first_text(await ext.call_tool("echo", {"text": "ok"})) == "ok"
         assert ext.snapshot().in_flight == 0
+        await ext.stop()
+
+    @pytest.mark.parametrize("action", ["stop", "restart"])
+    async def test_a_call_cut_by_stop_or_restart_says_so(
+        self, action: str, make_extension: MakeExtension, task_group: TaskGroup
+    ) -> None:
+        """A call in flight when the extension is stopped (or restarted) says so."""
+        ext = make_extension(fast_config("quick.py"))
+        await running(ext, task_group)
+        failures: list[CallFailed] = []
+
+        async def call() -> None:
+            with pytest.raises(CallFailed) as failed:
+                await ext.call_tool("sleep", {"seconds": 30})
+            failures.append(failed.value)
+
+        async with anyio.create_task_group() as callers:
+            callers.start_soon(call)
+            await wait_state(ext, State.RUNNING)
+            await eventually(lambda: ext.snapshot().in_flight == 1)
+            await (ext.stop() if action == "stop" else ext.restart(task_group))
+        word = "stopped" if action == "stop" else "restarted"
+        assert (
+            str(failures[0])
+            == f"extension 'fx' was {word} during the call to tool 'sleep'; it may or may not have run"
+        )
         await ext.stop()
 
     async def test_unknown_tool(self, make_extension: MakeExtension, task_group: TaskGroup) -> None:

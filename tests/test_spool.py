@@ -8,6 +8,7 @@ import hashlib
 import os
 import stat
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor import spool as spool_module
-from supervisor.spool import Spool, decoded_size, filesystem_type
+from supervisor.spool import Spool, SpoolStats, decoded_size, filesystem_type
 
 LIMIT = 1000
 
@@ -41,7 +42,10 @@ def path_of(link: dict[str, Any]) -> Path:
 
 @pytest.fixture
 def spool(tmp_path: Path) -> Spool:
-    return Spool(tmp_path / "spool", instance="abc", max_inline_bytes=LIMIT, max_total_bytes=10 * LIMIT)
+    """A spool whose files may be evicted at once (min_age 0): eviction order without waiting."""
+    return Spool(
+        tmp_path / "spool", instance="abc", max_inline_bytes=LIMIT, max_total_bytes=10 * LIMIT, min_age=0
+    )
 
 
 class TestRewrite:
@@ -141,7 +145,9 @@ class TestLimits:
 
     def test_file_count_is_bounded(self, tmp_path: Path) -> None:
         """max_files bounds the number of files whatever their size."""
-        small = Spool(tmp_path, instance="abc", max_inline_bytes=0, max_total_bytes=10**9, max_files=3)
+        small = Spool(
+            tmp_path, instance="abc", max_inline_bytes=0, max_total_bytes=10**9, max_files=3, min_age=0
+        )
         for _ in range(10):
             small.rewrite(result(image(1)), "fx")
         assert small.stats().files == 3 and len(list(small.run_dir.rglob("*.png"))) == 3
@@ -153,8 +159,52 @@ class TestLimits:
             assert spool.rewrite(message, "fx") == 0
         assert [e["event"] for e in logs] == ["spool.over_quota"]
 
+    def test_a_result_never_evicts_its_own_files(self, spool: Spool) -> None:
+        """With room for one item, a result of two keeps its first link valid; the second stays inline."""
+        message = result(image(6 * LIMIT), image(6 * LIMIT))
+        with capture_logs() as logs:
+            assert spool.rewrite(message, "fx") == 1
+        first, second = message["result"]["content"]
+        assert first["type"] == "resource_link" and path_of(first).exists()
+        assert second == image(6 * LIMIT)
+        assert [e["event"] for e in logs] == ["spool.no_room"]
+        assert spool.stats() == SpoolStats(1, 6 * LIMIT)
+
+    def test_files_younger_than_min_age_are_not_evicted(self, tmp_path: Path) -> None:
+        """A file whose link was just handed out survives; the new item stays inline until it ages."""
+        young = Spool(
+            tmp_path, instance="abc", max_inline_bytes=LIMIT, max_total_bytes=10 * LIMIT, min_age=0.3
+        )
+        old = result(image(6 * LIMIT))
+        young.rewrite(old, "fx")
+        new = result(image(6 * LIMIT))
+        assert young.rewrite(new, "fx") == 0 and path_of(old["result"]["content"][0]).exists()
+        time.sleep(0.35)  # the age is the point: nothing to wait on but the clock
+        again = result(image(6 * LIMIT))
+        assert young.rewrite(again, "fx") == 1
+        assert not path_of(old["result"]["content"][0]).exists()
+        assert young.stats() == SpoolStats(1, 6 * LIMIT)
+
+    def test_the_default_min_age_is_a_second(self, tmp_path: Path) -> None:
+        """Without a min_age argument, spooled files are safe for a second."""
+        assert Spool(tmp_path, instance="abc", max_inline_bytes=1, max_total_bytes=1).min_age == 1.0
+
 
 class TestFailures:
+    def test_a_failed_write_evicts_nothing(self, spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+        """When the write that needed room fails, the files that would have made room stay."""
+        kept = result(image(6 * LIMIT))
+        spool.rewrite(kept, "fx")
+
+        def disk_full(path: Path, data: str) -> str:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(spool_module, "write_decoded", disk_full)
+        message = result(image(6 * LIMIT))
+        assert spool.rewrite(message, "fx") == 0
+        assert path_of(kept["result"]["content"][0]).exists()
+        assert spool.stats() == SpoolStats(1, 6 * LIMIT)
+
     def test_injected_write_failure_keeps_the_payload_inline(
         self, spool: Spool, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -207,6 +257,19 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 class TestLifecycle:
+    def test_each_extension_object_has_its_own_directory(self, spool: Spool) -> None:
+        """Two spools for one name (an object and its successor after a reload) never share files."""
+        old, new = spool.for_extension("fx"), spool.for_extension("fx")
+        assert old.directory != new.directory and old.extension == new.extension == "fx"
+        kept = result(image(LIMIT + 1))
+        new.rewrite(kept)
+        gone = result(image(LIMIT + 1))
+        old.rewrite(gone)
+        old.remove()  # the retired object's watcher ends after its successor started
+        assert path_of(kept["result"]["content"][0]).exists()
+        assert not path_of(gone["result"]["content"][0]).exists()
+        assert spool.stats().files == 1
+
     def test_remove_extension_deletes_only_its_files(self, spool: Spool) -> None:
         """Stopping one extension deletes its directory and its share of the quota, nobody else's."""
         for name in ("a", "b"):

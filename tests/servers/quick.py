@@ -1,7 +1,8 @@
 """Fast raw-protocol echo server: the workhorse for restart-heavy supervisor tests.
 
 Tools: ``echo(text)``, ``crash(code=3)``, ``pid()``, ``sleep(seconds)`` (blocking: one request
-at a time). Env ``QUICK_STDERR_AT_START=N`` writes N numbered stderr lines at startup.
+at a time). Env ``QUICK_STDERR_AT_START=N`` writes N numbered stderr lines at startup;
+``QUICK_LINGER=S`` waits S seconds after stdin closes before exiting (a slow stop).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
     for i in range(int(os.environ.get("QUICK_STDERR_AT_START", "0"))):
         _raw.log(f"quick: start line {i + 1}")
     _raw.serve("quick", TOOLS)
+    time.sleep(float(os.environ.get("QUICK_LINGER", "0")))
 
 
 if __name__ == "__main__":
