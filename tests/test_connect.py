@@ -22,6 +22,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.subscriptions import ToolsListChanged
 
 from supervisor.gateway.connect import MAX_CLIENT_LINE, MAX_HELD_LINES
 from supervisor.process import MARKER_ENV
@@ -90,8 +91,11 @@ class Fixture:
                 await self.process.wait()
 
 
+Running = tuple[Fixture, anyio.abc.TaskGroup]  # the server, and the task group reading its stderr
+
+
 @pytest.fixture
-async def fixture(short_tmp: Path, marker_prefix: str) -> AsyncIterator[tuple[Fixture, anyio.abc.TaskGroup]]:
+async def fixture(short_tmp: Path, marker_prefix: str) -> AsyncIterator[Running]:
     async with anyio.create_task_group() as tg:
         server = Fixture(short_tmp / "mcp.sock", marker_prefix + "fixture")
         try:
@@ -185,9 +189,7 @@ def text_of(result: types.CallToolResult) -> str:
 
 
 class TestSession:
-    async def test_list_and_call(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
-    ) -> None:
+    async def test_list_and_call(self, fixture: Running, short_tmp: Path, marker_prefix: str) -> None:
         """An SDK client lists and calls tools through connect as if it spoke to the server itself."""
         server, tg = fixture
         await server.start(tg)
@@ -198,7 +200,7 @@ class TestSession:
             assert [prompt.name for prompt in (await session.list_prompts()).prompts] == ["greet"]
 
     async def test_a_big_answer_streams_through_intact(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """A 5 MB answer (over the 1 MiB streaming threshold) arrives whole, then calls go on."""
         server, tg = fixture
@@ -207,9 +209,7 @@ class TestSession:
             assert text_of(await session.call_tool("big", {"bytes": 5_000_000})) == "x" * 5_000_000
             assert text_of(await session.call_tool("echo", {"text": "after"})) == "after"
 
-    async def test_modern_era_client(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
-    ) -> None:
+    async def test_modern_era_client(self, fixture: Running, short_tmp: Path, marker_prefix: str) -> None:
         """A 2026-07-28 client (server/discover, _meta per request, no handshake) lists and calls."""
         server, tg = fixture
         await server.start(tg)
@@ -231,7 +231,7 @@ class TestExits:
         assert done.stderr.decode() == f"mcp-supervisor: no daemon is listening on {short_tmp / 'mcp.sock'}\n"
 
     async def test_stdin_eof_is_exit_0_after_the_answers_due(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """Input ends with a call in flight: its answer is still written, then connect exits 0."""
         server, tg = fixture
@@ -288,7 +288,7 @@ def open_to_all(short_tmp: Path) -> Path:
 
 class TestRestart:
     async def test_the_same_session_survives_a_restart(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """Kill and restart the server: the call in flight fails at once, the client is told to
         re-list, and the same session goes on calling tools on the new server."""
@@ -312,10 +312,10 @@ class TestRestart:
                     await session.call_tool("slow", {"seconds": 60})
                 failure.append(caught.value)
 
-            async with anyio.create_task_group() as calls:
-                calls.start_soon(slow_call)
-                await server.wait_called("slow")
-                with anyio.fail_after(WAIT):  # fails at once, not after 60 s
+            with anyio.fail_after(WAIT):  # the call fails at once, not after its 60 s
+                async with anyio.create_task_group() as calls:
+                    calls.start_soon(slow_call)
+                    await server.wait_called("slow")
                     await server.kill()
             assert failure[0].code == -32000
             assert "restarted" in failure[0].message and "may or may not have run" in failure[0].message
@@ -329,8 +329,25 @@ class TestRestart:
             assert text_of(await session.call_tool("echo", {"text": "still here"})) == "still here"
         assert "reconnected" in (short_tmp / "connect.err").read_text()
 
+    async def test_a_modern_listen_stream_survives_a_restart(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """A 2026-07-28 client's subscriptions/listen stays open across a restart and delivers a
+        tools change, so the client re-lists; calls go on."""
+        server, tg = fixture
+        await server.start(tg)
+        argv = connect_argv(short_tmp)
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env={MARKER_ENV: marker_prefix + "c"})
+        async with Client(params, mode="2026-07-28") as client:
+            with anyio.fail_after(WAIT):
+                async with client.listen(tools_list_changed=True) as subscription:
+                    await server.kill()
+                    await server.start(tg)
+                    assert isinstance(await subscription.__anext__(), ToolsListChanged)
+                    assert text_of(await client.call_tool("echo", {"text": "modern"})) == "modern"
+
     async def test_a_call_made_while_away_is_held_and_answered(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """A request sent while the server is down waits for the new one and succeeds."""
         server, tg = fixture
@@ -352,7 +369,7 @@ class TestRestart:
             assert server.calls == ["echo"]  # the replayed initialize was answered and dropped
 
     async def test_gives_up_after_the_reconnect_timeout(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """No server back in time: held requests past the bound are refused at once, the rest
         at the end, and connect exits 3 with one line."""
@@ -390,7 +407,7 @@ def _memory_kib(pid: int) -> dict[str, int]:
 
 class TestBounds:
     async def test_a_line_over_the_cap_is_refused_without_holding_it(
-        self, fixture: tuple[Fixture, Any], short_tmp: Path, marker_prefix: str
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
         """Two requests over the 64 MiB cap: each gets -32600, memory stays under the cap and
         falls back, and the session goes on."""
