@@ -24,7 +24,7 @@ from mcp import Client, ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.subscriptions import ToolsListChanged
 
-from supervisor.gateway.connect import MAX_CLIENT_LINE, MAX_HELD_LINES
+from supervisor.gateway.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
 from supervisor.process import MARKER_ENV
 from tests.conftest import SERVERS
 
