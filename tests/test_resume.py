@@ -71,6 +71,21 @@ class TestPeek:
         line = dumps({"jsonrpc": "2.0", "id": 12, "result": {"content": [{"type": "text", "text": BIG}]}})
         assert peek(line[:HEAD], tail=b"") == Peek(Kind.RESPONSE, 12)
 
+    def test_a_big_answer_is_not_parsed_whole(self) -> None:
+        """A response over PARSE_WHOLE is classified from its head: no parse, no message kept."""
+        line = dumps({"jsonrpc": "2.0", "id": 3, "result": {"tools": [{"name": BIG}]}})
+        assert peek(line) == Peek(Kind.RESPONSE, 3)
+
+    def test_a_big_message_to_remember_is_parsed_whole(self) -> None:
+        """A large initialize (big capabilities) still yields its message, so it can be replayed."""
+        line = dumps(request(0, "initialize", capabilities={"experimental": {"x": BIG}}))
+        seen = peek(line)
+        assert seen.kind is Kind.REQUEST and seen.message is not None
+        memory = SessionMemory()
+        memory.sent(line, seen)
+        memory.answered(0)
+        assert memory.replay(fresh_ids())[0] == {**json.loads(line), "id": "r1"}
+
     def test_a_head_cut_inside_the_id_does_not_guess(self) -> None:
         """A number cut off at the end of the head is not read as a shorter number."""
         line = b'{"jsonrpc":"2.0","id":123456'

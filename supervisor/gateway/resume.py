@@ -4,10 +4,11 @@
 on a new connection is which requests are in flight and the few messages that set the session
 up. This module works that out without I/O, so it is unit-tested without sockets.
 
-A line is parsed whole only when it is small (``PARSE_WHOLE``, a few microseconds); a bigger one
-is read from its first ``HEAD`` bytes (the Python SDK writes ``jsonrpc, id, method|result``
-first) and its last member (the TypeScript SDK writes ``id`` last), and parsed whole only when
-both leave the answer open and the line is in memory anyway.
+A line is parsed whole only when it is small (``PARSE_WHOLE``, a few microseconds) or is one of
+the few messages whose content is remembered; a bigger one is read from its first ``HEAD``
+bytes (the Python SDK writes ``jsonrpc, id, method|result`` first) and its last member (the
+TypeScript SDK writes ``id`` last), and parsed whole only when both leave the answer open and
+the line is in memory anyway. A 60 KiB answer thus costs a few microseconds, not a parse.
 """
 
 from __future__ import annotations
@@ -34,12 +35,23 @@ __all__ = (
 )
 
 HEAD = 4096  # bytes of a big line that are looked at
-PARSE_WHOLE = 65536  # lines up to this size are json.loads'd outright
+PARSE_WHOLE = HEAD  # lines up to this size are json.loads'd outright
 MAX_IN_FLIGHT = 10_000  # client requests tracked for a restart; more are forwarded untracked
 MAX_REMEMBERED = 1 << 20  # a set-up message bigger than this is not kept for replay
 _MAX_SUBSCRIPTIONS = 1000  # resources/subscribe URIs kept for replay
 _MAX_LISTENS = 64  # 2026-07-28 subscriptions/listen streams kept for replay
 _TAIL = 256
+# Messages SessionMemory keeps (or reads params of): always parsed whole, whatever their size.
+_REMEMBERED_METHODS = frozenset(
+    {
+        "initialize",
+        "logging/setLevel",
+        "notifications/cancelled",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "subscriptions/listen",
+    }
+)
 
 RequestId = int | str
 
@@ -151,8 +163,8 @@ def peek(line: bytes | bytearray, tail: bytes | None = None) -> Peek:
         if tail is None and len(line) <= PARSE_WHOLE:
             return _classify(json.loads(line))
         result = _peek_parts(bytes(line[:HEAD]), tail if tail is not None else bytes(line[-_TAIL:]))
-        if result.kind is Kind.UNKNOWN and tail is None:
-            return _classify(json.loads(line))  # rare: an unusual member order in a big line
+        if tail is None and (result.kind is Kind.UNKNOWN or result.method in _REMEMBERED_METHODS):
+            return _classify(json.loads(line))  # an unusual member order, or a message to keep
         return result
     except (ValueError, RecursionError):
         return _UNKNOWN
