@@ -79,9 +79,9 @@ class Fixture:
             self._changed.set()
             self._changed = anyio.Event()
 
-    async def wait_called(self, tool: str) -> None:
+    async def wait_called(self, tool: str, times: int = 1) -> None:
         with anyio.fail_after(WAIT):
-            while tool not in self.calls:
+            while self.calls.count(tool) < times:
                 await self._changed.wait()
 
     async def kill(self) -> None:
@@ -406,6 +406,29 @@ def _memory_kib(pid: int) -> dict[str, int]:
 
 
 class TestBounds:
+    async def test_a_client_that_stops_reading_does_not_grow_memory(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """32 MB of answers while the client reads nothing: connect stops reading the daemon
+        instead of buffering them, then delivers every byte once the client reads again."""
+        server, tg = fixture
+        await server.start(tg)
+        count, size = 8, 4_000_000
+        async with raw_connect(short_tmp, marker_prefix) as raw:
+            await raw.send(INITIALIZE, INITIALIZED)
+            assert (await raw.receive())["id"] == 0
+            before = _memory_kib(raw.process.pid)
+            await raw.send(*(call(i, "big", bytes=size) for i in range(1, count + 1)))
+            await server.wait_called("big", times=count)
+            with anyio.move_on_after(1.0):  # the bound must hold all along, not just at one instant
+                while True:
+                    grown_mib = (_memory_kib(raw.process.pid)["VmHWM"] - before["VmRSS"]) / 1024
+                    assert grown_mib < 12, grown_mib  # the answers total 32 MB
+                    await anyio.sleep(0.05)
+            answers = [await raw.receive() for _ in range(count)]
+        assert sorted(answer["id"] for answer in answers) == list(range(1, count + 1))
+        assert all(len(answer["result"]["content"][0]["text"]) == size for answer in answers)
+
     async def test_a_line_over_the_cap_is_refused_without_holding_it(
         self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
