@@ -24,6 +24,7 @@ from mcp import Client, ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.subscriptions import ToolsListChanged
 
+from supervisor import cli
 from supervisor.gateway.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
 from supervisor.process import MARKER_ENV
 from tests.conftest import SERVERS
@@ -223,6 +224,13 @@ class TestSession:
 
 
 class TestExits:
+    @pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+    def test_a_bad_reconnect_timeout_is_a_usage_error(
+        self, value: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert cli.main(["connect", "--reconnect-timeout", value]) == 2
+        assert "--reconnect-timeout" in capsys.readouterr().err
+
     def test_no_listener_is_exit_3_with_one_line(self, short_tmp: Path) -> None:
         """Nobody on mcp.sock: one line naming the socket, exit 3, nothing on stdout."""
         done = subprocess.run(connect_argv(short_tmp), input=b"", capture_output=True, timeout=WAIT)
