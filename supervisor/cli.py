@@ -198,6 +198,13 @@ async def _health(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _connect(args: argparse.Namespace) -> int:
+    from supervisor.gateway import connect
+
+    path = connect.gateway_socket(args.socket)
+    return await connect.run(path, reconnect_timeout=args.reconnect_timeout)
+
+
 def _load(path: str, overrides: dict[str, Any] | None = None) -> Settings:
     from supervisor import config  # pydantic-settings: only the commands that read a config pay for it
 
@@ -251,6 +258,16 @@ def _line_count(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, 0 or more")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=_PROG, description="Supervise stdio MCP servers.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -296,6 +313,14 @@ def _build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="print the raw report")
     output.add_argument(
         "--prometheus", action="store_true", help="print metrics in the Prometheus text format"
+    )
+    sub = add("connect", _connect, "an MCP server on stdio for MCP clients: a pipe to the daemon's gateway")
+    sub.add_argument(
+        "--reconnect-timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="when the daemon goes away, keep trying to reconnect this long (default 60)",
     )
     sub = add("check-config", _check_config, "validate a config file", is_async=False)
     sub.add_argument("config", metavar="CONFIG")
