@@ -173,7 +173,9 @@ class TestCrash:
         """A crash is noticed although a grandchild keeps the stdout pipe open; the tree is killed."""
         ext = make_extension(fast_config("tree.py", restart="never"))
         await running(ext, task_group)
-        with pytest.raises(CallFailed, match="exited during the call to tool 'crash'; it may or may not have run"):
+        with pytest.raises(
+            CallFailed, match="exited during the call to tool 'crash'; it may or may not have run"
+        ):
             with anyio.fail_after(5):
                 await ext.call_tool("crash", {"code": 3})
         snapshot = await wait_state(ext, State.FAILED)

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import anyio
 import mcp_types as types
 import psutil
 import pytest
-from mcp import Client, MCPError
+from mcp import Client, ClientSession, MCPError, StdioServerParameters, stdio_client
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session, raw_exchange, unix_transport
@@ -461,3 +462,44 @@ class TestSlowClients:
             mcp_sock(daemon), [json.dumps(line).encode() + b"\n" for line in lines], 2
         )
         assert [r.get("id") for r in replies] == [0, "last"]
+
+
+class TestConnect:
+    async def test_a_stock_client_through_connect_survives_a_daemon_restart(self, gateway) -> None:
+        """The SDK's stdio client on `mcp-supervisor connect`: calls work before and after the daemon
+        restarts, it is told to list again, and a call in flight at the break fails instead of hanging."""
+        daemon = gateway({"echo": ECHO})
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        command = [sys.executable, "-m", "supervisor", "connect", "--socket", daemon.socket]
+        params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(read, write, message_handler=on_message) as session,
+            anyio.create_task_group() as tg,
+        ):
+            await session.initialize()
+            assert first_text(await session.call_tool("echo__echo", {"text": "before"})) == "before"
+            old = daemon.status()["echo"]["pid"]
+            cut: list[str] = []
+
+            async def in_flight() -> None:  # the daemon's stop cuts it (a tool error), or the break does
+                try:
+                    result = await session.call_tool("echo__sleep", {"seconds": 30})
+                    cut.append(first_text(result) if result.is_error else "answered?!")
+                except MCPError as exc:
+                    cut.append(str(exc))
+
+            tg.start_soon(in_flight)
+            await eventually(lambda: daemon.status()["echo"]["in_flight"] == 1)
+            assert await anyio.to_thread.run_sync(daemon.terminate) == 0
+            await anyio.to_thread.run_sync(daemon.start)
+            await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
+            with anyio.fail_after(20):
+                await changed.wait()
+            assert int(first_text(await session.call_tool("echo__pid", {}))) != old
+            assert cut and "may or may not have run" in cut[0]

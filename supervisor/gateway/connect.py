@@ -30,10 +30,9 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from supervisor.backoff import Backoff
-from supervisor.client import DaemonUnreachable
-from supervisor.sockets import peer_credentials
-
+from .. import sockets
+from ..backoff import Backoff
+from ..client import DaemonUnreachable
 from .pump import ClientIn, ClientOut, Link, Pump, note
 
 __all__ = ("EOF_GRACE", "RECONNECT", "gateway_socket", "run")
@@ -56,24 +55,17 @@ class _WrongOwner(DaemonUnreachable):
 
 
 async def _dial(path: str) -> socket.socket:
-    """A socket connected to *path*, once the daemon is known to run as our uid."""
+    """A socket connected to *path*, once the daemon is known to run as our uid (or root)."""
     try:
-        stream = await anyio.connect_unix(path)
+        stream = await sockets.connect(path)
+    except sockets.UntrustedPeer as exc:
+        raise _WrongOwner(path, str(exc)) from None
     except PermissionError:
         raise DaemonUnreachable(path, f"permission denied connecting to {path}") from None
     except OSError as exc:
         if exc.errno in _NOBODY_THERE:
             raise DaemonUnreachable(path) from None
         raise DaemonUnreachable(path, f"cannot connect to {path}: {exc.strerror or exc}") from None
-    try:
-        _pid, uid = peer_credentials(stream)
-    except OSError:
-        await stream.aclose()
-        raise DaemonUnreachable(path, f"the daemon on {path} closed the connection at once") from None
-    if uid != os.geteuid():
-        await stream.aclose()
-        message = f"refusing {path}: it is served by uid {uid}, not by this user (uid {os.geteuid()})"
-        raise _WrongOwner(path, message)
     raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     return socket.socket(fileno=raw.detach())
 
