@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -63,12 +62,9 @@ def _wait_for(predicate: Callable[[], bool], what: str, within: float = 30.0) ->
         time.sleep(0.05)
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        httpx2.get(url, timeout=1)
-        return True
-    except httpx2.HTTPError:
-        return False
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @asynccontextmanager
@@ -170,7 +166,7 @@ def _proxy() -> Any:
             [str(exe), "--port", str(port), "--", sys.executable, FIXTURE], stdout=quiet, stderr=quiet
         )
     try:
-        _wait_for(lambda: _http_ok(f"http://127.0.0.1:{port}/sse"), "mcp-proxy to listen")
+        _wait_for(lambda: _listening(port), "mcp-proxy to listen")
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
