@@ -169,6 +169,10 @@ async def serve_http(
     )
     server = _Server(config)
     log.info("gateway.http_listening", url=f"http://{host}:{bound}/mcp", token=token is not None)
+    if token is None:  # unlike mcp.sock, TCP cannot tell which local user is calling
+        log.warning(
+            "gateway.http_without_token", hint="every local user can use the tools; set gateway.http.token"
+        )
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
