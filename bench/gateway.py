@@ -26,7 +26,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -34,32 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = str(ROOT / "tests" / "servers" / "echo.py")
-BIN = Path(sys.executable).parent
+FIXTURE = str(SERVERS / "echo.py")
 PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
 PROXY_VERSION = "0.13.0"
 
 _QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
 
 Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(predicate: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _listening(port: int) -> bool:
@@ -118,36 +102,6 @@ async def _throughput(open_session: Opener, tool: str, clients: int, calls_each:
     return round(clients * calls_each / elapsed, 1)
 
 
-@contextlib.contextmanager
-def _daemon(directory: Path) -> Any:
-    port = _free_port()
-    config = {
-        "socket": str(directory / "control.sock"),
-        "spool": {"dir": str(directory / "spool")},
-        "gateway": {"http": {"enabled": True, "port": port}},
-        "extensions": {"fx": {"command": sys.executable, "args": [FIXTURE]}},
-    }
-    (directory / "config.json").write_text(json.dumps(config))
-    with open(directory / "daemon.log", "wb") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "mcp-supervisor"), "daemon", "-c", str(directory / "config.json")],
-            stdout=log,
-            stderr=log,
-        )
-    try:
-        status = [str(BIN / "mcp-supervisor"), "status", "fx", "--json", "--socket", config["socket"]]
-
-        def running() -> bool:
-            result = subprocess.run(status, capture_output=True, text=True)
-            return result.returncode == 0 and '"running"' in result.stdout
-
-        _wait_for(running, "the daemon's fixture to run")
-        yield config["socket"], f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def _install_proxy() -> Path:
     exe = PROXY_VENV / "bin" / "mcp-proxy"
     if not exe.exists():
@@ -160,13 +114,13 @@ def _install_proxy() -> Path:
 @contextlib.contextmanager
 def _proxy() -> Any:
     exe = _install_proxy()
-    port = _free_port()
+    port = free_port()
     with open(os.devnull, "wb") as quiet:
         proc = subprocess.Popen(
             [str(exe), "--port", str(port), "--", sys.executable, FIXTURE], stdout=quiet, stderr=quiet
         )
     try:
-        _wait_for(lambda: _listening(port), "mcp-proxy to listen")
+        wait_for(lambda: _listening(port), "mcp-proxy to listen")
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.terminate()
@@ -183,11 +137,10 @@ async def _measure(name: str, open_session: Opener, tool: str, args: argparse.Na
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     results["direct"] = await _measure("direct", lambda: _stdio(sys.executable, FIXTURE), "echo", args)
-    with (
-        tempfile.TemporaryDirectory(prefix="mcps-bench-", dir="/tmp") as tmp,
-        _daemon(Path(tmp)) as (sock, url),
-    ):
-        connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", sock]
+    with daemon({"fx": fixture("echo.py")}, http=True) as running:
+        wait_for(lambda: running.all_running(["fx"]), "the daemon's fixture to run")
+        connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
+        url = running.http_url or ""
         results["connect"] = await _measure("connect", lambda: _stdio(*connect), "fx__echo", args)
         results["http"] = await _measure("http", lambda: _http(url), "fx__echo", args)
     if not args.skip_proxy:
