@@ -27,7 +27,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ("Subtree", "locate", "member_of", "populated")
+__all__ = ("Subtree", "cgroup_of", "locate", "member_of", "populated")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -66,7 +66,7 @@ def _delegated(path: Path) -> bool:
 
 
 def locate(*, force: bool = False) -> tuple[Path, bool] | None:
-    """Our cgroup and whether it is delegated to us, if we may build a sub-tree in it.
+    """Our cgroup, and whether we must move out of it into a leaf, if we may build a sub-tree in it.
 
     None when there is no cgroup v2 hierarchy, it is read-only to us, or the cgroup is
     someone else's (*force* skips that check). :meth:`Subtree.prepare` checks the rest.
@@ -76,12 +76,11 @@ def locate(*, force: bool = False) -> tuple[Path, bool] | None:
         return None
     path = mount / own.lstrip("/")
     is_root = own == "/"
-    delegated = _delegated(path)
-    if not (is_root or delegated or force):
+    if not (is_root or force or _delegated(path)):
         return None
     if not (os.access(path, os.W_OK) and os.access(path / "cgroup.procs", os.W_OK)):
         return None
-    return path, delegated and not is_root
+    return path, not is_root
 
 
 def populated(path: Path) -> bool:
@@ -92,18 +91,21 @@ def populated(path: Path) -> bool:
         return False
 
 
-def member_of(path: Path, pid: int) -> bool:
-    """Whether *pid* is in the cgroup *path* or below it, now (``/proc/<pid>/cgroup``)."""
+def cgroup_of(pid: int) -> Path | None:
+    """The directory of the cgroup (v2) *pid* is in now, or None (gone, or no hierarchy)."""
     mount = _mount_point()
     try:
         with open(f"/proc/{pid}/cgroup") as cgroup:
             where = next((line[3:].strip() for line in cgroup if line.startswith("0::")), None)
     except OSError:
-        return False
-    if mount is None or where is None:
-        return False
-    inside = Path(mount, where.lstrip("/"))
-    return inside == path or path in inside.parents
+        return None
+    return None if mount is None or where is None else mount / where.lstrip("/")
+
+
+def member_of(path: Path, pid: int) -> bool:
+    """Whether *pid* is in the cgroup *path* or below it, now."""
+    inside = cgroup_of(pid)
+    return inside is not None and (inside == path or path in inside.parents)
 
 
 class Subtree:
