@@ -28,6 +28,7 @@ lint: venv
 bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/restart.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/media.py --repeat 6
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/contain.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
