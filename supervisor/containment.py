@@ -87,16 +87,23 @@ class Containment:
             log.debug("daemon.reaped_orphans", count=len(reaped))
 
     async def keep_guardian(self) -> None:
-        """Restart the guardian if it dies while the daemon runs (it should not); runs until cancelled."""
-        while self._guardian_pidfd >= 0:
-            await anyio.wait_readable(self._guardian_pidfd)
-            if self._closing:
-                return
-            await anyio.to_thread.run_sync(self._reap_guardian, 1.0)
-            log.error("daemon.guardian_exited", hint="starting a new one")
-            self._restarts += 1
-            await anyio.sleep(1.0)  # a guardian that cannot start must not spin
-            await self._start_guardian()
+        """Start a new guardian whenever it died (it should not) or could not start; runs until cancelled."""
+        failures = 0
+        while not self._closing:
+            if self._guardian_pidfd >= 0:
+                await anyio.wait_readable(self._guardian_pidfd)
+                if self._closing:
+                    return
+                await anyio.to_thread.run_sync(self._reap_guardian, 1.0)
+                log.error("daemon.guardian_exited", hint="starting a new one")
+                self._restarts += 1
+            await anyio.sleep(min(2.0**failures, 60.0))  # a guardian that cannot start must not spin
+            try:
+                await self._start_guardian()
+                failures = 0
+            except (OSError, RuntimeError, TimeoutError) as exc:
+                failures += 1
+                log.error("daemon.guardian_failed", error=str(exc) or type(exc).__name__)
 
     async def close(self) -> None:
         """After every extension stopped: kill what is left, remove the sub-tree, end the guardian."""
@@ -125,17 +132,25 @@ class Containment:
             daemon=os.getpid(), prefix=self.prefix, subtree=self.subtree.path if self.subtree else None
         )
         env = {k: v for k, v in os.environ.items() if k != process.MARKER_ENV}
+        if self._to_guardian >= 0:  # the pipe of a guardian that died
+            os.close(self._to_guardian)
         read_end, self._to_guardian = os.pipe()
         try:
             popen = await _wrap(spawner.submit(functools.partial(_popen_guardian, argv, env, read_end)))
         finally:
             os.close(read_end)
         assert popen.stdout is not None
-        with anyio.fail_after(_GUARDIAN_START):
-            await anyio.wait_readable(popen.stdout.fileno())
-        if popen.stdout.read1(64) != b"ready\n":
-            raise RuntimeError("the guardian process did not start")
         self._guardian, self._guardian_pidfd = popen, os.pidfd_open(popen.pid)
+        try:
+            with anyio.fail_after(_GUARDIAN_START):
+                await anyio.wait_readable(popen.stdout.fileno())
+            if popen.stdout.read1(64) != b"ready\n":
+                raise RuntimeError("the guardian process did not start")
+        except BaseException:
+            popen.kill()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._reap_guardian, 5.0)
+            raise
 
     def _reap_guardian(self, within: float) -> None:
         if self._guardian is None:
@@ -148,7 +163,7 @@ class Containment:
                 self._guardian.stdout.close()  # type: ignore[union-attr]
             with contextlib.suppress(OSError):
                 os.close(self._guardian_pidfd)
-            self._guardian_pidfd = -1
+            self._guardian, self._guardian_pidfd = None, -1
 
 
 async def _wrap(future: Any) -> Any:

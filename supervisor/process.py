@@ -171,6 +171,7 @@ class ChildProcess:
     _popen: subprocess.Popen[bytes]
     _pipes: tuple[asyncio.BaseTransport, ...]
     cgroup: Path | None = None  # this run's own cgroup, when the daemon has a sub-tree
+    started: int | None = None  # its start time: tells it apart from a later process with its pid
     returncode: int | None = None
     exited_at: datetime | None = None  # when the exit was noticed (wall clock)
     terminated: bool = False  # terminate_tree() has run to the end
@@ -254,6 +255,7 @@ async def _attach(
     pipes = (in_transport, out_transport, err_transport)
     child = ChildProcess(popen.pid, marker, stdin, stdout, stderr, anyio.Event(), popen, pipes, cgroup)
     child._pidfd = os.pidfd_open(popen.pid)  # unreaped (tracked by the reaper): cannot be reused
+    child.started = proctree.start_time(popen.pid)
     loop.add_reader(child._pidfd, child._on_pidfd_readable)
     return child
 

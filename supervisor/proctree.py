@@ -26,7 +26,16 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-__all__ = ("MARKER_ENV", "Proc", "find_marked", "kill_tree", "members", "open_verified", "scan")
+__all__ = (
+    "MARKER_ENV",
+    "Proc",
+    "find_marked",
+    "kill_tree",
+    "members",
+    "open_verified",
+    "scan",
+    "start_time",
+)
 
 MARKER_ENV = "MCP_SUPERVISOR_MARK"
 
@@ -55,6 +64,12 @@ def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
         return None
     fields = data[data.rfind(b")") + 2 :].split()  # the command name may contain anything
     return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+
+
+def start_time(pid: int) -> int | None:
+    """When *pid* started (clock ticks since boot): with the pid, it names one process for good."""
+    stat = _stat(pid)
+    return stat[4] if stat else None
 
 
 def _marker(pid: int) -> str | None:

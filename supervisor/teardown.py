@@ -154,11 +154,12 @@ async def _end_scanned(child: ChildProcess, term_grace: float, hurry: anyio.Even
 
 def _tree_of(child: ChildProcess) -> Callable[..., set[int]]:
     """A finder for *child*'s tree: called bare it scans ``/proc`` itself."""
-    roots = () if child.returncode is not None else (child.pid,)
     adopter = os.getpid() if reaper.is_subreaper() else None
 
     def find(procs: dict[int, proctree.Proc] | None = None) -> set[int]:
         procs = proctree.scan() if procs is None else procs
+        me = procs.get(child.pid)  # reaped meanwhile on the loop, its pid may name another process now
+        roots = (child.pid,) if me is not None and me.started == child.started else ()
         tracked = reaper.tracked()
         return proctree.members(procs, prefix=child.marker, roots=roots, adopter=adopter, tracked=tracked)
 

@@ -27,7 +27,7 @@ import pytest
 from supervisor import cgroups, client, process
 from supervisor.cgroups import Subtree
 
-from .conftest import extension_settings, server_argv
+from .conftest import eventually, extension_settings, server_argv
 
 CLI = [sys.executable, "-m", "supervisor"]
 SHAPES = ("child", "group", "double", "forkloop", "clearenv", "scrub")
@@ -296,7 +296,8 @@ class TestTeardown:
         )
         await _ready(child)
         assert child.cgroup is not None and child.cgroup.parent == subtree.path
-        assert set(Subtree.pids(child.cgroup)) == {child.pid, *tagged([tag])[tag]}  # all, and only, the tree
+        cgroup = child.cgroup  # all of the tree, and only it (an intermediate may still be exiting)
+        await eventually(lambda: set(Subtree.pids(cgroup)) == {child.pid, *tagged([tag])[tag]})
         await process.terminate_tree(child, grace=0.5, term_grace=0.5)
         left = tagged([tag])[tag]
         kill_tagged([tag])
@@ -368,7 +369,8 @@ class TestDaemonContainment:
             assert cgroups.cgroup_of(daemon.proc.pid) == unit / "daemon"
             assert cgroups.cgroup_of(report["containment"]["guardian_pid"]) == unit / "daemon"
             assert Path(report["extensions"][0]["cgroup"]).parent.parent == unit / "extensions"
-            assert Subtree.pids(unit) == Subtree.pids(unit / "daemon") + Subtree.pids(unit / "extensions")
+            inner = Subtree.pids(unit / "daemon") + Subtree.pids(unit / "extensions")
+            assert sorted(Subtree.pids(unit)) == sorted(inner)
             assert (unit / "cgroup.procs").read_text() == ""  # no process left in the inner node
             assert await daemon.end(signal.SIGTERM) == 0
             assert not await anyio.Path(unit / "extensions").exists()  # removed with the last run
@@ -377,3 +379,21 @@ class TestDaemonContainment:
             for path in (unit / "extensions", unit / "daemon", unit):
                 with contextlib.suppress(OSError):
                     path.rmdir()
+
+    async def test_a_killed_guardian_is_replaced_and_still_guards(self, short_tmp: Path) -> None:
+        """The daemon starts a new guardian when its guardian dies; that one ends the trees on SIGKILL."""
+        daemon = MatrixDaemon(short_tmp / "d", "auto", {"fx": "group"})
+        try:
+            run = (await daemon.until_running(["fx"]))["fx"]
+            first = (await daemon.health())["containment"]["guardian_pid"]
+            os.kill(first, signal.SIGKILL)
+            with anyio.fail_after(10):
+                while (contain := (await daemon.health())["containment"])["guardian_pid"] in (first, None):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # another process: no event to wait on
+            assert contain["guardian_restarts"] == 1
+            await daemon.end(signal.SIGKILL)
+            with anyio.fail_after(SIGKILL_DEADLINE):
+                while survivors({"fx": run})["fx"]:  # noqa: ASYNC110 - other processes: no event
+                    await anyio.sleep(0.02)
+        finally:
+            daemon.close()
