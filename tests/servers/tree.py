@@ -15,7 +15,7 @@ carries ``T-<server pid>`` in its command line, which is how a test finds surviv
 * ``double``: a double fork with setsid in between; the grandchild exits, so the survivor
   is an orphan in a session of its own;
 * ``forkloop``: a grandchild in a session of its own that ignores SIGTERM and, once it gets
-  one (or its parent dies), forks short-lived children every 5 ms for as long as it lives;
+  one (or its parent dies), forks a child living 0.3 s every 2 ms for as long as it lives;
 * ``clearenv``: a grandchild that starts a great-grandchild with setsid and an empty
   environment (no marker), and stays alive;
 * ``scrub``: the worst case: a double fork with setsid and an empty environment (``scan``
@@ -64,11 +64,11 @@ _SHAPES = {
         + _REPORT
         + "while not storm and os.getppid() == parent:\n    time.sleep(0.01)\n"
         "while True:\n"
-        "    if os.fork() == 0:\n        time.sleep(0.05)\n        os._exit(0)\n"
+        "    if os.fork() == 0:\n        time.sleep(0.3)\n        os._exit(0)\n"
         "    while True:\n"
         "        try:\n            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
         "        except ChildProcessError: break\n"
-        "    time.sleep(0.005)\n"
+        "    time.sleep(0.002)\n"
     ),
     "clearenv": (
         "import os, subprocess, sys\n"
