@@ -14,7 +14,7 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import process
+from supervisor import process, spawner
 from supervisor.errors import SpawnError
 
 from .conftest import eventually, server_argv
@@ -48,7 +48,7 @@ asyncio.run(main())
 
 LOOP_STALL_PROBE = """
 import anyio, os, sys, time
-from supervisor import process
+from supervisor import process, spawner
 heap = bytearray(1 << 30)  # a big daemon: copying its page tables makes a fork() slow
 for i in range(0, len(heap), 4096):
     heap[i] = 1
@@ -168,6 +168,30 @@ class TestSpawn:
         )
         assert result.returncode == 0, result.stderr
         assert float(result.stdout) < 25, f"the loop stalled {result.stdout.strip()} ms"
+
+
+class TestShim:
+    def test_argv_is_bare_without_setpriv_or_cgroup(self) -> None:
+        """With neither a death-signal helper nor a cgroup, the command is executed as is."""
+        assert spawner.shim_argv(["/bin/x", "a"], cgroup=None, setpriv=None) == ["/bin/x", "a"]
+
+    def test_argv_arms_the_death_signal_then_joins_the_cgroup(self, tmp_path: Path) -> None:
+        """setpriv first, then sh checks our pid and joins the cgroup, then execs the command."""
+        argv = spawner.shim_argv(["/bin/x", "a"], cgroup=tmp_path, setpriv="/usr/bin/setpriv")
+        assert argv[:4] == ["/usr/bin/setpriv", "--pdeathsig", "KILL", "--"]
+        assert argv[4:6] == ["/bin/sh", "-c"] and argv[-4:] == [
+            str(os.getpid()),
+            str(tmp_path / "cgroup.procs"),
+            "/bin/x",
+            "a",
+        ]
+
+    @pytest.mark.skipif(spawner._SETPRIV is None, reason="no setpriv (util-linux) here")
+    def test_shim_refuses_to_run_once_its_parent_is_gone(self) -> None:
+        """The shim exits 125 without running the command when its parent is not the daemon."""
+        argv = spawner.shim_argv(["/bin/true"], cgroup=None)
+        argv[argv.index(str(os.getpid()))] = "1"  # as if the daemon had died and PID 1 adopted us
+        assert subprocess.run(argv, timeout=10).returncode == 125
 
 
 class TestPipeReader:
