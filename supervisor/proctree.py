@@ -188,7 +188,9 @@ def kill_tree(
 
     *find* picks the tree's pids from a scan. Each round SIGSTOPs what it found (a stopped
     process cannot fork), then scans again, until nothing new appears; then everything is
-    sent *sig* (SIGKILL, or SIGTERM for the polite phase, which skips the stopping). *groups*
+    sent *sig* (SIGKILL, or SIGTERM for the polite phase, which skips the stopping); "nothing
+    new" takes two scans in a row, as a process in the middle of an exec has no readable
+    environment for a moment. *groups*
     are process groups whose leader we hold unreaped, killed first and atomically by the
     kernel (a fork in flight is killed too). Returns how many processes were signalled.
     Blocking: run it in a thread.
@@ -198,11 +200,13 @@ def kill_tree(
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
     held: dict[tuple[int, int], int] = {}  # (pid, start time) -> pidfd
+    quiet = 0
     try:
         while time.monotonic() < deadline:
             procs = scan()
             fresh = [procs[pid] for pid in find(procs) if (pid, procs[pid].started) not in held]
-            if not fresh:
+            quiet = 0 if fresh else quiet + 1
+            if quiet == 2:  # twice: a process caught inside execve() shows no environment
                 break
             for proc in fresh:
                 fd = open_verified(proc)

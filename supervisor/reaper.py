@@ -72,17 +72,27 @@ def reap_strangers() -> list[int]:
                 return reaped
             if info is None:
                 return reaped
-            if info.si_pid in _tracked or _session(info.si_pid) in (session, None):
+            if info.si_pid in _tracked or info.si_pid in reaped or _session(info.si_pid) in (session, None):
                 break
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(info.si_pid, os.WNOHANG)
-            reaped.append(info.si_pid)
-        for proc in proctree.scan(markers=False).values():
-            if proc.ppid == me and proc.zombie and proc.pid not in _tracked and proc.sid != session:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(proc.pid, os.WNOHANG)
-                reaped.append(proc.pid)
+            _reap(info.si_pid, reaped)
+    # One of ours (or of our session) is first in line: find the strangers behind it, without
+    # holding the lock (spawns wait for it) during the scan.
+    behind = [
+        p.pid
+        for p in proctree.scan(markers=False).values()
+        if p.ppid == me and p.zombie and p.pid not in _tracked and p.sid != session
+    ]
+    with lock:
+        for pid in behind:
+            if pid not in _tracked and _session(pid) not in (session, None):
+                _reap(pid, reaped)
     return reaped
+
+
+def _reap(pid: int, reaped: list[int]) -> None:
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            reaped.append(pid)
 
 
 def _session(pid: int) -> int | None:

@@ -133,11 +133,13 @@ class _CgroupEvents:
 
 async def _end_scanned(child: ChildProcess, term_grace: float, hurry: anyio.Event) -> None:
     """The fallback: SIGTERM what a scan finds, wait, then stop-scan-kill until nothing is new."""
+    find = _tree_of(child)
     if not hurry.is_set():
         if child.returncode is None:  # on the loop, where it is reaped: the group id is still ours
             _killpg_quietly(child.pgid, signal.SIGTERM)
-        pids = await anyio.to_thread.run_sync(_tree_of(child))
-        fds = await anyio.to_thread.run_sync(_open_all, pids)
+        fds = await anyio.to_thread.run_sync(_open_tree, find)
+        if not fds and child.returncode is not None and not await anyio.to_thread.run_sync(_rescan, find):
+            return  # twice nothing (once may miss a process inside execve): nothing grows back
         for fd in fds:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 signal.pidfd_send_signal(fd, signal.SIGTERM)
@@ -145,19 +147,16 @@ async def _end_scanned(child: ChildProcess, term_grace: float, hurry: anyio.Even
     for _ in range(3):
         if child.returncode is None:
             _killpg_quietly(child.pgid, signal.SIGKILL)  # atomic against forks in the group
-        find = _tree_of(child)
-        await anyio.to_thread.run_sync(functools.partial(proctree.kill_tree, find))
-        if not await anyio.to_thread.run_sync(find):
-            return
+        if not await anyio.to_thread.run_sync(functools.partial(proctree.kill_tree, find)):
+            return  # a scan found nobody
     log.warning("process.tree_survivors", marker=child.marker)
 
 
-def _tree_of(child: ChildProcess) -> Callable[..., set[int]]:
-    """A finder for *child*'s tree: called bare it scans ``/proc`` itself."""
+def _tree_of(child: ChildProcess) -> Callable[[dict[int, proctree.Proc]], set[int]]:
+    """A finder for *child*'s tree in a scan."""
     adopter = os.getpid() if reaper.is_subreaper() else None
 
-    def find(procs: dict[int, proctree.Proc] | None = None) -> set[int]:
-        procs = proctree.scan() if procs is None else procs
+    def find(procs: dict[int, proctree.Proc]) -> set[int]:
         me = procs.get(child.pid)  # reaped meanwhile on the loop, its pid may name another process now
         roots = (child.pid,) if me is not None and me.started == child.started else ()
         tracked = reaper.tracked()
@@ -166,9 +165,14 @@ def _tree_of(child: ChildProcess) -> Callable[..., set[int]]:
     return find
 
 
-def _open_all(pids: set[int]) -> list[int]:
-    procs = proctree.scan(markers=False)
-    return [fd for pid in pids if pid in procs and (fd := proctree.open_verified(procs[pid])) is not None]
+def _rescan(find: Callable[[dict[int, proctree.Proc]], set[int]]) -> set[int]:
+    return find(proctree.scan())
+
+
+def _open_tree(find: Callable[[dict[int, proctree.Proc]], set[int]]) -> list[int]:
+    """Pidfds of the tree's members, from one scan."""
+    procs = proctree.scan()
+    return [fd for pid in find(procs) if (fd := proctree.open_verified(procs[pid])) is not None]
 
 
 async def wait_until(event: anyio.Event, hurry: anyio.Event, *, within: float) -> None:
