@@ -126,9 +126,11 @@ def members(
 
     *roots* are seeds known by pid (the child itself, which may have rewritten its
     environment). *adopter* is our own pid when we are a child subreaper: its children that
-    are not *tracked* (spawned by us) are orphans of some tree. A process marked for
-    another tree (or with a marker starting with *keep*) never belongs to this one.
+    are not *tracked* (spawned by us) and not in its own session (every tree has sessions
+    of its own; other code's subprocesses stay in ours) are orphans of some tree. A process
+    marked for another tree (or with a marker starting with *keep*) never belongs to this one.
     """
+    own_session = os.getsid(adopter) if adopter is not None else None
 
     def marked(p: Proc) -> bool:
         return (
@@ -143,7 +145,7 @@ def members(
         for p in procs.values()
         if marked(p)
         or p.pid in roots
-        or (adopter is not None and p.ppid == adopter and p.pid not in tracked and ours(p))
+        or (p.ppid == adopter and p.sid != own_session and p.pid not in tracked and ours(p))
     }
     children: dict[int, list[int]] = {}
     for p in procs.values():

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import cgroups, client, process
+from supervisor import cgroups, client, process, proctree
 from supervisor.cgroups import Subtree
 
 from .conftest import eventually, extension_settings, server_argv
@@ -397,3 +397,53 @@ class TestDaemonContainment:
                     await anyio.sleep(0.02)
         finally:
             daemon.close()
+
+
+class TestMembers:
+    """proctree.members on made-up process tables: the rules that say who belongs to a tree."""
+
+    ME, SESSION = os.getpid(), os.getsid(0)
+
+    @staticmethod
+    def table(*rows: tuple[int, int, int, int, str | None]) -> dict[int, proctree.Proc]:
+        return {
+            pid: proctree.Proc(pid, ppid, pgid, sid, pid * 10, False, mark)
+            for pid, ppid, pgid, sid, mark in rows
+        }
+
+    def test_marker_session_group_and_descendants(self) -> None:
+        """Seeds by marker; then their sessions, groups and children, even unmarked ones."""
+        procs = self.table(
+            (100, 1, 100, 100, "d:fx:1"),  # the child
+            (101, 100, 100, 100, None),  # rewrote its environment, still in the session
+            (102, 1, 102, 102, None),  # unrelated: unmarked, no link to the tree
+            (103, 1, 103, 103, "d:fx:1"),  # double fork + setsid: found by its marker
+            (104, 103, 104, 104, None),  # its child, setsid + cleared env: found by its parent
+            (200, 1, 200, 200, "d:other:1"),  # another tree
+            (201, 100, 201, 201, "d:other:1"),  # marked for another tree: never ours
+        )
+        assert proctree.members(procs, prefix="d:fx:1") == {100, 101, 103, 104}
+
+    def test_keep_spares_a_prefix(self) -> None:
+        """With keep, a sweep spares the current daemon's trees and their sessions."""
+        procs = self.table(
+            (100, 1, 100, 100, "d:1:fx"), (101, 100, 100, 100, None), (300, 1, 300, 300, "d:2:fx")
+        )
+        assert proctree.members(procs, prefix="d:", keep="d:2:") == {100, 101}
+
+    def test_adopted_orphans_but_not_our_own_children(self) -> None:
+        """A subreaper's unmarked orphans belong to the tree; its spawned and same-session children do not."""
+        me, session = self.ME, self.SESSION
+        procs = self.table(
+            (500, me, 500, 500, None),  # an orphan handed to us: left its session, cleared its env
+            (501, me, 501, 501, "d:other:1"),  # another tree's orphan
+            (502, me, 502, 502, None),  # a child we spawned (tracked)
+            (503, me, session, session, None),  # a subprocess of other code in our session
+        )
+        assert proctree.members(procs, prefix="d:fx:1", adopter=me, tracked={502}) == {500}
+
+    def test_zombies_are_not_members(self) -> None:
+        """The dead are left out (they only wait to be reaped), but still link their children."""
+        procs = self.table((100, 1, 100, 100, "d:fx:1"), (101, 100, 101, 101, None))
+        procs[100] = proctree.Proc(100, 1, 100, 100, 1000, True, "d:fx:1")
+        assert proctree.members(procs, prefix="d:fx:1", roots=(100,)) == {101}
