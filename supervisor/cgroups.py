@@ -178,3 +178,25 @@ class Subtree:
         with contextlib.suppress(OSError):
             return [p for p in self.path.parent.iterdir() if p.name.startswith(prefix) and p != self.path]
         return []
+
+    def remove_abandoned(self) -> list[Path]:
+        """Remove the empty sub-trees of daemons (on any socket) that are gone; returns them.
+
+        A daemon killed between creating its sub-tree and starting its guardian leaves one.
+        Only what is empty goes: another socket's processes are never touched.
+        """
+        removed = []
+        for entry in self.path.parent.iterdir() if self.path.parent.is_dir() else ():
+            owner = entry.name.rpartition("-")[2]
+            if entry == self.path or not entry.is_dir() or not owner.isdigit() or populated(entry):
+                continue
+            try:
+                os.kill(int(owner), 0)
+                continue  # alive (or its pid reused): leave it
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue
+            if self.remove(entry):
+                removed.append(entry)
+        return removed

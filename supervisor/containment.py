@@ -54,19 +54,21 @@ class Containment:
         """Become a subreaper, build the cgroup sub-tree if we may, and start the guardian.
 
         Also kills what an earlier daemon on the same socket left in its cgroups. Returns once
-        the guardian is armed, so no extension ever runs unguarded.
+        the guardian is armed, so no extension ever runs unguarded. Shielded (a SIGTERM during
+        startup waits for it, about 50 ms): half a preparation could not be cleaned up.
         """
         subreaper = reaper.become_subreaper()
         if want not in MODES:
             log.warning("daemon.bad_containment", value=want, expected=list(MODES), using="auto")
             want = "auto"
-        subtree = await anyio.to_thread.run_sync(_make_subtree, instance, want)
-        process.contain_in(subtree, prefix=prefix)
-        self = cls(prefix, subtree, subreaper)
-        try:
-            await self._start_guardian()
-        except (OSError, RuntimeError, TimeoutError) as exc:  # contained still, but not after a SIGKILL
-            log.error("daemon.guardian_failed", error=str(exc) or type(exc).__name__)
+        with anyio.CancelScope(shield=True):
+            subtree = await anyio.to_thread.run_sync(_make_subtree, instance, want)
+            process.contain_in(subtree, prefix=prefix)
+            self = cls(prefix, subtree, subreaper)
+            try:
+                await self._start_guardian()
+            except (OSError, RuntimeError, TimeoutError) as exc:  # contained still, not after a SIGKILL
+                log.error("daemon.guardian_failed", error=str(exc) or type(exc).__name__)
         log.info("daemon.containment", **self.describe())
         return self
 
@@ -202,4 +204,6 @@ def _make_subtree(instance: str, want: str) -> Subtree | None:
     for stale in subtree.stale(f"{instance}-"):  # an earlier daemon on this socket, and its guardian, died
         killed = guardian.clean_up("\0", stale)  # the prefix matches no marker: cgroup only
         log.warning("daemon.swept_cgroup", cgroup=str(stale), killed=killed)
+    for abandoned in subtree.remove_abandoned():
+        log.info("daemon.removed_cgroup", cgroup=str(abandoned))
     return subtree

@@ -26,6 +26,7 @@ import pytest
 
 from supervisor import cgroups, client, process, proctree
 from supervisor.cgroups import Subtree
+from supervisor.daemon import instance_key
 
 from .conftest import eventually, extension_settings, server_argv
 
@@ -137,6 +138,13 @@ class MatrixDaemon:
 
 def _pid(run: str) -> int:
     return int(run.rsplit("-", 1)[1])
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (nobody else has it, most likely)."""
+    gone = subprocess.Popen(["/bin/true"])
+    gone.wait()
+    return gone.pid
 
 
 def _alive(pid: int) -> bool:
@@ -447,3 +455,44 @@ class TestMembers:
         procs = self.table((100, 1, 100, 100, "d:fx:1"), (101, 100, 101, 101, None))
         procs[100] = proctree.Proc(100, 1, 100, 100, 1000, True, "d:fx:1")
         assert proctree.members(procs, prefix="d:fx:1", roots=(100,)) == {101}
+
+
+@needs_cgroup
+@pytest.mark.anyio
+@pytest.mark.timeout(60)
+class TestCgroupHygiene:
+    async def test_sigterm_during_startup_leaves_no_cgroup(self, short_tmp: Path) -> None:
+        """A SIGTERM as soon as the socket answers (containment still being prepared) leaves no sub-tree."""
+        assert CGROUP is not None
+        daemon = MatrixDaemon(short_tmp / "d", "cgroup", {})
+        try:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        await daemon.status()
+                        break
+                    except client.DaemonUnreachable:
+                        await anyio.sleep(0.005)
+            assert await daemon.end(signal.SIGTERM) == 0
+            subtree = CGROUP[0] / "extensions" / f"{instance_key(daemon.socket)}-{daemon.proc.pid}"
+            assert not await anyio.Path(subtree).exists()
+        finally:
+            daemon.close()
+
+    async def test_a_start_removes_empty_subtrees_of_dead_daemons(self, short_tmp: Path) -> None:
+        """Empty sub-trees whose daemon is gone (on any socket) are removed; live ones are left alone."""
+        assert CGROUP is not None
+        abandoned = CGROUP[0] / "extensions" / f"feedfacecafe-{_dead_pid()}"
+        alive = CGROUP[0] / "extensions" / f"feedfacecafe-{os.getpid()}"
+        for path in (abandoned, alive):
+            path.mkdir(parents=True)
+        daemon = MatrixDaemon(short_tmp / "d", "cgroup", {"fx": "child"})
+        try:
+            await daemon.until_running(["fx"])
+            assert not await anyio.Path(abandoned).exists()
+            assert await anyio.Path(alive).exists()
+        finally:
+            daemon.close()
+            for path in (abandoned, alive):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
