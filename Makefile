@@ -29,6 +29,9 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/restart.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/media.py --repeat 6
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/gateway.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/contain.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/soak.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -28,12 +28,13 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from . import config, control, logs, process
 from .config import ExtensionConfig, Settings
+from .containment import Containment
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
 from .gateway.http import serve_http
 from .gateway.listeners import serve_unix
 from .gateway.server import Gateway
-from .health import process_stats
+from .health import cgroup_of, process_stats
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
 from .spool import Spool, default_root
@@ -74,6 +75,7 @@ class Daemon:
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
             instance=self.instance,
@@ -196,6 +198,7 @@ class Daemon:
                 "max_files": self.spool.max_files,
                 "max_bytes": self.spool.max_total_bytes,
             },
+            "containment": self.containment.describe() if self.containment else None,
             "extensions": [_health_of(ext) for ext in self._extensions.values()],
         }
 
@@ -294,6 +297,7 @@ def _health_of(ext: Extension) -> dict[str, Any]:
         "tools": snapshot.tools,
         "log_lines": ext.stderr_lines,
         "log_lines_max": ext.config.log_lines,
+        "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
     }
 
 
@@ -359,6 +363,12 @@ async def run(
                 log.error("daemon.socket_unavailable", error=str(exc))
                 tg.cancel_scope.cancel()
                 return 1
+        daemon.containment = await Containment.prepare(
+            instance=daemon.instance,
+            prefix=daemon.marker_prefix,
+            want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto"),
+        )
+        tg.start_soon(daemon.containment.keep_guardian)
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
@@ -368,6 +378,8 @@ async def run(
         tg.start_soon(keep_watchdog, notifier)  # on the loop: a blocked loop stops the pings
         log.info("daemon.ready", extensions=len(settings.extensions))
     with anyio.CancelScope(shield=True):
+        if daemon.containment is not None:
+            await daemon.containment.close()
         await anyio.to_thread.run_sync(daemon.spool.close)
     notifier.close()
     log.info("daemon.stopped")
@@ -388,11 +400,14 @@ async def _serve_signals(
     daemon: Daemon, tg: TaskGroup, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """Signal handlers only note the signal; the work happens here, in the event loop."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD) as signals:
         task_status.started()
         shutting_down = False
         async for signum in signals:
-            if signum == signal.SIGHUP:
+            if signum == signal.SIGCHLD:  # an orphan handed to us (a subreaper) may have exited
+                if daemon.containment is not None:
+                    await daemon.containment.reap()
+            elif signum == signal.SIGHUP:
                 tg.start_soon(_reload_on_signal, daemon)
             elif not shutting_down:
                 shutting_down = True

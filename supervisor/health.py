@@ -9,7 +9,9 @@ from typing import Any
 
 import psutil
 
-__all__ = ("ProcessStats", "process_stats")
+from . import cgroups
+
+__all__ = ("ProcessStats", "cgroup_of", "process_stats")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +39,9 @@ def process_stats() -> ProcessStats:
             open_fds=me.num_fds(),
             asyncio_tasks=len(asyncio.all_tasks()),
         )
+
+
+def cgroup_of(pid: int) -> str | None:
+    """The directory of the cgroup *pid* is in (``/sys/fs/cgroup/…``), or None if it is gone."""
+    path = cgroups.cgroup_of(pid)
+    return str(path) if path is not None else None

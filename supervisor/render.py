@@ -176,4 +176,10 @@ def health_text(report: dict[str, Any]) -> str:
         counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
         ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
         rows.append((ext["name"], ext["state"], *map(str, counts), ring))
-    return "\n".join([*lines, table(rows)])
+    lines.append(table(rows))
+    if contain := report.get("containment"):  # `--json` has each extension's own cgroup
+        where = (
+            f"a cgroup each, under {contain['cgroup']}" if contain["cgroup"] else "/proc scans (no cgroup)"
+        )
+        lines.append(f"trees   {where}; guardian pid {contain['guardian_pid']}")
+    return "\n".join(lines)

@@ -257,13 +257,25 @@ class TestShutdown:
         assert time.monotonic() - started < 10
         assert process.find_marked(daemon.instance) == set()
 
-    def test_sigkill_leaves_no_direct_child_and_the_next_start_sweeps(
-        self, daemons: Callable[..., Daemon], short_tmp: Path
-    ) -> None:
-        """PDEATHSIG takes the direct children down; the next daemon sweeps the orphaned grandchildren."""
+    def test_sigkill_leaves_no_process_of_any_tree(self, daemons: Callable[..., Daemon]) -> None:
+        """A SIGKILLed daemon's guardian ends every tree within 5 s, with no new daemon started."""
         daemon = daemons({"tree": extension_settings("tree.py"), "plain": extension_settings("quick.py")})
         direct = [daemon.wait_state(name, "running")["pid"] for name in ("tree", "plain")]
         descendants = json.loads(daemon.cli("call", "tree", "pids").stdout)
+        assert daemon.proc is not None
+        daemon.proc.kill()
+        daemon.proc.wait()
+        until(lambda: not any(alive(pid) for pid in [*direct, *descendants.values()]), within=5)
+
+    def test_the_next_start_sweeps_what_daemon_and_guardian_left(
+        self, daemons: Callable[..., Daemon], short_tmp: Path
+    ) -> None:
+        """With its guardian SIGKILLed too, a daemon's orphans wait for the next daemon's sweep."""
+        daemon = daemons({"tree": extension_settings("tree.py"), "plain": extension_settings("quick.py")})
+        direct = [daemon.wait_state(name, "running")["pid"] for name in ("tree", "plain")]
+        descendants = json.loads(daemon.cli("call", "tree", "pids").stdout)
+        guardian = json.loads(daemon.cli("health", "--json").stdout)["containment"]["guardian_pid"]
+        os.kill(guardian, signal.SIGKILL)
         assert daemon.proc is not None
         daemon.proc.kill()
         daemon.proc.wait()
@@ -271,7 +283,8 @@ class TestShutdown:
         assert alive(descendants["grandchild"])  # orphaned, still marked
 
         successor = daemons({}, directory=short_tmp)
-        until(lambda: any(e.get("event") == "daemon.swept_orphans" for e in successor.events()))
+        swept = {"daemon.swept_orphans", "daemon.swept_cgroup"}
+        until(lambda: any(e.get("event") in swept for e in successor.events()))
         assert not alive(descendants["grandchild"]) and not alive(descendants["great_grandchild"])
         assert successor.terminate() == 0
 

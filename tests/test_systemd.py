@@ -194,6 +194,12 @@ class TestContract:
         assert "PYTHONUNBUFFERED=1" in service(unit, "Environment")
         assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 
+    def test_cgroup_is_delegated_and_writable(self, unit: Unit) -> None:
+        """Delegate=yes, and a writable cgroup file system: each extension gets a cgroup of its own."""
+        assert service(unit, "Delegate") == ["yes"]
+        assert service(unit, "ProtectControlGroups") in ([], ["no"])
+        assert "MCP_SUPERVISOR_CONTAINMENT=cgroup" in service(unit, "Environment")
+
     def test_stop_timeout_exceeds_shutdown_timeout(self, unit: Unit) -> None:
         """systemd waits longer than the daemon's default shutdown_timeout before it SIGKILLs."""
         (stop,) = service(unit, "TimeoutStopSec")

@@ -6,6 +6,22 @@ the process group, so ``killpg`` misses it). Both descendants sleep forever. Too
 ``pids()`` -> JSON ``{"server", "grandchild", "great_grandchild"}``; ``crash(code=3)`` exits
 at once while the grandchild still holds stdout. Env ``TREE_SETSID_INHERITS_STDIO=1`` makes
 the great-grandchild inherit the stdio pipes too (default: /dev/null).
+
+``--mode M`` picks another shape for the containment tests (``--tag T``: every descendant
+carries ``T-<server pid>`` in its command line, which is how a test finds survivors):
+
+* ``child``: no descendants at all;
+* ``group``: one grandchild in the server's process group;
+* ``double``: a double fork with setsid in between; the grandchild exits, so the survivor
+  is an orphan in a session of its own;
+* ``forkloop``: a grandchild in a session of its own that ignores SIGTERM and, once it gets
+  one (or its parent dies), forks a child living 0.3 s every 2 ms for as long as it lives;
+* ``clearenv``: a grandchild that starts a great-grandchild with setsid and an empty
+  environment (no marker), and stays alive;
+* ``scrub``: the worst case: a double fork with setsid and an empty environment (``scan``
+  containment can attribute it only while the daemon lives).
+
+In these modes the server reports ``tree: ready <mode>`` on stderr once its tree stands.
 """
 
 from __future__ import annotations
@@ -29,6 +45,46 @@ os.close(report_fd)
 while True:
     time.sleep(3600)
 """
+
+# argv: report fd, run tag. Each shape writes its final pid to the fd once it stands.
+_SLEEP = "import time\nwhile True: time.sleep(3600)\n"
+_REPORT = (
+    "import os, sys\nos.write(int(sys.argv[1]), str(os.getpid()).encode()); os.close(int(sys.argv[1]))\n"
+)
+_SHAPES = {
+    "group": _REPORT + _SLEEP,
+    "double": (
+        "import os, sys\nif os.fork(): os._exit(0)\nos.setsid()\nif os.fork(): os._exit(0)\n"
+        + _REPORT
+        + _SLEEP
+    ),
+    "forkloop": (
+        "import os, signal, sys, time\nos.setsid()\nparent = os.getppid()\nstorm = []\n"
+        "signal.signal(signal.SIGTERM, lambda *_: storm.append(1))\n"
+        + _REPORT
+        + "while not storm and os.getppid() == parent:\n    time.sleep(0.01)\n"
+        "while True:\n"
+        "    if os.fork() == 0:\n        time.sleep(0.3)\n        os._exit(0)\n"
+        "    while True:\n"
+        "        try:\n            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
+        "        except ChildProcessError: break\n"
+        "    time.sleep(0.002)\n"
+    ),
+    "clearenv": (
+        "import os, subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', sys.argv[3], sys.argv[1], sys.argv[2]], env={},\n"
+        "                 start_new_session=True, pass_fds=(int(sys.argv[1]),))\n"
+        "os.close(int(sys.argv[1]))\n" + _SLEEP
+    ),
+    "scrub": (
+        "import os, sys\nif os.fork(): os._exit(0)\nos.setsid()\n"
+        "os.execve(sys.executable, [sys.executable, '-c', sys.argv[3], sys.argv[1], sys.argv[2]], {})\n"
+    ),
+}
+_SECOND = {
+    "clearenv": "import os\nif os.fork(): os._exit(0)\n",
+    "scrub": "import os\nif os.fork(): os._exit(0)\n",
+}
 
 PIDS: dict[str, int] = {}
 
@@ -65,10 +121,36 @@ TOOLS = {
 }
 
 
+def _spawn_shape(mode: str, tag: str) -> None:
+    """Start one of the containment shapes and wait until it stands."""
+    if mode == "child":
+        return
+    read_fd, write_fd = os.pipe()
+    second = _REPORT + _SLEEP  # what clearenv and scrub start with an empty environment
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SHAPES[mode], str(write_fd), f"{tag}-{os.getpid()}", second],
+        pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as report:
+        if not report.read():
+            raise RuntimeError(f"{mode}: the tree did not report")
+    if mode in ("double", "scrub"):
+        child.wait()  # the intermediate exited at once; no zombie left behind
+
+
 def main() -> None:
     """Spawn the tree, then serve."""
-    PIDS.update(_spawn_descendants())
-    _raw.log(f"tree: pids {json.dumps(PIDS)}")
+    args = sys.argv[1:]
+    mode = args[args.index("--mode") + 1] if "--mode" in args else None
+    tag = args[args.index("--tag") + 1] if "--tag" in args else "tree"
+    if mode is None:
+        PIDS.update(_spawn_descendants())
+        _raw.log(f"tree: pids {json.dumps(PIDS)}")
+    else:
+        PIDS["server"] = os.getpid()
+        _spawn_shape(mode, tag)
+        _raw.log(f"tree: ready {mode}")
     _raw.serve("tree", TOOLS)
 
 
