@@ -76,7 +76,7 @@ class MatrixDaemon:
     def __init__(
         self, directory: Path, containment: str, shapes: dict[str, str], *, cgroup: Path | None = None
     ) -> None:
-        directory.mkdir()
+        directory.mkdir(mode=0o700)  # the socket directory rule: ours, 0700
         self.containment = containment
         self.tag = f"orphan-{uuid.uuid4().hex[:10]}"
         self.socket = str(directory / "control.sock")
