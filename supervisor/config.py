@@ -5,7 +5,6 @@ Only ``daemon`` and ``cli`` import this module; everything else receives plain m
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from pydantic_settings.exceptions import SettingsError
 from .configfile import describe, parse
 from .errors import ConfigError
 from .paths import ENV_PREFIX as _ENV
-from .paths import default_config_path, default_socket_path
+from .paths import default_config_path, default_socket_path, is_loopback
 
 __all__ = (
     "BackoffConfig",
@@ -138,15 +137,6 @@ def _check_name(value: str) -> str:
     return value
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 _Expanded = Annotated[str, AfterValidator(_expand)]
 _Name = Annotated[str, AfterValidator(_check_name)]
 _Timeout = Annotated[float, Field(gt=0, le=_DAY)]  # seconds
@@ -251,7 +241,7 @@ class HttpConfig(_Frozen):
             raise PydanticCustomError(
                 "token_too_short", "a 'token' needs at least {n} characters", {"n": MIN_TOKEN_LENGTH}
             )
-        if self.enabled and self.token is None and not _is_loopback(self.host):
+        if self.enabled and self.token is None and not is_loopback(self.host):
             raise PydanticCustomError(
                 "token_required",
                 "a 'token' is required when the HTTP gateway listens on '{host}'",

@@ -113,17 +113,7 @@ class _Server:
         async with anyio.create_task_group() as connections:
             task_status.started()
             while True:
-                try:
-                    stream = await sockets.accept(listener)
-                except anyio.BrokenResourceError as exc:
-                    cause = exc.__cause__
-                    if not (isinstance(cause, OSError) and cause.errno in sockets.TRANSIENT_ACCEPT_ERRORS):
-                        raise
-                    log.warning("control.accept_failed", error=str(cause))
-                    await anyio.sleep(sockets.ACCEPT_RETRY_DELAY)
-                    continue
-                if stream is None:
-                    continue
+                stream = await sockets.next_client(listener, event="control.accept_failed")
                 if len(self._connections) >= self._max_connections and not self._evict_idlest():
                     log.warning("control.too_many_connections", limit=self._max_connections)
                     await self._refuse(stream, "too many connections, each with a request in progress")

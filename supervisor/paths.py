@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 
-__all__ = ("ENV_PREFIX", "default_config_path", "default_socket_path")
+__all__ = ("ENV_PREFIX", "default_config_path", "default_socket_path", "is_loopback")
 
 ENV_PREFIX = "MCP_SUPERVISOR_"
 
@@ -26,3 +27,13 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> str:
     """The config file: ``$MCP_SUPERVISOR_CONFIG``, else ``/etc/mcp-supervisor/config.yaml``."""
     env = os.environ if environ is None else environ
     return env.get(ENV_PREFIX + "CONFIG") or "/etc/mcp-supervisor/config.yaml"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether *host* (an address or ``localhost``) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -34,6 +34,7 @@ __all__ = (
     "connect",
     "identity",
     "listen",
+    "next_client",
     "peer_credentials",
     "prepare_directory",
     "trusted_uid",
@@ -128,6 +129,23 @@ async def accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream |
         _log().debug("socket.client_gone", error=str(exc))
         return None
     return _Stream(sock)
+
+
+async def next_client(listener: anyio.abc.SocketListener, *, event: str) -> anyio.abc.SocketStream:
+    """The next client of *listener*; transient accept errors (EMFILE, ...) are logged as *event*
+    and retried after :data:`ACCEPT_RETRY_DELAY`, so the accept loop neither dies nor spins."""
+    while True:
+        try:
+            stream = await accept(listener)
+        except anyio.BrokenResourceError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, OSError) and cause.errno in TRANSIENT_ACCEPT_ERRORS):
+                raise
+            _log().warning(event, error=str(cause))
+            await anyio.sleep(ACCEPT_RETRY_DELAY)
+            continue
+        if stream is not None:
+            return stream
 
 
 def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:

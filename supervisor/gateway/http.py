@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +31,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import SupervisorError
+from ..paths import is_loopback
 from .listeners import MAX_CONNECTIONS, MAX_MESSAGE
 from .server import Gateway
 
@@ -44,15 +44,6 @@ SHUTDOWN_GRACE = 3  # seconds for open HTTP streams to end once the daemon stops
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class Guard:
     """ASGI middleware: Host and Origin checks and the bearer token, before anything else runs."""
 
@@ -60,9 +51,9 @@ class Guard:
         self.app = app
         self._token = token.encode() if token is not None else None
         bracketed = f"[{host}]" if ":" in host else host
-        names = (*_LOOPBACK_NAMES, bracketed) if _is_loopback(host) else (bracketed,)
+        names = (*_LOOPBACK_NAMES, bracketed) if is_loopback(host) else (bracketed,)
         self._hosts = {f"{name}:{port}" for name in names} | ({*names} if port == 80 else set())
-        self._check_host = _is_loopback(host)  # off loopback, the token is what keeps strangers out
+        self._check_host = is_loopback(host)  # off loopback, the token is what keeps strangers out
         self._origins = {f"{scheme}://{h}" for scheme in ("http", "https") for h in self._hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

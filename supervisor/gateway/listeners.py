@@ -70,17 +70,7 @@ async def serve_unix(
         async with listener, anyio.create_task_group() as connections:
             task_status.started()
             while True:
-                try:
-                    stream = await sockets.accept(listener)
-                except anyio.BrokenResourceError as exc:
-                    cause = exc.__cause__
-                    if not (isinstance(cause, OSError) and cause.errno in sockets.TRANSIENT_ACCEPT_ERRORS):
-                        raise
-                    log.warning("gateway.accept_failed", error=str(cause))
-                    await anyio.sleep(sockets.ACCEPT_RETRY_DELAY)
-                    continue
-                if stream is None:
-                    continue
+                stream = await sockets.next_client(listener, event="gateway.accept_failed")
                 if active >= MAX_CONNECTIONS:
                     log.warning("gateway.too_many_connections", limit=MAX_CONNECTIONS)
                     await _refuse(stream, f"too many connections (at most {MAX_CONNECTIONS})")
