@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,11 @@ import anyio
 import mcp_types as types
 import psutil
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, ClientSession, MCPError, StdioServerParameters, stdio_client
+
+from supervisor.gateway.clients import MAX_LOG_DATA
+from supervisor.gateway.listeners import MAX_CONNECTIONS, MAX_MESSAGE
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session, raw_exchange, unix_transport
@@ -202,7 +207,14 @@ class TestForwarding:
             await session.call_tool("rich__log", {"level": "error", "message": "wanted"})
             with anyio.fail_after(5):
                 await arrived.wait()
-        assert [(p.level, p.data, p.logger) for p in got] == [("error", "wanted", "rich/fixture")]
+            arrived = anyio.Event()
+            await session.call_tool("rich__log", {"level": "error", "message": "y" * 100_000})
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert [(p.level, p.data, p.logger) for p in got[:1]] == [("error", "wanted", "rich/fixture")]
+        assert (
+            got[1].data.startswith("y" * MAX_LOG_DATA) and "characters cut by mcp-supervisor" in got[1].data
+        )
 
     async def test_resource_updates_reach_subscribers(self, gateway) -> None:
         daemon = gateway({"rich": RICH})
@@ -503,3 +515,36 @@ class TestConnect:
                 await changed.wait()
             assert int(first_text(await session.call_tool("echo__pid", {}))) != old
             assert cut and "may or may not have run" in cut[0]
+
+
+class TestBounds:
+    async def test_a_message_over_the_cap_ends_only_that_connection(self, gateway) -> None:
+        """64 MiB without a newline: that client gets -32600 and is closed; the daemon is unharmed."""
+        daemon = gateway({"echo": ECHO})
+        async with gateway_session(mcp_sock(daemon)) as bystander:
+            chunk = b"x" * (1 << 20)
+            async with await anyio.connect_unix(mcp_sock(daemon)) as hog:
+                with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                    for _ in range(MAX_MESSAGE // len(chunk) + 1):
+                        await hog.send(chunk)
+                buffered = BufferedByteReceiveStream(hog)
+                with anyio.fail_after(10):
+                    reply = json.loads(await buffered.receive_until(b"\n", 1 << 16))
+                    assert reply["error"]["code"] == types.INVALID_REQUEST
+                    with pytest.raises((anyio.EndOfStream, anyio.IncompleteRead)):
+                        await buffered.receive_until(b"\n", 1 << 16)
+            assert first_text(await bystander.call_tool("echo__echo", {"text": "fine"})) == "fine"
+
+    async def test_connections_past_the_limit_are_turned_away_with_an_error(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(MAX_CONNECTIONS):
+                await stack.enter_async_context(await anyio.connect_unix(mcp_sock(daemon)))
+            await eventually(
+                lambda: len(psutil.Process(daemon.proc.pid).net_connections("unix")) > MAX_CONNECTIONS
+            )
+            [reply] = await raw_exchange(mcp_sock(daemon), [], replies=1)
+            assert "too many connections" in reply["error"]["message"]
+        await eventually(lambda: len(psutil.Process(daemon.proc.pid).net_connections("unix")) < 16)
+        async with gateway_session(mcp_sock(daemon)) as after:  # room again once they are gone
+            assert first_text(await after.call_tool("echo__echo", {"text": "in"})) == "in"

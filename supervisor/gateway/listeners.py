@@ -32,6 +32,7 @@ log = structlog.get_logger(__name__)
 MAX_CONNECTIONS = 256  # clients at once on mcp.sock; one more is turned away with an error
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
 MAX_IN_FLIGHT = 64  # unanswered requests per connection before we stop reading it
+LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
 
 
@@ -130,9 +131,9 @@ class _Connection:
                     break
                 except anyio.DelimiterNotFound:
                     log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
-                    await errors.send(
-                        _error(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
-                    )
+                    too_large = _error(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
+                    await errors.send(SessionMessage(too_large.message, metadata=_LAST))
+                    await self._discard_input()
                     break
                 if not line.strip():
                     continue
@@ -154,6 +155,16 @@ class _Connection:
                 await sink.send(SessionMessage(message, metadata=metadata))
         scope.cancel()  # the client is gone: cancel its requests, in the children too
 
+    async def _discard_input(self) -> None:
+        """Read and drop what the client still sends, for a while, so that closing the socket with
+        unread input does not reset the connection before the client has read our last word."""
+        with anyio.move_on_after(LAST_WORD_GRACE):
+            try:
+                while await self.stream.receive(1 << 16):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
     async def _write(
         self, source: MemoryObjectReceiveStream[SessionMessage], scope: anyio.CancelScope
     ) -> None:
@@ -171,6 +182,9 @@ class _Connection:
                     log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
                     scope.cancel()
                     return
+                if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
+                    await self.stream.send_eof()
+                    continue
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and item.metadata is not _OURS and message.id is not None:
                     self._settle(message.id, None)
@@ -203,6 +217,7 @@ class _Slot:
             self._semaphore.release()
 
 
+_LAST = ServerMessageMetadata()  # an error after which the connection ends
 _OURS = ServerMessageMetadata()  # marks the errors this module writes: they answer no request of the SDK's
 
 
