@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,12 @@ def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def accepts(path: str) -> bool:
+    """Whether a listener accepts on the unix socket *path* (the file exists a moment before)."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        return probe.connect_ex(path) == 0
+
+
 class Daemon:
     """A daemon subprocess on a config of its own, and the CLI pointed at it."""
 
@@ -59,7 +66,7 @@ class Daemon:
     def start(self) -> Daemon:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log)
-        until(lambda: os.path.exists(self.socket) or self.proc.poll() is not None)  # type: ignore[union-attr]
+        until(lambda: accepts(self.socket) or self.proc.poll() is not None)  # type: ignore[union-attr]
         return self
 
     @property

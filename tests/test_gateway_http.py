@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from .conftest import eventually, extension_settings, first_text
-from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
+from .test_daemon import Daemon, daemons, until  # noqa: F401 - the fixture
 
 pytestmark = [
     pytest.mark.anyio,
@@ -46,8 +46,12 @@ def http_gateway(daemons: Callable[..., Daemon], short_tmp: Path) -> Iterator[Ca
         daemon.start()
         for name in extensions:
             daemon.wait_state(name, "running")
-        listening = [e for e in daemon.events() if e.get("event") == "gateway.http_listening"]
-        return Http(daemon, listening[0]["url"].removesuffix("/mcp"))
+
+        def listening() -> list[dict[str, Any]]:
+            return [e for e in daemon.events() if e.get("event") == "gateway.http_listening"]
+
+        until(lambda: bool(listening()))  # the control socket comes first, then the HTTP listener
+        return Http(daemon, listening()[0]["url"].removesuffix("/mcp"))
 
     yield start
     for daemon in started:
