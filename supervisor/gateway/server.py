@@ -84,6 +84,7 @@ class Gateway:
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
+        self._spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -288,11 +289,12 @@ class Gateway:
     def _expose_links(self, extension: str, content: Sequence[Any]) -> list[Any]:
         """Resource URIs inside results, as clients must read them back: through the gateway.
 
-        Spool links stay ``file://`` links (the gateway serves those itself).
+        Spool links stay ``file://`` links (the gateway serves those itself; a string test is
+        enough here, since ``resources/read`` checks the resolved path before serving anything).
         """
         exposed = []
         for item in content:
-            if isinstance(item, types.ResourceLink) and not spoollinks.is_spooled(self._spool_dir, item.uri):
+            if isinstance(item, types.ResourceLink) and not item.uri.startswith(self._spool_prefix):
                 item = item.model_copy(update={"uri": expose_uri(extension, item.uri)})
             elif isinstance(item, types.EmbeddedResource):
                 resource = item.resource.model_copy(update={"uri": expose_uri(extension, item.resource.uri)})

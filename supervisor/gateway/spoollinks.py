@@ -19,7 +19,7 @@ import anyio
 import mcp_types as types
 from mcp import MCPError
 
-__all__ = ("MAX_READ_BYTES", "RESOURCE_NOT_FOUND", "is_spooled", "read")
+__all__ = ("MAX_READ_BYTES", "RESOURCE_NOT_FOUND", "read")
 
 MAX_READ_BYTES = 32 << 20  # one file served at most: it is held as base64 until the client takes it
 RESOURCE_NOT_FOUND = -32002  # the MCP specification's code for resources/read of an unknown URI
@@ -40,15 +40,6 @@ def _inside(spool_dir: Path, uri: str) -> Path:
             RESOURCE_NOT_FOUND, f"{uri!r} is not a file in the media spool; only spool links are served"
         )
     return resolved
-
-
-def is_spooled(spool_dir: Path, uri: str) -> bool:
-    """Whether *uri* names a file inside the spool (a link the gateway serves itself)."""
-    try:
-        _inside(spool_dir, uri)
-    except MCPError:
-        return False
-    return True
 
 
 def _read(path: Path, uri: str) -> types.BlobResourceContents:
