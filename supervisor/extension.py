@@ -199,25 +199,53 @@ class Extension:
         Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
         while starting or in backoff), :class:`CallFailed` when the call itself fails.
         """
-        started, succeeded = time.monotonic(), False
+
+        async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
+            return await connection.call_tool(tool, arguments, progress=progress)
+
+        return await self._call(tool, call, progress, lambda result: not result.is_error)
+
+    async def call_tool_raw(
+        self, tool: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT | None = None
+    ) -> dict[str, Any]:
+        """:meth:`call_tool` for the gateway's fast path: the child's result as plain JSON.
+
+        Media in it went to the spool as usual; nothing else was checked beyond its shape
+        (see :mod:`supervisor.rawcalls`). Errors as :meth:`call_tool`.
+        """
+
+        async def call(connection: transport.Connection, progress: ProgressFnT) -> dict[str, Any]:
+            return await connection.call_tool_raw(tool, arguments, progress=progress)
+
+        return await self._call(tool, call, progress, lambda result: result.get("isError") is not True)
+
+    async def _call(
+        self,
+        tool: str,
+        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        progress: ProgressFnT | None,
+        succeeded: Callable[[ResultT], bool],
+    ) -> ResultT:
+        """One tool call with its bookkeeping: counts, errors, the metrics hook."""
+        started, ok = time.monotonic(), False
         self.calls += 1
         try:
 
-            async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
+            async def call(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
                 if tool not in self._listing.tool_names:
                     unknown = f"extension {self.name!r} has no tool {tool!r}"
                     raise CallFailed(unknown, code=types.INVALID_PARAMS)
-                return await connection.call_tool(tool, arguments, progress=progress)
+                return await send(connection, progress)
 
             result = await self._forward(f"tool {tool!r}", call, progress)
-            succeeded = not result.is_error
+            ok = succeeded(result)
             return result
         finally:
-            if not succeeded:
+            if not ok:
                 self.errors += 1
             if self._on_call is not None:
                 label = tool if tool in self._listing.tool_names else "(unknown)"
-                self._on_call(label, time.monotonic() - started, succeeded)
+                self._on_call(label, time.monotonic() - started, ok)
 
     async def request(
         self,

@@ -24,6 +24,7 @@ from mcp.shared.message import SessionMessage
 
 from . import process
 from .process import ChildProcess
+from .rawcalls import MARK, RawCalls
 from .spool import ExtensionSpool
 from .state import Listing
 from .wire import InboundRequests, Outbox, check_encodable
@@ -59,6 +60,7 @@ class Connection:
     def __init__(self, child: ChildProcess) -> None:
         self.child = child
         self.session: ClientSession | None = None
+        self.raw: RawCalls | None = None  # plain-JSON tool calls beside the session (the fast path)
         self.capabilities = types.ServerCapabilities()  # what the child's initialize declared
         self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
         self.failure: str | None = None  # why it ended, unless the child's exit says it all
@@ -133,6 +135,17 @@ class Connection:
         check_encodable({"name": name, "arguments": arguments})  # before the SDK trips over it
         return await self._session.call_tool(name, arguments, progress_callback=progress)
 
+    async def call_tool_raw(
+        self, name: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """Forward one call as plain JSON and return the child's result object, unvalidated
+        beyond its shape (see :mod:`supervisor.rawcalls`); cancelling sends the child a cancel.
+
+        Error handling: as :meth:`call_tool`; ``ValueError`` for an answer that is no tool result.
+        """
+        assert self.raw is not None, "used outside connect()"
+        return await self.raw.call_tool(name, arguments, progress)
+
     async def request(
         self,
         request: types.ClientRequest,
@@ -194,11 +207,14 @@ async def connect(
     inbound = InboundRequests(MAX_INBOUND_REQUESTS)
     drains: list[anyio.CancelScope] = []
 
+    raw = connection.raw = RawCalls(write_send, child.stdin)
+
     def end(failure: str | None) -> None:
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
+        raw.close()
         connection.end(failure)
 
-    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound)
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw)
 
     async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
@@ -302,10 +318,12 @@ class _StdoutPump:
         end: Callable[[str | None], None],
         spool: ExtensionSpool | None,
         inbound: InboundRequests,
+        raw: RawCalls,
     ) -> None:
         self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
         self.spool = spool
         self.inbound = inbound
+        self.raw = raw
         self.eof = anyio.Event()
         self.settled = anyio.Event()  # after stop_delivering(): what was read is delivered
         self.waiting = False  # parked in read(): everything read so far has been handled
@@ -369,9 +387,15 @@ class _StdoutPump:
             if self.spool is not None and self.spool.needs_look(len(line)):
                 box = [line]  # the worker thread gets the only reference: the line is freed once parsed
                 del line
-                message = await anyio.to_thread.run_sync(_parse_and_spool, box, self.spool)
+                parsed = await anyio.to_thread.run_sync(_parse_and_spool, box, self.spool)
+                message = parsed if isinstance(parsed, Exception) else self._route(parsed)
+            elif MARK in line:  # perhaps a raw call's answer or progress: parse once, plainly
+                parsed = _parse_plain(line)
+                message = parsed if isinstance(parsed, Exception) else self._route(parsed)
             else:
                 message = _parse(line)
+            if message is None:  # a raw call's: delivered
+                continue
             if not self.inbound.admit(message):
                 continue
             try:
@@ -380,16 +404,28 @@ class _StdoutPump:
                 return False
         return True
 
+    def _route(self, message: Any) -> SessionMessage | Exception | None:
+        """A parsed line to its raw call (None), or validated for the session."""
+        if self.raw.route(message):
+            return None
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
+        except ValueError as exc:
+            return exc
 
-def _parse_and_spool(box: list[bytes], spool: ExtensionSpool) -> SessionMessage | Exception:
-    """Parse a large line into plain JSON, move its oversized media to the spool, then validate."""
+
+def _parse_and_spool(box: list[bytes], spool: ExtensionSpool) -> Any:
+    """Parse a large line into plain JSON and move its oversized media to the spool."""
+    message = _parse_plain(box.pop())
+    if not isinstance(message, Exception):
+        spool.rewrite(message)
+    return message
+
+
+def _parse_plain(line: bytes) -> Any:
+    """Plain JSON (strict: no NaN), or the exception that says why not."""
     try:
-        message = pydantic_core.from_json(box.pop())
-    except ValueError as exc:
-        return exc
-    spool.rewrite(message)
-    try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
+        return pydantic_core.from_json(line, allow_inf_nan=False)
     except ValueError as exc:
         return exc
 

@@ -374,6 +374,7 @@ class TestRestart:
             assert methods == [
                 f"notifications/{kind}/list_changed" for kind in ("prompts", "resources", "tools")
             ]
+            await server.wait_called("echo")  # its stderr line may come after the answer
             assert server.calls == ["echo"]  # the replayed initialize was answered and dropped
 
     async def test_gives_up_after_the_reconnect_timeout(
@@ -465,4 +466,5 @@ class TestBounds:
         grown_mib = (after["VmHWM"] - before["VmRSS"]) / 1024
         assert grown_mib < MAX_CLIENT_LINE / (1 << 20) * 1.25, after  # at most the cap, never the line
         assert (after["VmRSS"] - before["VmRSS"]) / 1024 < 16, after  # and given back
+        await server.wait_called("echo")  # its stderr line may come after the answer
         assert server.calls == ["echo"]

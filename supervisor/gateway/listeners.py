@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 
 import anyio
@@ -23,6 +24,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
+from . import fastpath
+from .fastpath import FastCalls, RequestId
 from .server import Gateway
 
 __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
@@ -94,32 +97,79 @@ async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:
 
 
 class _Connection:
-    """One client on mcp.sock: a reader, a writer and the SDK's server loop, in one task group."""
+    """One client on mcp.sock: a reader, a writer and the SDK's server loop, in one task group.
+
+    Plain tool calls take the fast path (:mod:`.fastpath`) once the client is past its
+    handshake and has listed tools through the SDK's path (which also enrolls it for
+    list_changed): from then on they are answered from the reader's task group directly.
+    """
 
     def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
         self.gateway, self.stream = gateway, stream
         self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
         self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+        self._handshake = False  # the client opened with initialize (the handshake era)
+        self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
+        self._fast_ready = False
+        self._fast = FastCalls(gateway, self._send_line)
+        self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
+        self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
 
     async def serve(self) -> None:
         server = self.gateway.server
         read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
         async with anyio.create_task_group() as tg:
+            self._scope = tg.cancel_scope
 
             async def run_server() -> None:
                 await server.run(read_recv, write_send, server.create_initialization_options())
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(self._read, read_send, write_send.clone(), tg.cancel_scope)
-            tg.start_soon(self._write, write_recv, tg.cancel_scope)
+            tg.start_soon(self._read, read_send, write_send.clone(), tg)
+            tg.start_soon(self._write, write_recv)
             tg.start_soon(run_server)
+
+    async def _send_line(self, data: bytes, answers: RequestId | None) -> None:
+        """A fast call's line, sent from its own task: no hop through the writer."""
+        if await self._transmit(data) and answers is not None:
+            self._settle(answers, None)
+
+    async def _transmit(self, data: bytes) -> bool:
+        """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
+        async with self._sending:
+            try:
+                with anyio.move_on_after(SEND_TIMEOUT) as timer:
+                    await self.stream.send(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._scope.cancel()  # the client is gone
+                return False
+        if timer.cancelled_caught:
+            log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
+            self._scope.cancel()
+            return False
+        return True
+
+    def _fast_call(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
+        """Start serving *line* on the fast path, if it is a call the fast path takes."""
+        call = fastpath.parse(line)
+        route = self._fast.route(call) if call is not None else None
+        if call is None or route is None:
+            return False
+        slot = _Slot(self._slots)
+        self._pending.setdefault(call.id, collections.deque()).append(slot)
+        self._fast.start(tg, call, *route, functools.partial(self._settle, call.id, slot))
+        return True
+
+    def _watching_listings(self) -> bool:
+        """Whether a tools/list answer would open the fast path (a cancelled one never comes)."""
+        return self._handshake and not self._fast_ready and len(self._listings) < MAX_IN_FLIGHT
 
     async def _read(
         self,
         sink: MemoryObjectSendStream[SessionMessage | Exception],
         errors: MemoryObjectSendStream[SessionMessage],
-        scope: anyio.CancelScope,
+        tg: anyio.abc.TaskGroup,
     ) -> None:
         """Client lines to the server loop; its end (EOF, an oversized message) ends the connection."""
         reader = BufferedByteReceiveStream(self.stream)
@@ -137,6 +187,14 @@ class _Connection:
                     break
                 if not line.strip():
                     continue
+                if self._fast_ready:
+                    if fastpath.MARK in line:
+                        await self._slots.acquire()  # back-pressure: wait for an answer to go out
+                        if self._fast_call(line, tg):
+                            continue
+                        self._slots.release()
+                    elif (cancelled := fastpath.cancelled_id(line)) is not None:
+                        self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
@@ -144,6 +202,10 @@ class _Connection:
                     continue
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
+                    if message.method == "initialize":
+                        self._handshake = True
+                    elif message.method == "tools/list" and self._watching_listings():
+                        self._listings.add(message.id)
                     await self._slots.acquire()  # back-pressure: wait for an answer to go out
                     slot = _Slot(self._slots)
                     self._pending.setdefault(message.id, collections.deque()).append(slot)
@@ -153,7 +215,7 @@ class _Connection:
 
                     metadata = ServerMessageMetadata(on_request_unanswered=unanswered)
                 await sink.send(SessionMessage(message, metadata=metadata))
-        scope.cancel()  # the client is gone: cancel its requests, in the children too
+        tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
 
     async def _discard_input(self) -> None:
         """Read and drop what the client still sends, for a while, so that closing the socket with
@@ -165,22 +227,12 @@ class _Connection:
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
-    async def _write(
-        self, source: MemoryObjectReceiveStream[SessionMessage], scope: anyio.CancelScope
-    ) -> None:
+    async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
         async with source:
             async for item in source:
                 message = item.message
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-                try:
-                    with anyio.move_on_after(SEND_TIMEOUT) as timer:
-                        await self.stream.send(data)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    scope.cancel()  # the client is gone
-                    return
-                if timer.cancelled_caught:
-                    log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
-                    scope.cancel()
+                if not await self._transmit(data):
                     return
                 if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
                     await self.stream.send_eof()
@@ -188,6 +240,9 @@ class _Connection:
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and item.metadata is not _OURS and message.id is not None:
                     self._settle(message.id, None)
+                    if message.id in self._listings:  # the client listed tools: fast calls from now
+                        self._listings.discard(message.id)
+                        self._fast_ready |= isinstance(message, types.JSONRPCResponse)
 
     def _settle(self, request_id: str | int, slot: _Slot | None) -> None:
         """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request."""

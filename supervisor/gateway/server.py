@@ -84,7 +84,7 @@ class Gateway:
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
-        self._spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
+        self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -237,20 +237,23 @@ class Gateway:
         self.fanout.client(ctx)
         return types.ListResourceTemplatesResult(resource_templates=list(self.catalog().templates))
 
+    def route_tool(self, name: str) -> tuple[Extension, str] | None:
+        """The extension and original name behind the exposed tool *name*, if it is listed."""
+        target = self.catalog().tool_names.resolve(name)
+        ext = self._extension(target[0]) if target is not None else None
+        return (ext, target[1]) if ext is not None and target is not None else None
+
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         self.fanout.client(ctx)
-        target = self.catalog().tool_names.resolve(params.name)
-        if target is None:
+        route = self.route_tool(params.name)
+        if route is None:
             return self._unknown_tool(params.name)
-        extension, tool = target
-        ext = self._extension(extension)
-        if ext is None:
-            return _tool_error(f"extension {extension!r} was removed from the config")
+        ext, tool = route
         try:
             result = await ext.call_tool(tool, params.arguments, progress=_ProgressRelay(ctx))
-            return result.model_copy(update={"content": self._expose_links(extension, result.content)})
+            return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
         except CallFailed as exc:
@@ -294,7 +297,7 @@ class Gateway:
         """
         exposed = []
         for item in content:
-            if isinstance(item, types.ResourceLink) and not item.uri.startswith(self._spool_prefix):
+            if isinstance(item, types.ResourceLink) and not item.uri.startswith(self.spool_prefix):
                 item = item.model_copy(update={"uri": expose_uri(extension, item.uri)})
             elif isinstance(item, types.EmbeddedResource):
                 resource = item.resource.model_copy(update={"uri": expose_uri(extension, item.resource.uri)})

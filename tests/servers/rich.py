@@ -4,7 +4,7 @@ Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then a
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message)`` (a log
 notification, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed), ``image(bytes)`` (one
 PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
-resource), ``crash()``.
+resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with).
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b``; template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
@@ -13,6 +13,7 @@ completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` re
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from typing import Any
@@ -47,6 +48,7 @@ TOOLS = [
     _tool("image", {"bytes": {"type": "integer"}}),
     _tool("link"),
     _tool("crash"),
+    _tool("request"),
 ]
 
 
@@ -99,6 +101,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         return types.CallToolResult(content=[link, embedded])
     if name == "crash":
         os._exit(3)
+    if name == "request":  # how the request reached us: its id tells the gateway's path apart
+        return _text(json.dumps({"id": ctx.request_id}))
     return types.CallToolResult(
         content=[types.TextContent(text=f"unknown tool {params.name}")], is_error=True
     )

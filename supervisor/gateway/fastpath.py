@@ -1,0 +1,245 @@
+"""The fast path: a plain ``tools/call`` from a handshake-era client, served without the SDK.
+
+Most of what a gateway does is pass tool calls through. On ``mcp.sock`` such a call is
+recognised from its line, resolved by name, sent to the child as plain JSON
+(:mod:`supervisor.rawcalls`) and answered with the child's result, its links rewritten as
+:meth:`Gateway._call_tool` rewrites them; the SDK never builds a model of it. Everything else
+(another method, a ``_meta`` beyond a progress token, an unknown or hidden tool, a client not
+yet past its handshake) takes the SDK's path, which is the reference for behaviour: the same
+waits, timeouts, errors, cancellation and bookkeeping (:meth:`Extension.call_tool_raw`).
+
+What differs, by design: the child's result is not validated against the tool's
+``outputSchema`` in the daemon (the client checks it), and extra members pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import pydantic_core
+import structlog
+
+from ..errors import CallFailed, ExtensionUnavailable
+from ..rawcalls import encode
+from .names import expose_uri
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+    from .server import Gateway
+
+__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "expose_links", "parse")
+
+log = structlog.get_logger(__name__)
+
+RequestId = str | int
+Send = Callable[[bytes, RequestId | None], Awaitable[None]]  # a line for the client; the id it answers
+
+MARK = b'"tools/call"'  # in every line the fast path may take
+_CANCELLED = b'"notifications/cancelled"'
+_REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
+_PARAMS_KEYS = frozenset({"name", "arguments", "_meta"})
+
+
+@dataclass(frozen=True, slots=True)
+class FastCall:
+    id: RequestId
+    name: str  # as exposed
+    arguments: dict[str, Any] | None
+    progress_token: RequestId | None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def parse(line: bytes) -> FastCall | None:
+    """*line* as a plain ``tools/call``, or None when the SDK's path must serve it. Pure."""
+    if MARK not in line:
+        return None
+    try:
+        message = pydantic_core.from_json(line, allow_inf_nan=False)
+    except ValueError:
+        return None  # the SDK's path says what is wrong with it
+    if (
+        not isinstance(message, dict)
+        or message.keys() - _REQUEST_KEYS
+        or message.get("jsonrpc") != "2.0"
+        or message.get("method") != "tools/call"
+        or not _is_id(request_id := message.get("id"))
+        or not isinstance(params := message.get("params"), dict)
+        or params.keys() - _PARAMS_KEYS
+        or not isinstance(name := params.get("name"), str)
+        or not isinstance(arguments := params.get("arguments"), dict | None)
+    ):
+        return None
+    token = None
+    if (meta := params.get("_meta")) is not None:
+        if not isinstance(meta, dict) or meta.keys() - {"progressToken"}:
+            return None  # a 2026-07-28 request, or _meta we would have to understand
+        token = meta.get("progressToken")
+        if token is not None and not _is_id(token):
+            return None
+    return FastCall(request_id, name, arguments, token)
+
+
+def cancelled_id(line: bytes) -> RequestId | None:
+    """The request a ``notifications/cancelled`` line cancels, if *line* is one. Pure."""
+    if _CANCELLED not in line:
+        return None
+    try:
+        message = pydantic_core.from_json(line)
+    except ValueError:
+        return None
+    params = message.get("params") if isinstance(message, dict) else None
+    request_id = params.get("requestId") if isinstance(params, dict) else None
+    return request_id if message.get("method") == "notifications/cancelled" and _is_id(request_id) else None
+
+
+class FastCalls:
+    """The fast calls of one client connection, run in its task group, answered through *send*."""
+
+    def __init__(self, gateway: Gateway, send: Send) -> None:
+        self._gateway = gateway
+        self._send = send
+        self._running: dict[RequestId, set[anyio.CancelScope]] = {}
+
+    def route(self, call: FastCall) -> tuple[Extension, str] | None:
+        """The extension and original tool name for *call*, if the fast path can serve it."""
+        return self._gateway.route_tool(call.name)
+
+    def cancel(self, request_id: RequestId) -> None:
+        for scope in self._running.get(request_id, ()):
+            scope.cancel()
+
+    def start(
+        self,
+        tg: anyio.abc.TaskGroup,
+        call: FastCall,
+        ext: Extension,
+        tool: str,
+        unanswered: Callable[[], None],
+    ) -> None:
+        """Answer *call* in a task of *tg*; *unanswered* is called instead if the client cancels it.
+
+        Cancellable from now on, before its task first runs.
+        """
+        scope = anyio.CancelScope()
+        self._running.setdefault(call.id, set()).add(scope)
+        tg.start_soon(self._serve, call, ext, tool, scope, unanswered)
+
+    async def _serve(
+        self,
+        call: FastCall,
+        ext: Extension,
+        tool: str,
+        scope: anyio.CancelScope,
+        unanswered: Callable[[], None],
+    ) -> None:
+        answer: bytes | None = None
+        try:
+            with scope:
+                try:
+                    answer = await self._answer(call, ext, tool)
+                except Exception:  # a bug of ours: this call fails, the connection goes on
+                    log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
+                    answer = _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+        finally:
+            scopes = self._running[call.id]
+            scopes.discard(scope)
+            if not scopes:
+                del self._running[call.id]
+        if answer is None:  # cancelled by the client: a cancelled request gets no answer
+            unanswered()
+            return
+        await self._send(answer, call.id)
+
+    async def _answer(self, call: FastCall, ext: Extension, tool: str) -> bytes:
+        relay = _ProgressRelay(call.progress_token, self._send) if call.progress_token is not None else None
+        try:
+            result = await ext.call_tool_raw(tool, call.arguments, progress=relay)
+        except ExtensionUnavailable as exc:
+            return _response(call.id, _tool_error(str(exc)))
+        except CallFailed as exc:
+            if exc.code in (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT):
+                return _response(call.id, _tool_error(str(exc)))
+            return _error(call.id, exc.code, str(exc), exc.data)
+        content = result.get("content")
+        if isinstance(content, list):
+            result["content"] = expose_links(ext.name, content, self._gateway.spool_prefix)
+        try:
+            return _response(call.id, result)
+        except (ValueError, RecursionError) as exc:  # NaN, a lone surrogate: not for the client
+            log.warning("gateway.bad_result", extension=ext.name, tool=tool, error=str(exc)[:200])
+            return _error(call.id, types.INTERNAL_ERROR, f"extension {ext.name!r} returned an invalid result")
+
+
+def expose_links(extension: str, content: list[Any], spool_prefix: str) -> list[Any]:
+    """Content items as clients must read their URIs back: through the gateway. Pure.
+
+    The plain-JSON twin of the gateway's model-based rewrite; spool links stay as they are.
+    """
+    exposed = []
+    for item in content:
+        if isinstance(item, dict):
+            kind = item.get("type")
+            uri = item.get("uri")
+            if kind == "resource_link" and isinstance(uri, str) and not uri.startswith(spool_prefix):
+                item = {**item, "uri": expose_uri(extension, uri)}
+            elif (
+                kind == "resource"
+                and isinstance(resource := item.get("resource"), dict)
+                and isinstance(inner := resource.get("uri"), str)
+            ):
+                item = {**item, "resource": {**resource, "uri": expose_uri(extension, inner)}}
+        exposed.append(item)
+    return exposed
+
+
+class _ProgressRelay:
+    """Progress to the client under its own token; latest value only, as the SDK path relays it."""
+
+    def __init__(self, token: RequestId, send: Send) -> None:
+        self._token, self._send = token, send
+        self._latest: tuple[float, float | None, str | None] | None = None
+        self._sending = False
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self._latest = (progress, total, message)
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._latest is not None:
+                (value, total, message), self._latest = self._latest, None
+                params: dict[str, Any] = {"progressToken": self._token, "progress": value}
+                if total is not None:
+                    params["total"] = total
+                if message is not None:
+                    params["message"] = message
+                notification = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+                await self._send(encode(notification), None)
+        finally:
+            self._sending = False
+
+
+def _response(request_id: RequestId, result: dict[str, Any]) -> bytes:
+    return encode({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def _error(request_id: RequestId, code: int, message: str, data: Any = None) -> bytes:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    try:
+        return encode({"jsonrpc": "2.0", "id": request_id, "error": error})
+    except (ValueError, RecursionError):
+        return encode({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+
+
+def _tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}

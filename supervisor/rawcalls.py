@@ -1,0 +1,201 @@
+"""Tool calls to a child as plain JSON, beside its SDK session: the gateway's fast path.
+
+The SDK's ``ClientSession`` costs about a millisecond of CPU per call on each side of the
+daemon (models built, validated and dumped twice, a task and streams per request). A call that
+only passes through needs none of that: :class:`RawCalls` writes the request line itself and
+takes the answer line back as parsed JSON, before the session sees it.
+
+Its request ids (``mcpsv-N``, strings) never clash with the session's (integers), and they double
+as progress tokens, so the stdout pump can route a line to its waiter by one substring test and
+one parse. Everything else the child sends goes to the session as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp import MCPError
+
+__all__ = ("MARK", "RawCalls", "encode")
+
+PREFIX = "mcpsv-"
+MARK = b'"' + PREFIX.encode()  # in every line that answers a raw call or reports its progress
+CANCEL_GRACE = 1.0  # seconds to hand the child a cancel notification when a call is abandoned
+
+Renew = Callable[[float, float | None, str | None], Awaitable[None]]
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One JSON line (newline included), UTF-8, strict (no NaN).
+
+    Error handling: ``ValueError`` for what strict JSON in UTF-8 cannot carry (NaN, a lone
+    surrogate), ``RecursionError`` for nesting deeper than Python's limit.
+    """
+    return json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+class _Waiter:
+    """One raw call in flight: the latest progress and the answer, as the stdout pump finds them."""
+
+    __slots__ = ("answer", "changed", "closed", "progress")
+
+    def __init__(self) -> None:
+        self.changed = anyio.Event()
+        self.progress: tuple[float, float | None, str | None] | None = None
+        self.answer: dict[str, Any] | None = None
+        self.closed = False
+
+    def wake(self) -> None:
+        self.changed.set()
+
+
+class RawCalls:
+    """The raw calls in flight on one child connection.
+
+    *sink* is the child's stdin queue, shared with the SDK session; *stdin* the pipe it feeds,
+    written directly while it has nothing buffered (a line is one write, so lines never
+    interleave, and the queue's pump, which alone waits on a full pipe, notices a stall).
+    :meth:`route` is called by the stdout pump; :meth:`close` when the connection ends, which
+    fails every call in flight with ``CONNECTION_CLOSED``, as the session does with its own.
+    """
+
+    def __init__(self, sink: MemoryObjectSendStream[bytes], stdin: asyncio.StreamWriter) -> None:
+        self._sink = sink
+        self._stdin = stdin
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, _Waiter] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None, renew: Renew) -> dict[str, Any]:
+        """The child's ``result`` object for ``tools/call`` *name* (checked for shape, no more).
+
+        *renew* is awaited with each progress the child reports. Cancelling the caller sends
+        the child ``notifications/cancelled``.
+
+        Error handling: ``MCPError`` with the child's error, ``CONNECTION_CLOSED`` when the
+        connection ends first, or ``INVALID_PARAMS`` when the call cannot be encoded (nothing
+        is sent then); ``ValueError`` for an answer that is not a tool result.
+        """
+        request_id = f"{PREFIX}{next(self._ids)}"
+        params: dict[str, Any] = {"name": name, "_meta": {"progressToken": request_id}}
+        if arguments is not None:
+            params["arguments"] = arguments
+        try:
+            line = encode({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+        except (ValueError, RecursionError) as exc:
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            message = f"the request cannot be encoded as JSON ({reason})"
+            raise MCPError(types.INVALID_PARAMS, message) from None
+        if self._closed:
+            raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
+        waiter = self._waiting[request_id] = _Waiter()
+        sent = False
+        try:
+            try:
+                await self._write(line)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError, RuntimeError):
+                raise MCPError(types.CONNECTION_CLOSED, "Connection closed") from None
+            sent = True
+            return await self._answer(waiter, renew)
+        except anyio.get_cancelled_exc_class():
+            if sent and waiter.answer is None and not waiter.closed:
+                await self._cancel(request_id)
+            raise
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def _answer(self, waiter: _Waiter, renew: Renew) -> dict[str, Any]:
+        while True:
+            await waiter.changed.wait()
+            waiter.changed = anyio.Event()
+            if waiter.progress is not None and waiter.answer is None:
+                progress, waiter.progress = waiter.progress, None
+                await renew(*progress)
+            if waiter.answer is not None:
+                return _result(waiter.answer)
+            if waiter.closed:
+                raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
+
+    async def _cancel(self, request_id: str) -> None:
+        notification = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": request_id, "reason": "the caller cancelled the request"},
+        }
+        gone = (
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,
+            OSError,
+            RuntimeError,
+        )  # nothing to cancel
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_GRACE), contextlib.suppress(*gone):
+            await self._sink.send(encode(notification))  # queued: never ahead of its request
+
+    async def _write(self, line: bytes) -> None:
+        transport = self._stdin.transport
+        if self._closed or transport.is_closing() or transport.get_write_buffer_size():
+            await self._sink.send(line)  # behind what waits, or to fail as the connection ended
+        else:
+            self._stdin.write(line)  # usually taken by the pipe at once
+            if transport.get_write_buffer_size():
+                await self._sink.send(b"")  # the pipe is full: the pump waits for it, stall timer and all
+
+    def route(self, message: Any) -> bool:
+        """Hand a parsed child message to its raw call, if it belongs to one. Sync."""
+        if not isinstance(message, dict):
+            return False
+        request_id = message.get("id")
+        if "method" not in message:
+            waiter = self._waiting.get(request_id) if isinstance(request_id, str) else None
+            if waiter is None:
+                return isinstance(request_id, str) and request_id.startswith(PREFIX)  # late: dropped
+            waiter.answer = message
+            waiter.wake()
+            return True
+        if message.get("method") != "notifications/progress" or request_id is not None:
+            return False
+        params = message.get("params")
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        if not isinstance(token, str) or not token.startswith(PREFIX):
+            return False
+        waiter = self._waiting.get(token)
+        progress = params.get("progress")  # type: ignore[union-attr]  # a dict, checked above
+        if waiter is not None and isinstance(progress, int | float) and not isinstance(progress, bool):
+            total, text = params.get("total"), params.get("message")  # type: ignore[union-attr]
+            waiter.progress = (
+                float(progress),
+                float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
+                text if isinstance(text, str) else None,
+            )
+            waiter.wake()
+        return True
+
+    def close(self) -> None:
+        self._closed = True
+        for waiter in self._waiting.values():
+            waiter.closed = True
+            waiter.wake()
+
+
+def _result(answer: dict[str, Any]) -> dict[str, Any]:
+    error = answer.get("error")
+    if error is not None:
+        if not isinstance(error, dict) or not isinstance(code := error.get("code"), int):
+            raise ValueError("an error without a code")
+        message = error.get("message")
+        raise MCPError(code, message if isinstance(message, str) else "", error.get("data"))
+    result = answer.get("result")
+    if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
+        raise ValueError("not a tool result")
+    return result

@@ -1,0 +1,234 @@
+"""The gateway's fast path for tool calls: recognised from the line, answered without the SDK.
+
+The SDK's path is the reference: every test of ``test_gateway.py`` runs through the fast path
+once its client has listed tools (the SDK's ClientSession lists before it calls). Here: what the
+fast path takes and leaves, that it is taken, and that both paths answer alike.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from supervisor.gateway import fastpath
+from supervisor.gateway.fastpath import FastCall, expose_links
+from supervisor.gateway.listeners import MAX_IN_FLIGHT
+
+from .conftest import eventually
+from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
+from .test_gateway import ECHO, RICH, gateway, mcp_sock  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def start(gateway: Callable[..., Daemon]) -> Callable[..., Daemon]:  # noqa: F811
+    return gateway
+
+
+SPOOL = "file:///var/cache/spool/"
+
+
+def _line(message: Any) -> bytes:
+    return json.dumps(message).encode()
+
+
+def _call(request_id: Any = 1, **params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+class TestParse:
+    def test_a_plain_call_is_taken_with_its_progress_token(self) -> None:
+        line = _line(_call(7, name="a__b", arguments={"x": [1, {"y": None}]}, _meta={"progressToken": "t"}))
+        assert fastpath.parse(line) == FastCall(7, "a__b", {"x": [1, {"y": None}]}, "t")
+        assert fastpath.parse(_line(_call("s", name="n"))) == FastCall("s", "n", None, None)
+
+    @pytest.mark.parametrize(
+        "message",
+        [
+            pytest.param({**_call(name="n"), "extra": 1}, id="unknown member"),
+            pytest.param({**_call(name="n"), "jsonrpc": "1.0"}, id="not JSON-RPC 2.0"),
+            pytest.param(_call(True, name="n"), id="boolean id"),
+            pytest.param(_call(1.5, name="n"), id="float id"),
+            pytest.param(_call(None, name="n"), id="no id"),
+            pytest.param(_call(name=5), id="name not a string"),
+            pytest.param(_call(name="n", arguments=[1]), id="arguments not an object"),
+            pytest.param(_call(name="n", task={"ttl": 1}), id="task augmented"),
+            pytest.param(
+                _call(name="n", _meta={"io.modelcontextprotocol/protocolVersion": "x"}), id="2026 meta"
+            ),
+            pytest.param(_call(name="n", _meta={"progressToken": True}), id="boolean token"),
+            pytest.param({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"x": "tools/call"}}),
+            pytest.param(
+                {"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "n"}}, id="notification"
+            ),
+        ],
+    )
+    def test_anything_else_is_left_to_the_sdk(self, message: dict[str, Any]) -> None:
+        assert fastpath.parse(_line(message)) is None
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"n","arguments":{"x":NaN}}}',
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\\ud800"}}',
+            b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"n"}',
+            b'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"n"}}]',
+        ],
+        ids=["NaN", "lone surrogate", "cut short", "batch"],
+    )
+    def test_what_strict_json_refuses_is_left_to_the_sdk(self, line: bytes) -> None:
+        assert fastpath.parse(line) is None
+
+    def test_cancelled_id(self) -> None:
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3}}
+        assert fastpath.cancelled_id(_line(cancel)) == 3
+        assert fastpath.cancelled_id(_line({**cancel, "params": {"requestId": False}})) is None
+        assert fastpath.cancelled_id(_line({**cancel, "method": "x", "y": "notifications/cancelled"})) is None
+
+
+class TestExposeLinks:
+    def test_child_uris_are_exposed_and_spool_links_kept(self) -> None:
+        content = [
+            {"type": "text", "text": "resource_link"},
+            {"type": "resource_link", "uri": "note://a", "name": "a"},
+            {"type": "resource_link", "uri": SPOOL + "x/1.png", "name": "spooled"},
+            {"type": "resource", "resource": {"uri": "note://b", "text": "B"}},
+            {"type": "resource", "resource": "not an object"},
+            "not an item",
+        ]
+        exposed = expose_links("ext", content, SPOOL)
+        assert exposed[1]["uri"] == "mcp-supervisor://ext/note://a"
+        assert exposed[3]["resource"] == {"uri": "mcp-supervisor://ext/note://b", "text": "B"}
+        assert [exposed[i] for i in (0, 2, 4, 5)] == [content[i] for i in (0, 2, 4, 5)]
+        assert content[1]["uri"] == "note://a"  # the input is not changed
+
+
+class _Raw:
+    """A client speaking raw JSON lines to mcp.sock; notifications are kept aside."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+        self.notifications: list[dict[str, Any]] = []
+        self._ids = iter(range(1, 1 << 30))
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.stream.send(_line(message) + b"\n")
+
+    async def reply(self, request_id: Any) -> dict[str, Any]:
+        with anyio.fail_after(20):
+            while True:
+                message = json.loads(await self.reader.receive_until(b"\n", 64 << 20))
+                if "id" in message and "method" not in message:
+                    assert message["id"] == request_id, message
+                    return message
+                self.notifications.append(message)
+
+    async def request(self, method: str, **params: Any) -> dict[str, Any]:
+        request_id = next(self._ids)
+        await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        return await self.reply(request_id)
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        return await self.request("tools/call", name=tool, arguments=arguments)
+
+
+@asynccontextmanager
+async def _raw_client(daemon: Daemon, *, list_tools: bool) -> AsyncIterator[_Raw]:
+    async with await anyio.connect_unix(mcp_sock(daemon)) as stream:
+        raw = _Raw(stream)
+        info = {"name": "raw", "version": "0"}
+        await raw.request("initialize", protocolVersion="2025-11-25", capabilities={}, clientInfo=info)
+        await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        if list_tools:
+            assert "result" in await raw.request("tools/list")
+        yield raw
+
+
+def _child_id(answer: dict[str, Any]) -> Any:
+    return json.loads(answer["result"]["content"][0]["text"])["id"]
+
+
+class TestThroughTheDaemon:
+    async def test_calls_go_fast_once_the_client_listed_tools(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=False) as raw:
+            assert isinstance(_child_id(await raw.call("rich__request")), int)  # the SDK's session
+            assert "result" in await raw.request("tools/list")
+            assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
+
+    async def test_both_paths_answer_alike(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": RICH, "echo": ECHO})
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("rich__echo", {"text": "héllo ☃"}),
+            ("rich__link", {}),
+            ("echo__echo", {"text": "x" * 10_000}),
+            ("rich__nope", {}),  # unknown: a JSON-RPC error
+            ("rich__echo", {}),  # the child's own error
+            ("rich__image", {"bytes": 100}),
+        ]
+        answers: dict[bool, list[dict[str, Any]]] = {}
+        for fast in (False, True):
+            async with _raw_client(daemon, list_tools=fast) as raw:
+                answers[fast] = [await raw.call(tool, **arguments) for tool, arguments in calls]
+        for slow, fast in zip(answers[False], answers[True], strict=True):
+            assert {k: v for k, v in fast.items() if k != "id"} == {
+                k: v for k, v in slow.items() if k != "id"
+            }
+        assert answers[True][1]["result"]["content"][0]["uri"] == "mcp-supervisor://rich/note://a"
+        assert "error" in answers[True][3]
+
+    async def test_spooled_media_and_progress_on_the_fast_path(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            image = (await raw.call("rich__image", bytes=100_000))["result"]["content"][1]
+            assert image["type"] == "resource_link" and image["uri"].startswith("file://")
+            read = await raw.request("resources/read", uri=image["uri"])
+            assert "blob" in read["result"]["contents"][0]
+            await raw.send(
+                _call(99, name="rich__progress", arguments={"steps": 3}, _meta={"progressToken": "p"})
+            )
+            assert (await raw.reply(99))["result"]["content"][0]["text"] == "did 3 steps"
+            progress = [n["params"] for n in raw.notifications if n["method"] == "notifications/progress"]
+            assert progress and {p["progressToken"] for p in progress} == {"p"}
+            assert progress[-1]["progress"] <= 3 and progress[-1]["total"] == 3
+
+    async def test_a_crash_mid_call_fails_it_at_once(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            with anyio.fail_after(5):
+                answer = await raw.call("rich__crash")
+            assert answer["result"]["isError"] is True
+            assert "may or may not have run" in answer["result"]["content"][0]["text"]
+
+    async def test_cancelled_calls_reach_the_child_and_free_their_slots(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        """More cancelled calls than a connection has slots: none stays behind, anywhere."""
+        daemon = start({"rich": RICH})
+
+        async def cancel(request_id: int) -> None:
+            params = {"requestId": request_id, "reason": "test"}
+            await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+
+        async with _raw_client(daemon, list_tools=True) as raw:
+            for request_id in (1000, 1001):  # in the child when cancelled: the child hears of it
+                await raw.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
+                await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1, within=10)
+                await cancel(request_id)
+                await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+            await eventually(lambda: daemon.cli("logs", "rich").stdout.count("rich: cancelled") == 2)
+            for request_id in range(2000, 2000 + MAX_IN_FLIGHT + 8):  # cancelled at any point
+                await raw.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
+                await cancel(request_id)
+            with anyio.fail_after(10):  # a leaked slot would leave this unread
+                assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+            assert raw.notifications == []  # a cancelled request gets no answer
