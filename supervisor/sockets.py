@@ -28,6 +28,7 @@ from .errors import SupervisorError
 __all__ = (
     "ACCEPT_RETRY_DELAY",
     "TRANSIENT_ACCEPT_ERRORS",
+    "Stream",
     "UntrustedPeer",
     "accept",
     "check_directory",
@@ -63,7 +64,7 @@ def trusted_uid(uid: int) -> bool:
     return uid in (os.geteuid(), 0)
 
 
-class _Stream(anyio.abc.SocketStream):
+class Stream(anyio.abc.SocketStream):
     """A connected socket read and written only when asked: no buffer the caller does not see.
 
     anyio's transport-based stream (``SocketStream.from_socket``) never pauses the transport
@@ -106,6 +107,21 @@ class _Stream(anyio.abc.SocketStream):
         except OSError as exc:
             raise anyio.BrokenResourceError from exc
 
+    def send_now(self, data: bytes | memoryview) -> int:
+        """Send what the socket takes at once, without waiting; how many bytes that was.
+
+        Error handling: ``BrokenResourceError`` if the peer is gone, ``ClosedResourceError``
+        once closed.
+        """
+        if self._closed:
+            raise anyio.ClosedResourceError
+        try:
+            return self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
     async def send_eof(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_WR)
@@ -117,7 +133,7 @@ class _Stream(anyio.abc.SocketStream):
         await anyio.lowlevel.checkpoint()
 
 
-async def accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream | None:
+async def accept(listener: anyio.abc.SocketListener) -> Stream | None:
     """Accept one client as a stream that reads only on demand; None if it hung up already."""
     accepted = await listener.accept()
     raw: socket.socket = accepted.extra(anyio.abc.SocketAttribute.raw_socket)
@@ -128,10 +144,10 @@ async def accept(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream |
         sock.close()
         _log().debug("socket.client_gone", error=str(exc))
         return None
-    return _Stream(sock)
+    return Stream(sock)
 
 
-async def next_client(listener: anyio.abc.SocketListener, *, event: str) -> anyio.abc.SocketStream:
+async def next_client(listener: anyio.abc.SocketListener, *, event: str) -> Stream:
     """The next client of *listener*; transient accept errors (EMFILE, ...) are logged as *event*
     and retried after :data:`ACCEPT_RETRY_DELAY`, so the accept loop neither dies nor spins."""
     while True:

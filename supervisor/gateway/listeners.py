@@ -54,7 +54,7 @@ async def serve_unix(
     active = 0
     log.info("gateway.listening", path=path)
 
-    async def serve_one(stream: anyio.abc.SocketStream) -> None:
+    async def serve_one(stream: sockets.Stream) -> None:
         nonlocal active
         try:
             async with stream:
@@ -104,7 +104,7 @@ class _Connection:
     list_changed): from then on they are answered from the reader's task group directly.
     """
 
-    def __init__(self, gateway: Gateway, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
         self.gateway, self.stream = gateway, stream
         self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
         self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
@@ -139,8 +139,11 @@ class _Connection:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
         async with self._sending:
             try:
+                sent = self.stream.send_now(data)  # usually all of it: no timer, no loop round
+                if sent == len(data):
+                    return True
                 with anyio.move_on_after(SEND_TIMEOUT) as timer:
-                    await self.stream.send(data)
+                    await self.stream.send(memoryview(data)[sent:])
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._scope.cancel()  # the client is gone
                 return False
