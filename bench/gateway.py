@@ -3,14 +3,17 @@
 Four ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
 
   direct   the SDK's stdio_client + ClientSession spawning the fixture (what a client does today)
+  socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
   http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
   proxy    the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture, installed for this
            benchmark only, in bench/.venv-mcp-proxy
 
-Latency: median and p99 of N sequential calls on one session (after a warm-up). Throughput: 8
-clients calling at once (direct: 8 sessions, 8 fixture processes; the others: 8 sessions sharing
-one supervised fixture). Prints JSON, with each figure's ratio to ``direct``.
+Latency: median and p99 of N sequential calls on one session (after a warm-up), and the CPU
+time each process on the path spent per call meanwhile (``cpu_us``: this client, ``connect``, the
+daemon, the fixture). Throughput: 8 clients calling at once (direct: 8 sessions, 8 fixture
+processes; the others: 8 sessions sharing one supervised fixture). Prints JSON, with each
+figure's ratio to ``direct``.
 
     python bench/gateway.py [--calls 2000] [--clients 8] [--skip-proxy]
 """
@@ -33,9 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
+import psutil
 from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
 
 FIXTURE = str(SERVERS / "echo.py")
 PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
@@ -66,19 +73,78 @@ async def _http(url: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
-async def _latency(open_session: Opener, tool: str, calls: int) -> dict[str, float]:
+@asynccontextmanager
+async def _unix(path: str) -> AsyncIterator[ClientSession]:
+    """A ClientSession on a unix socket speaking JSON lines (the daemon's mcp.sock)."""
+    stream = await anyio.connect_unix(path)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
+
+    async def reader() -> None:
+        lines = BufferedByteReceiveStream(stream)
+        async with read_send:
+            with contextlib.suppress(anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
+                while True:
+                    line = await lines.receive_until(b"\n", 1 << 26)
+                    await read_send.send(SessionMessage(types.jsonrpc_message_adapter.validate_json(line)))
+
+    async def writer() -> None:
+        async with write_recv:
+            async for item in write_recv:
+                await stream.send(
+                    item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                )
+
+    async with stream, anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        tg.start_soon(writer)
+        async with ClientSession(read_recv, write_send) as session:
+            await session.initialize()
+            yield session
+        tg.cancel_scope.cancel()
+
+
+def _path_processes(daemon_pid: int | None) -> dict[str, psutil.Process]:
+    """The processes on a call's path: this client, its connect (if any), the daemon, the fixture."""
+    me = psutil.Process()
+    found = {"client": me}
+    for child in me.children(recursive=True):
+        line = " ".join(child.cmdline())
+        if " connect " in f"{line} ":
+            found["connect"] = child
+        elif FIXTURE in line and daemon_pid is None:
+            found["fixture"] = child
+    if daemon_pid is not None:
+        found["daemon"] = supervisor = psutil.Process(daemon_pid)
+        found.update(
+            ("fixture", child)
+            for child in supervisor.children(recursive=True)
+            if FIXTURE in " ".join(child.cmdline())
+        )
+    return found
+
+
+def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    return {name: sum(process.cpu_times()[:2]) for name, process in processes.items()}
+
+
+async def _latency(open_session: Opener, tool: str, calls: int, daemon_pid: int | None) -> dict[str, Any]:
     async with open_session() as session:
         for _ in range(50):
             await session.call_tool(tool, {"text": "warm"})
+        processes = _path_processes(daemon_pid)
+        before = _cpu(processes)
         times = []
         for _ in range(calls):
             started = time.perf_counter()
             await session.call_tool(tool, {"text": "ping"})
             times.append(time.perf_counter() - started)
+        after = _cpu(processes)
     times.sort()
     return {
         "median_ms": round(statistics.median(times) * 1000, 3),
         "p99_ms": round(times[int(len(times) * 0.99) - 1] * 1000, 3),
+        "cpu_us": {name: round((after[name] - before[name]) / calls * 1e6) for name in processes},
     }
 
 
@@ -127,8 +193,10 @@ def _proxy() -> Any:
         proc.wait(timeout=30)
 
 
-async def _measure(name: str, open_session: Opener, tool: str, args: argparse.Namespace) -> dict[str, Any]:
-    latency = await _latency(open_session, tool, args.calls)
+async def _measure(
+    name: str, open_session: Opener, tool: str, args: argparse.Namespace, daemon_pid: int | None = None
+) -> dict[str, Any]:
+    latency = await _latency(open_session, tool, args.calls, daemon_pid)
     throughput = await _throughput(open_session, tool, args.clients, args.calls // args.clients)
     print(f"bench: {name}: {latency} {throughput} calls/s", file=sys.stderr)
     return {**latency, "throughput_cps": throughput}
@@ -140,9 +208,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     with daemon({"fx": fixture("echo.py")}, http=True) as running:
         wait_for(lambda: running.all_running(["fx"]), "the daemon's fixture to run")
         connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
+        sock = str(Path(running.socket).parent / "mcp.sock")
         url = running.http_url or ""
-        results["connect"] = await _measure("connect", lambda: _stdio(*connect), "fx__echo", args)
-        results["http"] = await _measure("http", lambda: _http(url), "fx__echo", args)
+        pid = running.proc.pid
+        results["socket"] = await _measure("socket", lambda: _unix(sock), "fx__echo", args, pid)
+        results["connect"] = await _measure("connect", lambda: _stdio(*connect), "fx__echo", args, pid)
+        results["http"] = await _measure("http", lambda: _http(url), "fx__echo", args, pid)
     if not args.skip_proxy:
         with _proxy() as url:
             results["proxy"] = await _measure("proxy", lambda: _http(url), "echo", args)
