@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,31 @@ class TestLoadingAClientFile:
             "extensions.c7 (line 1): only stdio servers can be supervised; "
             "'serverUrl' names a remote (HTTP/SSE) server",
         )
+
+
+def test_the_daemon_logs_the_warning_when_it_loads_a_client_file(short_tmp: Path) -> None:
+    """A daemon started on a Cline-style file runs, and says once which keys it ignored."""
+    path = short_tmp / "cline_mcp_settings.json"
+    sock = short_tmp / "control.sock"
+    entry = {"command": "uvx", "disabled": True, "autoApprove": ["x"], "watchPaths": []}
+    path.write_text(json.dumps({"socket": str(sock), "mcpServers": {"everything": entry}}))
+    log = short_tmp / "daemon.log"
+    with log.open("wb") as out:
+        daemon = subprocess.Popen([sys.executable, "-m", "supervisor", "daemon", "-c", str(path)], stderr=out)
+    try:
+        deadline = time.monotonic() + 15
+        while "daemon.ready" not in log.read_text():
+            assert daemon.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=20) == 0
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    warned = [e for e in events if e["event"] == "config.client_keys_ignored"]
+    assert [(e["level"], e["detail"]) for e in warned] == [
+        (
+            "warning",
+            "extensions.everything: ignored autoApprove, watchPaths "
+            "(client settings mcp-supervisor does not use)",
+        )
+    ]

@@ -11,6 +11,7 @@ import pytest
 from supervisor import config, importer
 from supervisor.configfile import add_extensions, extension_names
 from supervisor.errors import ConfigError
+from supervisor.migrate import workspace_of
 
 SAMPLES = Path(__file__).parent / "data" / "clientconfigs"
 HOME = "/home/me"
@@ -244,3 +245,14 @@ class TestAddExtensions:
     def test_no_file_yet(self) -> None:
         text, _ = add_extensions(None, {"a": {"command": "x", "env": {"T": "${T}"}}}, comment="c")
         assert text == "# c\nextensions:\n  a:\n    command: x\n    env:\n      T: ${T}\n"
+
+
+class TestWorkspace:
+    def test_what_workspace_folder_means(self, tmp_path: Path) -> None:
+        """The folder holding .vscode/ (or .cursor/, .mcp.json); none for a file of the user's home."""
+        assert workspace_of(tmp_path / "app" / ".vscode" / "mcp.json") == str(tmp_path / "app")
+        assert workspace_of(tmp_path / "app" / ".cursor" / "mcp.json") == str(tmp_path / "app")
+        assert workspace_of(tmp_path / "app" / ".mcp.json") == str(tmp_path / "app")
+        assert workspace_of(Path.home() / ".cursor" / "mcp.json") is None
+        assert workspace_of(tmp_path / "claude_desktop_config.json") is None
+        assert workspace_of(Path.home() / ".claude.json", "/src/app") == "/src/app"

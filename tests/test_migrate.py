@@ -183,6 +183,9 @@ class TestRewriteClient:
         assert list(data["servers"]) == ["github", "remote", "supervisor"]  # the skipped stay
         assert data["servers"]["supervisor"]["type"] == "stdio"
         assert data["inputs"][0]["id"] == "github_token"
+        assert (
+            f"{client.parent.parent.resolve()}, vscode]" in (work / "config.yaml").read_text()
+        )  # the workspace
         check = run("check-config", str(work / "config.yaml"))
         assert check.returncode == 0, check.stderr
 
