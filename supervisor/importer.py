@@ -153,7 +153,8 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
     """
     result = Plan()
     used = set(taken)
-    inputs = {i.get("id"): i for i in client.data.get("inputs", []) if isinstance(i, dict)}
+    listed = client.data.get("inputs")
+    inputs = {i.get("id"): i for i in listed if isinstance(i, dict)} if isinstance(listed, list) else {}
     for source, raw in client.servers.items():
         try:
             entry, notes = _convert(raw, home=home, workspace=workspace, inputs=inputs)
@@ -290,7 +291,7 @@ def _extension_name(source: str, used: set[str]) -> str:
         name = re.sub(r"[^A-Za-z0-9_-]+", "-", source)
         name = re.sub(r"_{2,}", "_", name).strip("-_")[:64].strip("-_") or "server"
     base, n = name, 2
-    while name in used and name != source:
+    while name in used:
         name = f"{base[:60]}-{n}"
         n += 1
     return name

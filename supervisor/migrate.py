@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import clientconfig
-from .configfile import add_extensions, extension_names, yaml_error
+from .configfile import add_extensions, extension_names, read_bytes, yaml_error
 from .errors import ConfigError, SupervisorError
 from .importer import ClientFile, Plan, plan, read_client
 
@@ -74,7 +74,7 @@ def run_import(
     """
     environ = os.environ if environ is None else environ
     client = read_client(request.file, project=request.project)
-    text = request.config.read_text() if request.config.exists() else None
+    text = _config_text(request.config)
     workspace = request.workspace or workspace_of(client.path, request.project)
     found = plan(client, home=os.path.expanduser("~"), workspace=workspace)
     for line in found.skipped:
@@ -86,6 +86,8 @@ def run_import(
     stamp = (now or datetime.now()).strftime("%Y-%m-%d %H:%M")
     comment = f"imported from {client.path} by mcp-supervisor import, {stamp}"
     new, kept, replaced = merged_config(text, found, force=request.force, comment=comment)
+    if request.rewrite_client:  # what would stop the rewrite stops the import, before anything is written
+        rewritten(client, [i.source for i in found.imported], {})
     unset = sorted({v for i in found.imported for v in i.variables if v not in environ})
     for name in unset:
         say(f"note: {name} is not set here: the daemon needs it in its environment")
@@ -117,6 +119,15 @@ def run_import(
         lost = " (its comments are only in the backup)" if client.comments else ""
         say(f"rewrote {client.path}: one '{_CONNECT_NAME}' entry runs connect; backup {saved}{lost}")
     return len(found.imported)
+
+
+def _config_text(path: Path) -> str | None:
+    if not path.exists():
+        return None
+    try:
+        return read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not valid UTF-8"]) from None
 
 
 def workspace_of(path: Path, project: str | None = None) -> str | None:
@@ -195,9 +206,12 @@ def merged_config(
 def rewrite_client(
     client: ClientFile, found: Plan, connect: dict[str, Any], now: datetime | None = None
 ) -> Path:
-    """Back the client's file up, then replace its imported entries by *connect*; return the backup."""
+    """Back the client's file up, then replace its imported entries by *connect*; return the backup.
+
+    A symlinked file is backed up and rewritten where it really is.
+    """
     text = rewritten(client, [i.source for i in found.imported], connect)
-    saved = backup(client.path, now)
+    saved = backup(Path(os.path.realpath(client.path)), now)
     write_atomic(client.path, text)
     return saved
 
@@ -207,17 +221,24 @@ def write_atomic(
 ) -> None:
     """Write a temporary file beside *path*, then rename it over *path*: readers see old or new, never half.
 
-    *mode* None keeps the mode of an existing *path* (0600 for a new one). *check* runs on the
-    temporary file before the rename; what it raises leaves *path* untouched.
+    *mode* None keeps the mode of an existing *path* (0600 for a new one), and its owner when we
+    may (``sudo mcp-supervisor import``). A symlink is followed: its target is replaced, the link
+    stays (dotfiles managed with links). *check* runs on the temporary file before the rename;
+    what it raises leaves *path* untouched.
     """
+    path = Path(os.path.realpath(path))
+    old = path.stat() if path.exists() else None
     if mode is None:
-        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o600
+        mode = stat.S_IMODE(old.st_mode) if old else 0o600
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data.encode() if isinstance(data, str) else data)
             out.flush()
             os.fchmod(out.fileno(), mode)
+            if old is not None:
+                with contextlib.suppress(OSError):  # only root may give a file away
+                    os.fchown(out.fileno(), old.st_uid, old.st_gid)
             os.fsync(out.fileno())
         if check is not None:
             check(Path(tmp))

@@ -163,6 +163,11 @@ class TestVariables:
         assert found.imported == []
         assert found.skipped[0].startswith(f"s: {text}")
 
+    def test_renamed_names_never_collide(self) -> None:
+        raw = {"mcpServers": {"a b": {"command": "x"}, "a-b": {"command": "y"}, "a__b": {"command": "z"}}}
+        client = importer.ClientFile(Path("c.json"), raw, ("mcpServers",), "claude", False)
+        assert [i.name for i in importer.plan(client, home=HOME).imported] == ["a-b", "a-b-2", "a_b"]
+
     def test_own_connect_entry_is_never_imported(self) -> None:
         raw = {"mcpServers": {"supervisor": {"command": "/opt/bin/mcp-supervisor", "args": ["connect"]}}}
         client = importer.ClientFile(Path("c.json"), raw, ("mcpServers",), "claude", False)

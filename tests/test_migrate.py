@@ -189,6 +189,31 @@ class TestRewriteClient:
         check = run("check-config", str(work / "config.yaml"))
         assert check.returncode == 0, check.stderr
 
+    def test_a_symlinked_client_file_stays_a_symlink(self, work: Path) -> None:
+        """Dotfiles kept as links: the target is backed up and rewritten, the link still points to it."""
+        target = work / "dotfiles" / "claude_desktop_config.json"
+        target.parent.mkdir()
+        shutil.copy(work / "clients" / "claude_desktop_config.json", target)
+        link = work / "clients" / "linked.json"
+        link.symlink_to(target)
+        result = run("import", str(link), "-c", str(work / "config.yaml"), "--rewrite-client")
+        assert result.returncode == 0, result.stderr
+        assert link.is_symlink() and link.resolve() == target
+        assert list(json.loads(target.read_text())["mcpServers"]) == ["supervisor"]
+        assert len(list(target.parent.glob("claude_desktop_config.json.bak-*"))) == 1
+
+    def test_a_rewrite_that_cannot_be_done_stops_the_import_before_any_write(self, work: Path) -> None:
+        """A remote server already named `supervisor` would be lost: exit 2, config and client untouched."""
+        client = work / "clients" / "taken.json"
+        servers = {"a": {"command": "x"}, "supervisor": {"url": "https://example.com/mcp"}}
+        client.write_text(json.dumps({"mcpServers": servers}))
+        before = (work / "config.yaml").read_bytes()
+        result = run("import", str(client), "-c", str(work / "config.yaml"), "--rewrite-client")
+        assert result.returncode == 2
+        assert "has an entry named 'supervisor' already; rename it first" in result.stderr
+        assert (work / "config.yaml").read_bytes() == before
+        assert json.loads(client.read_text()) == {"mcpServers": servers}
+
 
 class TestClientConfig:
     @pytest.mark.parametrize("client", ["claude", "cursor", "windsurf", "vscode", "claude-code"])
