@@ -246,6 +246,12 @@ class TestClientConfig:
         default = run("client-config", "--socket", run_default_socket()).stdout
         assert json.loads(default)["mcpServers"]["supervisor"]["args"] == ["connect"]
 
+    def test_the_socket_of_a_config(self, work: Path) -> None:
+        """-c CONFIG: the config's socket, named since it is not the default."""
+        out = json.loads(run("client-config", "--client", "cursor", "-c", str(work / "config.yaml")).stdout)
+        args = ["connect", "--socket", str(work / "run" / "control.sock")]
+        assert out == {"mcpServers": {"supervisor": {"command": SCRIPT, "args": args}}}
+
 
 def run_default_socket() -> str:
     from supervisor.paths import default_socket_path
