@@ -13,8 +13,9 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
@@ -39,6 +40,7 @@ _PROG = "mcp-supervisor"
 _QUERY_TIMEOUT = 30.0  # status, tools, logs: they answer from memory
 _ALL_CONCURRENCY = 16  # requests in flight for --all, well under the daemon's connection cap
 _MAX_LOG_LINES = 10_000
+CLIENT_NAMES = ("claude", "cursor", "windsurf", "vscode", "claude-code")  # clientconfig.CLIENTS, unimported
 
 
 class _UsageError(Exception):
@@ -205,11 +207,16 @@ async def _connect(args: argparse.Namespace) -> int:
     return await connect.run(path, reconnect_timeout=args.reconnect_timeout)
 
 
-def _load(path: str, overrides: dict[str, Any] | None = None) -> Settings:
+def _load(
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
     from supervisor import config  # pydantic-settings: only the commands that read a config pay for it
 
     try:
-        return config.load(path, overrides=overrides)
+        return config.load(path, overrides=overrides, warnings=warnings, environ=environ)
     except ConfigError as exc:
         if len(exc.errors) == 1 and exc.errors[0].startswith(path):
             raise  # already names the file: "x.yaml: No such file or directory"
@@ -218,19 +225,57 @@ def _load(path: str, overrides: dict[str, Any] | None = None) -> Settings:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    names = list(_load(args.config).extensions)
+    warnings: list[str] = []
+    names = list(_load(args.config, warnings=warnings).extensions)
+    for warning in warnings:
+        _fail(f"warning: {warning}")
     listed = f": {', '.join(names)}" if names else ""
     print(f"{args.config}: OK ({len(names)} extension{'' if len(names) == 1 else 's'}{listed})")
     return EXIT_OK
 
 
+def _import(args: argparse.Namespace) -> int:
+    from supervisor import migrate
+
+    config_path = Path(os.path.expanduser(args.config or paths.default_config_path()))
+    request = migrate.Request(
+        args.file,
+        config_path,
+        force=args.force,
+        rewrite_client=args.rewrite_client,
+        dry_run=args.dry_run,
+        workspace=args.workspace,
+        project=args.project,
+        socket=args.socket,
+    )
+
+    def load(path: Path, environ: Mapping[str, str]) -> str:
+        return _load(str(path), overrides={"socket": args.socket}, environ=dict(environ)).socket
+
+    migrate.run_import(request, load=load, say=print)
+    return EXIT_OK
+
+
+def _client_config(args: argparse.Namespace) -> int:
+    from supervisor import clientconfig
+
+    socket = args.socket
+    if socket is None and args.config:
+        socket = _load(args.config).socket
+    command_args = clientconfig.connect_args(socket, args.profile)
+    print(clientconfig.snippet(args.client, clientconfig.connect_command(), command_args))
+    return EXIT_OK
+
+
 def _daemon(args: argparse.Namespace) -> int:
     _return_big_buffers_to_the_system()  # before the imports below allocate and free big blocks
-    settings = _load(args.config or paths.default_config_path(), {"socket": args.socket})
+    warnings: list[str] = []
+    settings = _load(args.config or paths.default_config_path(), {"socket": args.socket}, warnings)
     from supervisor import daemon  # lazily: client commands need not import the whole daemon
 
     path = args.config or paths.default_config_path()
-    run = partial(daemon.run, settings, config_path=path, overrides={"socket": args.socket})
+    overrides = {"socket": args.socket}
+    run = partial(daemon.run, settings, config_path=path, overrides=overrides, warnings=warnings)
     return anyio.run(run, backend="asyncio")
 
 
@@ -324,6 +369,38 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = add("check-config", _check_config, "validate a config file", is_async=False)
     sub.add_argument("config", metavar="CONFIG")
+    sub = add(
+        "import",
+        _import,
+        "add the stdio servers of an MCP client's config file to the config",
+        is_async=False,
+    )
+    sub.add_argument("file", metavar="FILE", help="claude_desktop_config.json, mcp.json, .mcp.json, ...")
+    sub.add_argument(
+        "-c", "--config", metavar="CONFIG", help="config to add to (default: $MCP_SUPERVISOR_CONFIG)"
+    )
+    sub.add_argument("--force", action="store_true", help="replace extensions of the same name")
+    sub.add_argument(
+        "--rewrite-client",
+        action="store_true",
+        help="then replace them in FILE by one connect entry (backup)",
+    )
+    sub.add_argument("--dry-run", action="store_true", help="print what would be done, write nothing")
+    sub.add_argument(
+        "--workspace", metavar="DIR", help="what ${workspaceFolder} means (default: FILE's project)"
+    )
+    sub.add_argument("--project", metavar="DIR", help="~/.claude.json: that project's servers instead")
+    sub.add_argument("--socket", metavar="PATH", help="the daemon's socket, for the connect entry")
+    sub = add(
+        "client-config",
+        _client_config,
+        "print the entry an MCP client needs to use the daemon",
+        is_async=False,
+    )
+    sub.add_argument("--client", choices=list(CLIENT_NAMES), default="claude", help="default: claude")
+    sub.add_argument("--profile", metavar="P", help="a profile of the config (connect --profile)")
+    sub.add_argument("--socket", metavar="PATH", help="the daemon's socket, when not the default")
+    sub.add_argument("-c", "--config", metavar="CONFIG", help="take the socket from this config")
     return parser
 
 

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from . import clientkeys
 from .configfile import describe, parse
 from .errors import ConfigError
 from .paths import ENV_PREFIX as _ENV
@@ -167,8 +168,10 @@ class ToolFilter(_Frozen):
 class ExtensionConfig(_Frozen):
     """One stdio MCP server. ``${VAR}`` expands in command, args, env values and cwd at load time.
 
-    Claude Desktop / Cursor entries load as is: ``type: stdio`` is accepted, ``disabled: true`` means
-    ``autostart: false``; neither is kept as a field, so equal settings compare equal.
+    Client entries (Claude Desktop, Cursor, VS Code, Cline, ...) load as is: ``type: stdio`` is accepted,
+    ``disabled: true`` means ``autostart: false``, ``timeout`` is ``call_timeout`` and the other keys
+    of :mod:`supervisor.clientkeys` are mapped or dropped; none is kept as a field, so equal settings
+    compare equal.
     """
 
     model_config = ConfigDict(coerce_numbers_to_str=True)  # `args: [--port, 8080]` is common in YAML
@@ -197,23 +200,22 @@ class ExtensionConfig(_Frozen):
         if not isinstance(data, Mapping):
             return data
         data = dict(data)
-        if "url" in data:
+        remote = [key for key in ("url", "serverUrl", "httpUrl") if key in data]  # Windsurf, Gemini CLI
+        if remote:
             raise PydanticCustomError(
-                "not_stdio", "only stdio servers can be supervised; 'url' names a remote (HTTP/SSE) server"
+                "not_stdio",
+                "only stdio servers can be supervised; '{key}' names a remote (HTTP/SSE) server",
+                {"key": remote[0]},
             )
         kind = data.pop("type", "stdio")
         if kind != "stdio":
             raise PydanticCustomError(
                 "not_stdio", "only stdio servers can be supervised, not type '{kind}'", {"kind": kind}
             )
-        if "disabled" in data:
-            disabled = data.pop("disabled")
-            if "autostart" in data:
-                raise PydanticCustomError("conflict", "give 'autostart' or 'disabled', not both")
-            if not isinstance(disabled, bool):
-                raise PydanticCustomError("bad_disabled", "'disabled' should be true or false")
-            data["autostart"] = not disabled
-        return data
+        try:  # disabled, timeout, disabledTools, ...: mapped; autoApprove, ...: dropped (load() warns)
+            return clientkeys.fold(data)[0]
+        except clientkeys.ClientKeyError as exc:
+            raise PydanticCustomError("client_key", str(exc)) from None
 
 
 class SpoolConfig(_Frozen):
@@ -328,15 +330,19 @@ def load(
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    warnings: list[str] | None = None,
 ) -> Settings:
     """Read, merge and validate the settings; raise ConfigError listing every problem.
 
     *path* None means no file. *overrides* (the command line) win over ``MCP_SUPERVISOR_*`` in *environ*
     (default ``os.environ``), which wins over the file; top-level overrides that are None are ignored.
     ``${VAR}`` references and the default socket path are resolved from *environ* as well.
+    Client keys that were dropped (``autoApprove``, ...) are appended to *warnings*, one line per extension.
     """
     environ = os.environ if environ is None else environ
     root, data, errors = parse(path) if path is not None else (None, {}, [])
+    if warnings is not None:
+        warnings += _dropped_client_keys(data.get("extensions"))
     given = {key: value for key, value in (overrides or {}).items() if value is not None}
     ctx = _Context(data, environ)
     token = _CONTEXT.set(ctx)
@@ -353,3 +359,17 @@ def load(
     if errors:
         raise ConfigError(errors)
     return settings
+
+
+def _dropped_client_keys(extensions: Any) -> list[str]:
+    """One line per extension naming the client keys (autoApprove, ...) that its entry loses."""
+    lines = []
+    for name, entry in extensions.items() if isinstance(extensions, Mapping) else ():
+        try:
+            dropped = clientkeys.fold(entry)[1] if isinstance(entry, Mapping) else []
+        except clientkeys.ClientKeyError:  # validation reports it as an error
+            continue
+        if dropped:
+            keys = ", ".join(dropped)
+            lines.append(f"extensions.{name}: ignored {keys} (client settings mcp-supervisor does not use)")
+    return lines

@@ -1,20 +1,30 @@
 """Reading the config file: a bounded regular file, UTF-8, YAML with bounds; errors that name lines.
 
-Only :mod:`supervisor.config` imports this module, and nothing else reads YAML.
+Also adding extensions to a config file's text, keeping its comments and order (``import``).
+Only :mod:`supervisor.config` and :mod:`supervisor.importer` import this module, and nothing else
+reads or writes YAML.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
 
-__all__ = ("MAX_BYTES", "describe", "parse", "read_bytes")
+__all__ = (
+    "MAX_BYTES",
+    "add_extensions",
+    "describe",
+    "extension_names",
+    "parse",
+    "read_bytes",
+    "yaml_error",
+)
 
 MAX_BYTES = 1 << 20  # a config file is a few KiB; 1 MiB leaves room and bounds memory
 _MAX_DEPTH = 64  # YAML nesting levels; a config needs about 6, and composing recurses
@@ -205,3 +215,115 @@ def _shown(part: Any) -> str:
 def _escaped(text: str) -> str:
     """Messages can quote a value: its control characters are shown escaped, not sent to the terminal."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Lists in flow style (``args: [-y, pkg]``), mappings in block style: how people write configs."""
+
+
+_Dumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+
+
+def _dump(data: Any) -> str:
+    return yaml.dump(
+        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096
+    )
+
+
+def _compose(text: str) -> yaml.Node | None:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        loader.dispose()
+
+
+def _table_node(root: yaml.Node | None) -> tuple[yaml.Node, yaml.Node] | None:
+    """The ``extensions`` (or ``mcpServers``) key and value nodes of a parsed config."""
+    if not isinstance(root, yaml.MappingNode):
+        return None
+    for key, value in root.value:
+        if isinstance(key, yaml.ScalarNode) and key.value in ("extensions", "mcpServers"):
+            return key, value
+    return None
+
+
+def yaml_error() -> type[Exception]:
+    """The exception class of YAML syntax errors, for callers that do not import YAML themselves."""
+    return yaml.YAMLError
+
+
+def extension_names(text: str) -> list[str]:
+    """The extension names a config file's text defines (under ``extensions`` or ``mcpServers``).
+
+    Error handling: raises ``yaml.YAMLError`` for text that is not YAML.
+    """
+    found = _table_node(_compose(text))
+    if found is None or not isinstance(found[1], yaml.MappingNode):
+        return []
+    return [key.value for key, _ in found[1].value if isinstance(key, yaml.ScalarNode)]
+
+
+def _last_line(node: yaml.Node) -> int:
+    """The 0-based line of the last character of *node*'s content (not of the comments after it)."""
+    if isinstance(node, yaml.MappingNode | yaml.SequenceNode) and not node.flow_style and node.value:
+        last = node.value[-1]
+        return _last_line(last[1] if isinstance(last, tuple) else last)
+    end = node.end_mark
+    return end.line - 1 if end.column == 0 and end.line > node.start_mark.line else end.line
+
+
+def add_extensions(
+    text: str | None, entries: Mapping[str, Any], *, replace: Collection[str] = (), comment: str = ""
+) -> tuple[str, bool]:
+    """*text* with *entries* added under ``extensions``, replacing the *replace* ones; comments kept?
+
+    Block-style files keep every line they had but the replaced entries: the new entries go after
+    the last one, indented like it, under a ``# comment`` line. A file in flow style (a JSON config)
+    is written anew from its data, which loses its comments (the second value is then False).
+    Error handling: raises ``yaml.YAMLError`` for text that is not YAML.
+    """
+    note = f"# {comment}\n" if comment else ""
+    if not text or not text.strip():
+        return f"{note}extensions:\n{_indented(_dump(dict(entries)), 2)}", True
+    lines = text.splitlines(keepends=True)
+    if not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    root = _compose(text)
+    found = _table_node(root)
+    if root is None or (found is None and isinstance(root, yaml.MappingNode) and not root.flow_style):
+        return "".join(lines) + f"\n{note}extensions:\n{_indented(_dump(dict(entries)), 2)}", True
+    if found is not None:
+        key, value = found
+        if (
+            isinstance(value, yaml.ScalarNode) and value.value == "" and not value.style
+        ):  # `extensions:` alone
+            at = key.start_mark.line + 1
+            block = _indented(note + _dump(dict(entries)), key.start_mark.column + 2)
+            return "".join(lines[:at]) + block + "".join(lines[at:]), True
+        if isinstance(value, yaml.MappingNode) and not value.flow_style and value.value:
+            column = value.value[0][0].start_mark.column
+            gone = {
+                line
+                for k, v in value.value
+                if k.value in replace
+                for line in range(k.start_mark.line, _last_line(v) + 1)
+            }
+            at = _last_line(value) + 1
+            block = _indented(note + _dump(dict(entries)), column)
+            kept = [line for i, line in enumerate(lines) if i not in gone and i < at]
+            return "".join(kept) + block + "".join(lines[at:]), True
+    data = yaml.load(text, Loader=_Loader) or {}  # flow style: JSON, or `extensions: {}`
+    if not isinstance(data, dict):
+        raise yaml.YAMLError("the top level must be a mapping")
+    table = "mcpServers" if "mcpServers" in data and "extensions" not in data else "extensions"
+    servers = {k: v for k, v in (data.get(table) or {}).items() if k not in replace}
+    data[table] = {**servers, **entries}
+    return note + _dump(data), False
+
+
+def _indented(text: str, column: int) -> str:
+    pad = " " * column
+    return "".join(pad + line if line.strip() else line for line in text.splitlines(keepends=True))

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import os
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -242,12 +242,16 @@ class Daemon:
 
     def _load(self) -> Settings:
         """The config file again; whatever goes wrong reading it is a ConfigError, never the daemon's end."""
+        warnings: list[str] = []
         try:
-            return config.load(self.config_path, overrides=self._overrides)
+            settings = config.load(self.config_path, overrides=self._overrides, warnings=warnings)
         except ConfigError:
             raise
         except Exception as exc:  # a loader bug: keep running on the old config, and say so
             raise ConfigError([f"{self.config_path}: cannot be loaded ({_first_line(exc)})"]) from exc
+        for warning in warnings:
+            log.warning("config.client_keys_ignored", detail=warning)
+        return settings
 
     async def _apply(self, new: Settings, gone: list[str], changed: list[str], added: list[str]) -> None:
         """Stop what is gone or changed, then start what changed or was added (under their locks)."""
@@ -312,14 +316,21 @@ def instance_key(socket_path: str) -> str:
 
 
 async def run(
-    settings: Settings, *, config_path: str | None = None, overrides: Mapping[str, Any] | None = None
+    settings: Settings,
+    *,
+    config_path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    warnings: Sequence[str] = (),
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
-    *config_path* and *overrides* are what a reload (SIGHUP or the ``reload`` method) reads.
+    *config_path* and *overrides* are what a reload (SIGHUP or the ``reload`` method) reads;
+    *warnings* are what loading *settings* had to say (logged once logging is set up).
     """
     logs.configure()
     log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
+    for warning in warnings:
+        log.warning("config.client_keys_ignored", detail=warning)
     notifier = Notifier.from_environ(os.environ)
     async with anyio.create_task_group() as tg:
         daemon = Daemon(
