@@ -19,7 +19,12 @@ the median wall time, the max peak RSS increase, ``rss_ratio`` = peak increase /
 ``speedup`` = sdk wall / daemon wall. ``verified`` says whether what came back has the right
 size: the base64 length of an inline image, or the size of a ``file://`` resource_link's file.
 
-Usage: ``python bench/media.py [--sizes 5,20] [--repeat 3]`` (sizes in MiB); prints JSON.
+``--tool items`` runs the screenshot fixture (tests/servers/screenshot.py) instead, whose
+``items(bytes=N)`` returns the image both as content and nested in ``structuredContent``
+(with an outputSchema): there ``reply_bytes`` shows whether the structured copy was spooled.
+
+Usage: ``python bench/media.py [--sizes 5,20] [--repeat 3] [--tool image|items]`` (sizes in
+MiB); prints JSON.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ import anyio
 from supervisor import client
 
 ROOT = Path(__file__).resolve().parent.parent
-MEDIA = ROOT / "tests" / "servers" / "media.py"
+SERVERS = {
+    "image": ROOT / "tests" / "servers" / "media.py",
+    "items": ROOT / "tests" / "servers" / "screenshot.py",
+}
 MIB = 1 << 20
 WARMUP_BYTES = 300_000
 CALL_TIMEOUT = 120.0
@@ -82,30 +90,40 @@ def inspect(content: list[dict[str, Any]], size: int) -> tuple[list[str], bool |
 # --- (a) the baseline: the SDK's stdio client, in a fresh process (see sdk_child) ---------------
 
 
-async def sdk_child(size: int) -> dict[str, Any]:
+async def sdk_child(size: int, tool: str) -> dict[str, Any]:
     """Runs in the subprocess: one warm-up call, then the measured one."""
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=[str(MEDIA)], env=dict(os.environ))
+    params = StdioServerParameters(command=sys.executable, args=[str(SERVERS[tool])], env=dict(os.environ))
     # The fixture's stderr is ours, which run_sdk captures for its error message.
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         with anyio.fail_after(START_TIMEOUT):
             await session.initialize()
-            await session.call_tool("image", {"bytes": WARMUP_BYTES})
+            await session.call_tool(tool, {"bytes": WARMUP_BYTES})
         before = memory()
         started = time.perf_counter()
         with anyio.fail_after(CALL_TIMEOUT):
-            result = await session.call_tool("image", {"bytes": size})
+            result = await session.call_tool(tool, {"bytes": size})
         wall = time.perf_counter() - started
         after = memory()
         content = [block.model_dump(by_alias=True, exclude_none=True) for block in result.content]
         returned, verified = inspect(content, size)
-    return {"wall_s": wall, "before": before, "after": after, "returned": returned, "verified": verified}
+    reply_bytes = (
+        len(result.model_dump_json(by_alias=True, exclude_none=True)) + 1
+    )  # as sent on the wire, about
+    return {
+        "wall_s": wall,
+        "before": before,
+        "after": after,
+        "returned": returned,
+        "verified": verified,
+        "reply_bytes": reply_bytes,
+    }
 
 
-def run_sdk(size: int) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--sdk-child", str(size)]
+def run_sdk(size: int, tool: str) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--sdk-child", str(size), "--tool", tool]
     done = subprocess.run(command, capture_output=True, text=True, timeout=CALL_TIMEOUT + 60)
     if done.returncode != 0:
         raise RuntimeError(f"the SDK subprocess failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -115,14 +133,14 @@ def run_sdk(size: int) -> dict[str, Any]:
 # --- (b) through the daemon ----------------------------------------------------------------------
 
 
-def write_config(directory: Path) -> Path:
+def write_config(directory: Path, tool: str) -> Path:
     config = {
         "socket": str(directory / "control.sock"),
         "spool": {"dir": str(directory / "spool")},
         "extensions": {
             "media": {
                 "command": sys.executable,
-                "args": [str(MEDIA)],
+                "args": [str(SERVERS[tool])],
                 "call_timeout": CALL_TIMEOUT,
                 "stop_timeout": 1,
             }
@@ -133,9 +151,9 @@ def write_config(directory: Path) -> Path:
     return path
 
 
-def start_daemon(directory: Path) -> subprocess.Popen[bytes]:
+def start_daemon(directory: Path, tool: str) -> subprocess.Popen[bytes]:
     """The daemon on *directory*'s config; its stderr goes to daemon.log there."""
-    command = [sys.executable, "-m", "supervisor", "daemon", "-c", str(write_config(directory))]
+    command = [sys.executable, "-m", "supervisor", "daemon", "-c", str(write_config(directory, tool))]
     with (directory / "daemon.log").open("wb") as stderr:
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -168,14 +186,14 @@ async def wait_running(sock: str, daemon: subprocess.Popen[bytes], directory: Pa
     raise RuntimeError(f"the daemon exited with {daemon.returncode}: {log_tail(directory)}")
 
 
-async def run_daemon(size: int) -> dict[str, Any]:
+async def run_daemon(size: int, tool: str) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="mcps-media-", dir="/tmp"))
     sock = str(directory / "control.sock")
     try:
-        daemon = start_daemon(directory)
+        daemon = start_daemon(directory, tool)
         try:
             await wait_running(sock, daemon, directory)
-            call = {"name": "media", "tool": "image", "arguments": {"bytes": WARMUP_BYTES}}
+            call = {"name": "media", "tool": tool, "arguments": {"bytes": WARMUP_BYTES}}
             await client.request(sock, "call", call, timeout=CALL_TIMEOUT)
             call["arguments"] = {"bytes": size}
             before = memory(daemon.pid)
@@ -222,18 +240,24 @@ def summarize(samples: list[dict[str, Any]], mib: float) -> dict[str, Any]:
     return summary
 
 
-async def main(sizes_mib: list[float], repeat: int) -> dict[str, Any]:
+async def main(sizes_mib: list[float], repeat: int, tool: str) -> dict[str, Any]:
     results = []
     for mib in sizes_mib:
         size = round(mib * MIB)
         sdk, daemon = [], []
         for _ in range(repeat):
-            sdk.append(await anyio.to_thread.run_sync(run_sdk, size))
-            daemon.append(await run_daemon(size))
+            sdk.append(await anyio.to_thread.run_sync(run_sdk, size, tool))
+            daemon.append(await run_daemon(size, tool))
         entry: dict[str, Any] = {"mib": mib, "sdk": summarize(sdk, mib), "daemon": summarize(daemon, mib)}
         entry["speedup"] = round(entry["sdk"]["wall_s"] / max(entry["daemon"]["wall_s"], 1e-9), 1)
         results.append(entry)
-    return {"sizes_mib": sizes_mib, "repeat": repeat, "warmup_bytes": WARMUP_BYTES, "results": results}
+    return {
+        "tool": tool,
+        "sizes_mib": sizes_mib,
+        "repeat": repeat,
+        "warmup_bytes": WARMUP_BYTES,
+        "results": results,
+    }
 
 
 def parse_sizes(text: str) -> list[float]:
@@ -245,9 +269,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=parse_sizes, default=[5, 20], help="payload sizes in MiB (5,20)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tool", choices=sorted(SERVERS), default="image", help="image (media.py) or items")
     parser.add_argument("--sdk-child", type=int, metavar="BYTES", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.sdk_child is not None:
-        print(json.dumps(anyio.run(sdk_child, args.sdk_child)))
+        print(json.dumps(anyio.run(sdk_child, args.sdk_child, args.tool)))
     else:
-        print(json.dumps(anyio.run(main, args.sizes, max(1, args.repeat)), indent=2))
+        print(json.dumps(anyio.run(main, args.sizes, max(1, args.repeat), args.tool), indent=2))

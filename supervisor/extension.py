@@ -91,6 +91,8 @@ class Extension:
         self._on_change = on_change
         self._hurry = hurry
         self._spool = spool
+        if spool is not None:  # a rewrite of structured output must keep it valid for its schema
+            spool.schemas.follow(lambda: self._listing.tools)
         self._on_call = on_call
         self._on_notification = on_notification
         self.calls = 0  # tool calls asked of this extension

@@ -33,11 +33,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
+
+from . import media
+from .media import OutputSchemas
 
 __all__ = (
     "ExtensionSpool",
@@ -52,7 +55,6 @@ __all__ = (
 log = structlog.get_logger(__name__)
 
 DECODE_CHUNK = 4 << 20  # base64 characters per step (a multiple of 4)
-MEDIA_TYPES = ("image", "audio")
 VOLATILE_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 MIN_AGE = 1.0  # seconds a spooled file is safe from eviction: its link was just handed out
 SUFFIXES = {  # where the mimetypes table has no answer or an odd one
@@ -188,69 +190,73 @@ class Spool:
         """Whether a message line this long can hold a payload over the inline limit."""
         return line_length > self.max_inline_bytes
 
-    def rewrite(self, message: Any, extension: str, *, directory: str | None = None) -> int:
-        """Spool the oversized items of a tool result in place; return how many were spooled.
+    def rewrite(
+        self,
+        message: Any,
+        extension: str,
+        *,
+        directory: str | None = None,
+        schemas: OutputSchemas | None = None,
+    ) -> int:
+        """Spool the oversized media of a tool result in place; return how many payloads were replaced.
 
-        *message* is a parsed JSON-RPC message; only ``result.content`` items of type image,
-        audio, or resource with a blob are considered. Text, structured content and small
-        items are left alone, order preserved. Never raises for bad input or a failed write:
-        the item stays inline and a warning is logged. Files go to *directory* (a name in
-        the run directory; default: *extension*).
+        *message* is a parsed JSON-RPC message; only results with a ``content`` list or a
+        ``structuredContent`` are looked at (see :mod:`supervisor.media` for what counts as
+        media where). A content item is replaced by a ``resource_link``; elsewhere only the
+        base64 string is, by the file's URI. The same base64 text anywhere in the result goes
+        to one file. A rewrite of ``structuredContent`` that *schemas* says a client would
+        reject is undone as a whole (``spool.kept_inline``). Never raises for bad input or a
+        failed write: the payload stays inline and a warning is logged. Files go to
+        *directory* (a name in the run directory; default: *extension*).
         """
         result = message.get("result") if isinstance(message, dict) else None
-        content = result.get("content") if isinstance(result, dict) else None
-        if not isinstance(content, list):
+        if not isinstance(result, dict) or not (
+            isinstance(result.get("content"), list) or "structuredContent" in result
+        ):
             return 0
-        spooled = 0
-        written: set[Path] = set()  # this result's files: never evicted to make room for its next item
-        for index, item in enumerate(content):
-            link = self._spool_item(item, extension, directory or extension, written)
-            if link is not None:
-                content[index] = link
-                spooled += 1
-        return spooled
-
-    def _spool_item(
-        self, item: Any, extension: str, directory: str, written: set[Path]
-    ) -> dict[str, Any] | None:
-        if not isinstance(item, dict):
-            return None
-        kind = item.get("type")
-        holder = item.get("resource") if kind == "resource" else item
-        field = "blob" if kind == "resource" else "data"
-        if kind not in (*MEDIA_TYPES, "resource") or not isinstance(holder, dict):
-            return None
-        data = holder.get(field)
-        if not isinstance(data, str):
-            return None
-        size = decoded_size(data)
-        if size is None:
+        found = media.find(result, self.max_inline_bytes)
+        if not found.spots:
+            return 0
+        payloads: dict[str, list[media.Spot]] = {}  # base64 text -> where it occurs: one file each
+        for spot in found.spots:
+            data = spot.holder[spot.key]
+            size = decoded_size(data)
+            if size is None:
+                log.warning(
+                    "spool.not_base64",
+                    extension=extension,
+                    type=spot.kind,
+                    reason="length is not a multiple of 4",
+                )
+            elif size > self.max_inline_bytes:
+                payloads.setdefault(data, []).append(spot)
+        written: set[Path] = set()  # this result's files: never evicted to make room for its next one
+        stored: dict[str, media.Stored] = {}
+        for data, spots in payloads.items():
+            size = decoded_size(data) or 0
+            mime = next((spot.mime for spot in spots if spot.mime), None)
+            saved = self._store(data, size, mime, extension, spots[0].kind, directory or extension, written)
+            if saved is not None:
+                stored[data] = media.Stored(*saved, size)
+        applied = media.apply(result, found, payloads, stored, schemas, message.get("id"))
+        if applied.rejection is not None:
             log.warning(
-                "spool.not_base64", extension=extension, type=kind, reason="length is not a multiple of 4"
+                "spool.kept_inline", extension=extension, payloads=applied.undone, reason=applied.rejection
             )
-            return None
-        if size <= self.max_inline_bytes:
-            return None
-        mime = holder.get("mimeType") if isinstance(holder.get("mimeType"), str) else None
-        stored = self._store(data, size, mime, extension, kind, directory, written)
-        if stored is None:
-            return None
-        path, digest = stored
-        link: dict[str, Any] = {
-            "type": "resource_link",
-            "uri": path.as_uri(),
-            "name": path.name,
-            "size": size,
-            "description": f"{kind} content ({size} bytes) spooled to disk by mcp-supervisor",
-            "_meta": {"sha256": digest, "originalType": kind},
-        }
-        if mime:
-            link["mimeType"] = mime
-        if kind == "resource" and isinstance(holder.get("uri"), str):
-            link["_meta"]["originalUri"] = holder["uri"]
-        if isinstance(item.get("annotations"), dict):
-            link["annotations"] = item["annotations"]
-        return link
+        replaced = {id(spot) for spot in applied.replaced}
+        for data, saved in stored.items():
+            if not any(id(spot) in replaced for spot in payloads[data]):  # its only places were undone
+                self._forget(saved.path)
+        return len(applied.replaced)
+
+    def _forget(self, path: Path) -> None:
+        """Delete a file of this result that nothing links to after all."""
+        with self._lock:
+            entry = self._files.pop(path, None)
+            if entry is not None:
+                self._total -= entry[0]
+        with contextlib.suppress(OSError):
+            path.unlink()
 
     def _store(
         self,
@@ -334,12 +340,17 @@ class ExtensionSpool:
     spool: Spool
     extension: str
     directory: str  # its own directory's name in the run directory
+    schemas: OutputSchemas = field(default_factory=OutputSchemas)  # the owner points it at its tools
 
     def needs_look(self, line_length: int) -> bool:
         return self.spool.needs_look(line_length)
 
+    def sent(self, request_id: Any, method: str, params: Any) -> None:
+        """A request went to the child: its answer's structured output is checked against its tool."""
+        self.schemas.sent(request_id, method, params)
+
     def rewrite(self, message: Any) -> int:
-        return self.spool.rewrite(message, self.extension, directory=self.directory)
+        return self.spool.rewrite(message, self.extension, directory=self.directory, schemas=self.schemas)
 
     def remove(self) -> None:
         self.spool.remove_extension(self.directory)

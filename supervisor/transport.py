@@ -244,7 +244,7 @@ async def connect(
             pumps.start_soon(drain, _pump_stderr, child, on_stderr)
             pumps.start_soon(_pump_stdin, child, write_recv, end, stdin_timeout)
             pumps.start_soon(_watch_exit, child, stdout, end)
-            outbox = Outbox(write_send, inbound)
+            outbox = Outbox(write_send, inbound, spool.sent if spool is not None else None)
             try:
                 async with ClientSession(
                     read_recv, outbox, message_handler=on_message, logging_callback=on_log

@@ -9,6 +9,7 @@ deep) fails its sender only, never the stdin pump whose failure would end the co
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -64,12 +65,20 @@ class Outbox:
     notification goes out with the offending characters replaced.
     """
 
-    def __init__(self, sink: MemoryObjectSendStream[bytes], inbound: InboundRequests) -> None:
+    def __init__(
+        self,
+        sink: MemoryObjectSendStream[bytes],
+        inbound: InboundRequests,
+        on_request: Callable[[types.RequestId, str, Any], None] | None = None,
+    ) -> None:
         self._sink = sink
         self._inbound = inbound
+        self._on_request = on_request  # sees (id, method, params) of each request before it goes
 
     async def send(self, item: SessionMessage, /) -> None:
         message = item.message
+        if self._on_request is not None and isinstance(message, types.JSONRPCRequest):
+            self._on_request(message.id, message.method, message.params)
         try:
             if (data := _encode(message)) is not None:
                 await self._sink.send(data)

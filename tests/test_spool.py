@@ -105,7 +105,7 @@ class TestRewrite:
 
     def test_names_are_unguessable(self, spool: Spool) -> None:
         """Two spooled files get distinct random names of at least 128 bits."""
-        message = result(image(LIMIT + 1), image(LIMIT + 1))
+        message = result(image(LIMIT + 1), {**image(LIMIT + 1), "data": b64(LIMIT + 1, fill=8)})
         spool.rewrite(message, "fx")
         names = [path_of(link).stem for link in message["result"]["content"]]
         assert names[0] != names[1] and all(len(name) >= 21 for name in names)
@@ -161,12 +161,13 @@ class TestLimits:
 
     def test_a_result_never_evicts_its_own_files(self, spool: Spool) -> None:
         """With room for one item, a result of two keeps its first link valid; the second stays inline."""
-        message = result(image(6 * LIMIT), image(6 * LIMIT))
+        other = {**image(6 * LIMIT), "data": b64(6 * LIMIT, fill=8)}
+        message = result(image(6 * LIMIT), dict(other))
         with capture_logs() as logs:
             assert spool.rewrite(message, "fx") == 1
         first, second = message["result"]["content"]
         assert first["type"] == "resource_link" and path_of(first).exists()
-        assert second == image(6 * LIMIT)
+        assert second == other
         assert [e["event"] for e in logs] == ["spool.no_room"]
         assert spool.stats() == SpoolStats(1, 6 * LIMIT)
 
