@@ -67,9 +67,15 @@ class RawCalls:
     fails every call in flight with ``CONNECTION_CLOSED``, as the session does with its own.
     """
 
-    def __init__(self, sink: MemoryObjectSendStream[bytes], stdin: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        sink: MemoryObjectSendStream[bytes],
+        stdin: asyncio.StreamWriter,
+        on_request: Callable[[str, str, Any], None] | None = None,
+    ) -> None:
         self._sink = sink
         self._stdin = stdin
+        self._on_request = on_request  # sees (id, method, params) of each request before it goes
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiter] = {}
         self._closed = False
@@ -99,6 +105,8 @@ class RawCalls:
             raise MCPError(types.INVALID_PARAMS, message) from None
         if self._closed:
             raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
+        if self._on_request is not None:
+            self._on_request(request_id, "tools/call", params)
         waiter = self._waiting[request_id] = _Waiter()
         sent = False
         try:

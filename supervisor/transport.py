@@ -207,7 +207,7 @@ async def connect(
     inbound = InboundRequests(MAX_INBOUND_REQUESTS)
     drains: list[anyio.CancelScope] = []
 
-    raw = connection.raw = RawCalls(write_send, child.stdin)
+    raw = connection.raw = RawCalls(write_send, child.stdin, spool.sent if spool is not None else None)
 
     def end(failure: str | None) -> None:
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
