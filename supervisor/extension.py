@@ -28,7 +28,7 @@ from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
 from .spool import ExtensionSpool
-from .state import ExitStatus, Listing, Snapshot, State
+from .state import ExitStatus, Listing, Snapshot, State, one_line
 
 if TYPE_CHECKING:
     from .config import ExtensionConfig
@@ -100,6 +100,7 @@ class Extension:
         self._snapshot = Snapshot(name=name, state=State.STOPPED, since=_now())
         self._changed = anyio.Event()
         self._stderr: deque[str] = deque(maxlen=config.log_lines)
+        self._last_stderr: str | None = None  # this run's last line, raw; made safe when read
         self._listing = Listing()  # what the running child offers
         self._stale: set[str] = set()  # listings the child said changed, not yet fetched again
         self._stale_event = anyio.Event()
@@ -118,7 +119,13 @@ class Extension:
     # ---- reading -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        return replace(self._snapshot, tools=len(self._listing.tools), in_flight=self._in_flight)
+        last = self._last_stderr
+        return replace(
+            self._snapshot,
+            tools=len(self._listing.tools),
+            in_flight=self._in_flight,
+            last_stderr=one_line(last) if last is not None else None,
+        )
 
     def tools(self) -> list[types.Tool]:
         """The running child's tools; a copy the caller may change."""
@@ -355,6 +362,7 @@ class Extension:
         """Start the child, serve until it ends, tear it down. Returns whether to restart."""
         # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
+        self._last_stderr = None
         try:
             async with transport.connect(
                 [self.config.command, *self.config.args],
@@ -382,11 +390,17 @@ class Extension:
     async def _serve(self, connection: transport.Connection) -> bool:
         child = connection.child
         self._set(State.STARTING, pid=child.pid)
+
+        def step(method: str) -> None:
+            self._set(State.STARTING, waiting=method)
+
+        # The only deadline of a start: a wrapper's first download (npx -y, uvx) may use all of it.
         try:
             with anyio.fail_after(self.config.start_timeout):
-                listing = await connection.handshake()
+                listing = await connection.handshake(on_step=step)
         except TimeoutError:
-            error = f"no MCP handshake within {self.config.start_timeout:g}s"
+            waiting = self._snapshot.waiting or "initialize"
+            error = f"no MCP handshake within {self.config.start_timeout:g}s (no answer to {waiting})"
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error))
         except Exception as exc:  # MCPError, or a malformed initialize/tools result
             if connection.ended.is_set() or isinstance(exc, MCPError):
@@ -472,11 +486,14 @@ class Extension:
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line)
+        self._last_stderr = line
         log.info("extension.stderr", line=line)
 
     def _set(self, state: State, **changes: Any) -> None:
         previous = self._snapshot
         since = previous.since if state is previous.state else _now()
+        if state is not State.STARTING:
+            changes["waiting"] = None
         self._snapshot = replace(previous, state=state, since=since, **changes)
         if state is not previous.state:
             log.info(

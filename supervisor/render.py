@@ -77,6 +77,13 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
         wait = f"restart in {max(0.0, (at - now).total_seconds()):.1f}s" if at else "restart pending"
         text = f"{wait} (attempt {record.get('failures') or 1})"
         return f"{text}; {reason}" if reason else text
+    if state == "starting":
+        since = _when(record.get("since"))
+        elapsed = f" {duration((now - since).total_seconds())}" if since else ""
+        waiting = record.get("waiting")
+        text = f"waiting{elapsed} for {waiting}" if waiting else f"spawning{elapsed}"
+        last = record.get("last_stderr")  # a wrapper's download progress, say; made safe by the daemon
+        return f"{text}; stderr: {last}" if last else text
     if state in ("failed", "stopped"):
         return reason or ""
     return ""

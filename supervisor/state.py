@@ -19,6 +19,7 @@ A snapshot is immutable and written by the extension's watcher task only, so rea
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,7 +27,19 @@ from typing import Any
 
 import mcp_types as types
 
-__all__ = ("ExitStatus", "Listing", "Snapshot", "State")
+__all__ = ("ExitStatus", "Listing", "Snapshot", "State", "one_line")
+
+SHOWN_LINE_CAP = 200  # characters of a child's stderr line shown in a status record
+
+# ANSI escape sequences (npm's colours and spinners), then any other control or bidi character.
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]+")
+
+
+def one_line(text: str, limit: int = SHOWN_LINE_CAP) -> str:
+    """*text* made safe to show in one table cell: no escapes or control characters, at most *limit*."""
+    clean = " ".join(_CONTROLS.sub(" ", _ESCAPES.sub("", text[: limit * 4])).split())
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
 
 
 class State(enum.StrEnum):
@@ -91,6 +104,8 @@ class Snapshot:
     tools: int = 0
     next_restart: datetime | None = None
     in_flight: int = 0
+    waiting: str | None = None  # while starting: the MCP request the child has not answered yet
+    last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -106,6 +121,8 @@ class Snapshot:
             "tools": self.tools,
             "next_restart": self.next_restart.isoformat() if self.next_restart else None,
             "in_flight": self.in_flight,
+            "waiting": self.waiting,
+            "last_stderr": self.last_stderr,
         }
 
 

@@ -43,6 +43,12 @@ ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, 
 Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
 ResultT = TypeVar("ResultT")
 
+_LIST_METHODS = {
+    "tools": "tools/list",
+    "prompts": "prompts/list",
+    "resources": "resources/list",
+    "templates": "resources/templates/list",
+}
 _LIST_CHANGED: dict[type, str] = {
     types.ToolListChangedNotification: "tools",
     types.PromptListChangedNotification: "prompts",
@@ -70,17 +76,23 @@ class Connection:
             self.failure = failure
             self.ended.set()
 
-    async def handshake(self) -> Listing:
+    async def handshake(self, on_step: Callable[[str], None] | None = None) -> Listing:
         """``initialize``, then every list the child declares: the extension is usable once this returns.
 
         Tools must list cleanly; a failing prompt or resource listing is logged and left empty,
-        so one optional feature cannot keep the tools from clients.
+        so one optional feature cannot keep the tools from clients. *on_step* is told each
+        request before it is sent ("initialize", "tools/list", ...), for the status record.
         """
+        step = on_step or (lambda method: None)
+        step("initialize")
         result = await self._session.initialize()
         self.capabilities = result.capabilities
+        step(_LIST_METHODS["tools"])
         tools = await self.list("tools")
         optional: dict[str, list[Any]] = {}
         for kind in ("prompts", "resources", "templates"):
+            if self.offers(kind):
+                step(_LIST_METHODS[kind])
             try:
                 optional[kind] = await self.list(kind)
             except Exception as exc:  # MCPError or a malformed listing

@@ -89,7 +89,7 @@ class TestStart:
         ext = make_extension(config)
         await ext.start(task_group)
         snapshot = await wait_state(ext, State.BACKOFF)
-        assert snapshot.last_error == "no MCP handshake within 0.5s"
+        assert snapshot.last_error == "no MCP handshake within 0.5s (no answer to initialize)"
         assert snapshot.next_restart is not None and snapshot.failures == 1
         await ext.stop()
 

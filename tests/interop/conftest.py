@@ -1,0 +1,219 @@
+"""Published MCP servers and a third-party client, installed into ``.cache/interop`` by the tests.
+
+Everything comes from the public registries at pinned versions, once per session, into a
+project-local cache that git ignores (nothing lands in ``~/.npm`` or ``~/.cache/uv``): npm
+packages with ``npm install --prefix``, and ``uvx`` (from the test venv) with its cache and
+tool directories inside it. A later run finds the packages installed and the caches warm.
+Tests skip, with the reason, only when a registry cannot be reached.
+
+One daemon serves the whole group: every server as an installed binary, through ``npx -y``
+and through ``uvx``, plus the HTTP listener, so the group pays for one start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor import process
+
+from ..test_daemon import Daemon, until
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "interop"
+NPM_PREFIX = CACHE / "npm"
+BIN = NPM_PREFIX / "node_modules" / ".bin"
+
+# Pinned, so that CI runs what passed here. Bump together and run `make test`.
+NPM_PACKAGES = {
+    "@modelcontextprotocol/server-everything": "2026.8.31",
+    "@modelcontextprotocol/server-filesystem": "2026.8.31",
+    "@modelcontextprotocol/server-memory": "2026.8.31",
+    "@modelcontextprotocol/inspector": "2.12.0",  # the TypeScript SDK's client, `--cli` mode
+}
+MCP_SERVER_TIME = "2026.10.19"  # PyPI, run through uvx
+
+NPM_REGISTRY = "https://registry.npmjs.org/@modelcontextprotocol%2fserver-memory"
+PYPI = "https://pypi.org/simple/mcp-server-time/"
+PROBE_TIMEOUT = 5.0
+INSTALL_TIMEOUT = 600.0  # a cold cache on a slow link; a warm one installs nothing
+START_TIMEOUT = 180  # the extensions' start_timeout: npx -y and uvx download on a cold cache
+
+# The wrappers' caches, inside the project cache; given to the daemon's children and to npm.
+NPM_ENV = {
+    "npm_config_cache": str(CACHE / "npm-cache"),
+    "npm_config_update_notifier": "false",
+    "npm_config_fund": "false",
+    "npm_config_audit": "false",
+}
+UV_ENV = {
+    "UV_CACHE_DIR": str(CACHE / "uv-cache"),
+    "UV_TOOL_DIR": str(CACHE / "uv-tools"),
+    "UV_PYTHON_INSTALL_DIR": str(CACHE / "uv-python"),
+    "UV_NO_PROGRESS": "1",
+}
+UVX = Path(sys.executable).with_name("uvx")
+
+
+def reachable(url: str) -> str | None:
+    """None when *url* answers within PROBE_TIMEOUT, else why not."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=PROBE_TIMEOUT):
+            return None
+    except Exception as exc:  # URLError, TimeoutError, an HTTP error: all mean "cannot use it"
+        return f"{url} cannot be reached ({exc})"
+
+
+def _installed(package: str) -> str | None:
+    manifest = NPM_PREFIX / "node_modules" / package / "package.json"
+    try:
+        return json.loads(manifest.read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _run(argv: list[str], **kwargs: Any) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT, **kwargs)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Where the installed packages are, and the environment their wrappers need."""
+
+    bin: Path
+    uvx: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def toolchain() -> Toolchain:
+    """Install the pinned packages once per session (a no-op on a warm cache), or skip if offline."""
+    if shutil.which("npm") is None or shutil.which("npx") is None:
+        pytest.skip("npm and npx are not installed")
+    for url in (NPM_REGISTRY, PYPI):
+        if (why := reachable(url)) is not None:
+            pytest.skip(why)
+    env = {**os.environ, **NPM_ENV, **UV_ENV}
+    if any(_installed(name) != version for name, version in NPM_PACKAGES.items()):
+        NPM_PREFIX.mkdir(parents=True, exist_ok=True)  # all at once: npm prunes what it was not given
+        pinned = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
+        _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
+    # uvx installs on first use: do it here, so the daemon's start is not the download.
+    _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
+    return Toolchain(BIN, UVX, {**NPM_ENV, **UV_ENV})
+
+
+def npx(package: str) -> list[str]:
+    return ["-y", f"{package}@{NPM_PACKAGES[package]}"]
+
+
+def extensions(chain: Toolchain, work: Path) -> dict[str, dict[str, Any]]:
+    """The published servers, each as an installed binary and through its wrapper."""
+    files = work / "files"
+    files.mkdir()
+    (files / "hello.txt").write_text("hello from the interop test\n")
+    common = {"start_timeout": START_TIMEOUT, "stop_timeout": 5, "call_timeout": 30, "env": chain.env}
+
+    def memory_env(name: str) -> dict[str, str]:  # its default file is inside its package
+        return {**chain.env, "MEMORY_FILE_PATH": str(work / f"{name}.jsonl")}
+
+    # npx runs outside the npm prefix, so it resolves the package itself instead of the local bin.
+    wrapped = {"command": "npx", "cwd": str(work)}
+    return {
+        "everything": {**common, "command": str(chain.bin / "mcp-server-everything")},
+        "filesystem": {**common, "command": str(chain.bin / "mcp-server-filesystem"), "args": [str(files)]},
+        "memory": {**common, "command": str(chain.bin / "mcp-server-memory"), "env": memory_env("memory")},
+        "npx-everything": {**common, **wrapped, "args": npx("@modelcontextprotocol/server-everything")},
+        "npx-filesystem": {
+            **common,
+            **wrapped,
+            "args": [*npx("@modelcontextprotocol/server-filesystem"), str(files)],
+        },
+        "npx-memory": {
+            **common,
+            **wrapped,
+            "args": npx("@modelcontextprotocol/server-memory"),
+            "env": memory_env("npx-memory"),
+        },
+        "time": {
+            **common,
+            "command": str(chain.uvx),
+            "args": [f"mcp-server-time=={MCP_SERVER_TIME}", "--local-timezone", "UTC"],
+        },
+    }
+
+
+@dataclass
+class Interop:
+    daemon: Daemon
+    work: Path
+    http_url: str  # the gateway's streamable HTTP endpoint, .../mcp
+    toolchain: Toolchain
+
+    @property
+    def mcp_sock(self) -> str:
+        return str(Path(self.daemon.socket).parent / "mcp.sock")
+
+    def ensure_running(self, name: str) -> dict[str, Any]:
+        """Start *name* if a test stopped it; its status record once running."""
+        if self.daemon.status()[name]["state"] in ("stopped", "failed"):
+            started = self.daemon.cli("start", name)
+            assert started.returncode == 0, started.stderr
+        return wait_running(self.daemon, name)
+
+
+def wait_running(daemon: Daemon, name: str) -> dict[str, Any]:
+    """*name*'s record once running; fails at once, with its stderr, if it fails or backs off."""
+    settled = ("running", "failed", "backoff", "stopped")
+    until(lambda: daemon.status()[name]["state"] in settled, within=START_TIMEOUT)
+    record = daemon.status()[name]
+    assert record["state"] == "running", (record, daemon.cli("logs", name, "-n", "20").stdout)
+    return record
+
+
+@pytest.fixture(scope="session")
+def interop(toolchain: Toolchain) -> Iterator[Interop]:
+    """One daemon supervising every published server, with the HTTP listener on a free port."""
+    work = Path(tempfile.mkdtemp(prefix="mcpi-", dir="/tmp"))  # short: unix socket paths
+    daemon = Daemon(work, {})
+    config = {
+        "socket": daemon.socket,
+        "spool": {"dir": str(work / "spool")},
+        "gateway": {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}},
+        "extensions": extensions(toolchain, work),
+    }
+    daemon.config.write_text(json.dumps(config))
+    daemon.start()
+    try:
+        for name in config["extensions"]:
+            wait_running(daemon, name)
+
+        def listening() -> list[dict[str, Any]]:
+            return [e for e in daemon.events() if e.get("event") == "gateway.http_listening"]
+
+        until(lambda: bool(listening()))
+        yield Interop(daemon, work, listening()[0]["url"], toolchain)
+        assert daemon.terminate() == 0, daemon.log.read_text()[-3000:]
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.proc.send_signal(signal.SIGKILL)
+            daemon.proc.wait()
+        leftovers = process.find_marked(daemon.instance)
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
+        assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
