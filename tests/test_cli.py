@@ -103,6 +103,9 @@ class Backend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def profiles(self) -> list[dict[str, Any]]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         schema = {"type": "object"}
         tools = [

@@ -85,6 +85,9 @@ class FakeBackend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def profiles(self) -> list[dict[str, Any]]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         if name is not None:
             self._get(name)

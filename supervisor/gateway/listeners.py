@@ -24,6 +24,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
 from .server import Gateway
+from .views import HELLO_METHOD, Chosen
 
 __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
 
@@ -100,6 +101,8 @@ class _Connection:
         self.gateway, self.stream = gateway, stream
         self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
         self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+        self._chosen: Chosen | None = None  # the profile this connection asked for, if any
+        self._first = True
 
     async def serve(self) -> None:
         server = self.gateway.server
@@ -142,6 +145,13 @@ class _Connection:
                 except ValueError:
                     await errors.send(_invalid(line))
                     continue
+                if self._first:  # `connect --profile`: a hello before the client's first byte
+                    self._first = False
+                    if isinstance(message, types.JSONRPCRequest) and message.method == HELLO_METHOD:
+                        if await self._hello(message, errors):
+                            continue
+                        await self._discard_input()
+                        break
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
                     await self._slots.acquire()  # back-pressure: wait for an answer to go out
@@ -151,9 +161,32 @@ class _Connection:
                     async def unanswered(request_id: str | int = message.id, slot: _Slot = slot) -> None:
                         self._settle(request_id, slot)  # cancelled by the client: no answer will come
 
-                    metadata = ServerMessageMetadata(on_request_unanswered=unanswered)
+                    metadata = ServerMessageMetadata(
+                        on_request_unanswered=unanswered, request_context=self._chosen
+                    )
                 await sink.send(SessionMessage(message, metadata=metadata))
         scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _hello(
+        self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
+    ) -> bool:
+        """Choose this connection's profile; False (and a last error) if there is no such profile."""
+        name = (message.params or {}).get("name")
+        view = self.gateway.views.get(name) if isinstance(name, str) else None
+        if view is None:
+            known = ", ".join(self.gateway.views.names()) or "none"
+            error = _error(
+                message.id, types.INVALID_PARAMS, f"unknown profile {name!r} (configured: {known})"
+            )
+            await replies.send(SessionMessage(error.message, metadata=_LAST))
+            log.info("gateway.unknown_profile", profile=str(name)[:100])
+            return False
+        self._chosen = Chosen(view.name or "")
+        result = types.JSONRPCResponse(
+            jsonrpc="2.0", id=message.id, result={"profile": name, "mode": view.mode}
+        )
+        await replies.send(SessionMessage(result, metadata=_OURS))
+        return True
 
     async def _discard_input(self) -> None:
         """Read and drop what the client still sends, for a while, so that closing the socket with
