@@ -14,6 +14,7 @@ thousand short texts at most.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
@@ -25,6 +26,7 @@ __all__ = ("NAME_WEIGHT", "Index", "stem", "tokenize")
 K1 = 1.2  # term-frequency saturation
 B = 0.75  # length normalisation
 NAME_WEIGHT = 3  # a term in the name counts as this many in the description (BM25F style)
+_ALNUM = re.compile(r"[A-Za-z0-9]+")
 _WORDS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
 _STOP_WORDS = (
     "a an and are as at be by for from has have how i in into is it its me my of on or our so "
@@ -45,6 +47,7 @@ _SYNONYM_WEIGHT = 0.5  # an expanded action counts half as much as a word the us
 _DOUBLE = re.compile(r"([b-df-hj-np-tv-z])\1$")  # "stopp" -> "stop"; not "ll", "ss", "zz"
 
 
+@functools.lru_cache(maxsize=8192)  # a catalog's vocabulary is a few thousand words; bounded anyway
 def stem(word: str) -> str:
     """A light suffix stemmer: plurals, -ing, -ed, a final -e. Pure; same word, same stem."""
     if len(word) <= 3:
@@ -75,8 +78,17 @@ def _expansions() -> dict[str, str]:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-case stems of *text*'s words, camelCase and snake_case split, stop words dropped."""
-    return [stem(w) for w in (m.lower() for m in _WORDS.findall(text)) if w not in _STOP]
+    """Lower-case stems of *text*'s words, camelCase and snake_case split, stop words dropped.
+
+    A word with digits also counts whole (``s3``, ``ec2``, ``k8s``); single letters do not count.
+    """
+    out = []
+    for word in _ALNUM.findall(text):
+        parts = [p.lower() for p in _WORDS.findall(word)]
+        out += [stem(p) for p in parts if p not in _STOP and (len(p) > 1 or p.isdigit())]
+        if len(parts) > 1 and any(p.isdigit() for p in parts):
+            out.append(word.lower())
+    return out
 
 
 _EXPANSIONS = _expansions()

@@ -171,6 +171,15 @@ class Gateway:
     def _view(self, ctx: ServerRequestContext[Any]) -> View:
         return self.views.of(ctx.request)
 
+    def route(self, name: str, request: Any = None) -> tuple[str, str] | None:
+        """The (extension, tool) a ``tools/call`` of *name* goes to, for a client whose messages carry
+        *request* as their request context (None: no profile); None when the handler must decide
+        (a search-mode meta-tool, a name hidden from this view, an unknown one). Sync, for fast paths.
+        """
+        view = self.views.of(request)
+        target = self.catalog().tool_names.resolve(name)
+        return target if target is not None and view.admits(*target, name) else None
+
     def catalog(self) -> Catalog:
         if self._stale:
             self._stale = False
