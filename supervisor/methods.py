@@ -104,6 +104,8 @@ async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
         exposed, collision = backend.exposed(extension, tool.name)
         definition = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
         records.append({"extension": extension, "exposed": exposed, "collision": collision, **definition})
+    if params.name is not None:
+        return {"tools": records}
     return {"tools": records, "profiles": backend.profiles()}
 
 

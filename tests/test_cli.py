@@ -206,7 +206,8 @@ class TestStatus:
         assert json.loads(capsys.readouterr().out) == {
             "extensions": [
                 {**snapshot.as_dict(), "name_collisions": []} for snapshot in backend.snapshots.values()
-            ]
+            ],
+            "profiles": [],
         }
 
     async def test_one_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -212,7 +212,8 @@ class TestMethods:
             "jsonrpc": "2.0",
             "id": 1,
             "result": {
-                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()]
+                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()],
+                "profiles": [],  # the gateway's views (none from this backend)
             },
         }
 
@@ -256,7 +257,8 @@ class TestMethods:
                     "outputSchema": {"type": "object"},
                     "annotations": {"readOnlyHint": True},
                 }
-            ]
+            ],
+            "profiles": [],
         }
 
     async def test_call_returns_the_wire_result(self, short_tmp: Path) -> None:

@@ -122,6 +122,31 @@ class TestProfiles:
         lines = unknown.stderr.strip().splitlines()
         assert lines == ["mcp-supervisor: unknown profile 'nope' (configured: echo-only, finder, readonly)"]
 
+    async def test_connect_keeps_its_profile_across_a_daemon_restart(self, gateway) -> None:  # noqa: F811
+        """The profile line is sent again on reconnection: the restarted daemon serves the same view."""
+        daemon = gateway({"rich": RICH, "echo": ECHO}, profiles=PROFILES)
+        changed = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        async with (
+            stdio_client(connect_params(daemon, "--profile", "echo-only")) as (read, write),
+            ClientSession(read, write, message_handler=on_message) as session,
+        ):
+            await session.initialize()
+            before = names(await session.list_tools())
+            assert await anyio.to_thread.run_sync(daemon.terminate) == 0
+            await anyio.to_thread.run_sync(daemon.start)
+            await anyio.to_thread.run_sync(daemon.wait_state, "rich", "running")
+            await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
+            with anyio.fail_after(20):
+                await changed.wait()
+            assert names(await session.list_tools()) == before
+            with pytest.raises(MCPError, match="not in profile 'echo-only'"):
+                await session.call_tool("rich__echo", {"text": "no"})
+
     async def test_profiles_over_http_and_an_unknown_one_is_a_404(self, gateway) -> None:  # noqa: F811
         http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}}
         daemon = gateway({"rich": RICH, "echo": ECHO}, profiles=PROFILES, gateway=http)
