@@ -4,7 +4,7 @@ Eight fixture servers (``tests/servers/many.py``: the tool bank's four groups, t
 daemon 1,008 realistic tools. Through ``mcp.sock`` with the SDK's ClientSession:
 
   list_all      ``tools/list`` with no profile (1,008 tools), median latency and response bytes
-  list_profile  the same in a profile of two servers (``dev`` and ``data``, 252 tools)
+  list_profile  the same in a profile of two servers (``dev`` and ``data``, 216 tools)
   list_search   the same in a ``mode: search`` profile (3 meta-tools)
   search_call   ``search_tools`` through the gateway (ranked in the daemon), against
                 ``direct_call`` (one bank tool called by name: a round trip to its server)
