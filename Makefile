@@ -32,6 +32,7 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/contain.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/soak.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/scale.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/views.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -67,6 +67,7 @@ async def _status(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         print(render.status_table(result["extensions"]))
+        _print_profiles(result.get("profiles"))
     return EXIT_OK
 
 
@@ -126,7 +127,14 @@ async def _tools(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         print(render.tools_table(result["tools"], shutil.get_terminal_size((100, 24)).columns))
+        _print_profiles(result.get("profiles"))
     return EXIT_OK
+
+
+def _print_profiles(profiles: list[dict[str, Any]] | None) -> None:
+    text = render.profiles_table(profiles or [])
+    if text is not None:
+        print(f"\n{text}")
 
 
 def _arguments(text: str | None) -> dict[str, Any]:
@@ -204,7 +212,7 @@ async def _connect(args: argparse.Namespace) -> int:
     from supervisor.gateway import connect
 
     path = connect.gateway_socket(args.socket)
-    return await connect.run(path, reconnect_timeout=args.reconnect_timeout)
+    return await connect.run(path, reconnect_timeout=args.reconnect_timeout, profile=args.profile)
 
 
 def _load(
@@ -366,6 +374,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="SECONDS",
         help="when the daemon goes away, keep trying to reconnect this long (default 60)",
+    )
+    sub.add_argument(
+        "--profile", metavar="NAME", help="see the tools of this profile of the config only (default: all)"
     )
     sub = add("check-config", _check_config, "validate a config file", is_async=False)
     sub.add_argument("config", metavar="CONFIG")

@@ -12,7 +12,17 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -30,6 +40,7 @@ __all__ = (
     "ExtensionConfig",
     "GatewayConfig",
     "HttpConfig",
+    "ProfileConfig",
     "Settings",
     "SpoolConfig",
     "ToolFilter",
@@ -259,6 +270,22 @@ class GatewayConfig(_Frozen):
     max_name_length: int = Field(64, ge=16, le=64)  # exposed tool/prompt names; clients cap at 64
 
 
+DEFAULT_MAX_TOOLS = 128  # many clients take at most 128 tools (some 40 or 50)
+
+
+class ProfileConfig(_Frozen):
+    """A client view: ``connect --profile NAME`` or ``/mcp/NAME``.
+
+    ``extensions`` None: every extension. ``tools`` globs match a tool's own name or the name
+    clients see (``EXT__NAME``); deny wins. ``mode: search`` lists three meta-tools instead.
+    """
+
+    extensions: list[_Name] | None = None
+    tools: ToolFilter = ToolFilter()
+    mode: Literal["list", "search"] = "list"
+    max_tools: int = Field(DEFAULT_MAX_TOOLS, ge=1, le=100_000)  # more listed: a warning
+
+
 class _EnvSource(EnvSettingsSource):
     """``MCP_SUPERVISOR_*`` from the load's environ rather than ``os.environ``; records what it supplied."""
 
@@ -305,6 +332,25 @@ class Settings(BaseSettings):
     spool: SpoolConfig = SpoolConfig()
     gateway: GatewayConfig = GatewayConfig()
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
+    profiles: dict[_Name, ProfileConfig] = {}  # client views, by name
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles_name_extensions(
+        cls, profiles: dict[str, ProfileConfig], info: ValidationInfo
+    ) -> dict[str, ProfileConfig]:
+        if "extensions" not in info.data:  # invalid itself: that error is reported already
+            return profiles
+        configured = info.data["extensions"]
+        for name, profile in profiles.items():
+            unknown = [e for e in profile.extensions or () if e not in configured]
+            if unknown:
+                raise PydanticCustomError(
+                    "unknown_extension",
+                    "profile '{profile}' names extensions that are not configured: {names}",
+                    {"profile": name, "names": ", ".join(unknown)},
+                )
+        return profiles
 
     @property
     def gateway_socket(self) -> str:

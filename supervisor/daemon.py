@@ -84,7 +84,10 @@ class Daemon:
         )
         self.metrics = Metrics(self.health)
         self.gateway = Gateway(
-            self, spool_dir=self.spool.run_dir, name_budget=settings.gateway.max_name_length
+            self,
+            spool_dir=self.spool.run_dir,
+            name_budget=settings.gateway.max_name_length,
+            profiles=settings.profiles,
         )
         self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
 
@@ -180,6 +183,9 @@ class Daemon:
     def collisions(self, extension: str) -> list[str]:
         return self.gateway.collisions(extension)
 
+    def profiles(self) -> list[dict[str, Any]]:
+        return self.gateway.profiles()
+
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
         return await self.get(name).call_tool(tool, arguments)
 
@@ -229,6 +235,7 @@ class Daemon:
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())
+            self.gateway.set_profiles(new.profiles)
             self.gateway.invalidate()
         report = {
             "added": added,

@@ -32,6 +32,7 @@ class Backend(Protocol):
     def tools(self, name: str | None = None) -> list[tuple[str, mcp_types.Tool]]: ...
     def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]: ...
     def collisions(self, extension: str) -> list[str]: ...
+    def profiles(self) -> list[dict[str, Any]]: ...
     async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
     def logs(self, name: str, lines: int) -> list[str]: ...
     async def reload(self) -> dict[str, list[str]]: ...
@@ -80,7 +81,9 @@ async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
     records = [snapshot.as_dict() for snapshot in backend.status(params.name)]
     for record in records:
         record["name_collisions"] = backend.collisions(record["name"])
-    return {"extensions": records}
+    if params.name is not None:
+        return {"extensions": records}
+    return {"extensions": records, "profiles": backend.profiles()}  # the default view first
 
 
 async def _start(backend: Backend, params: _Action) -> dict[str, Any]:
@@ -101,7 +104,9 @@ async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
         exposed, collision = backend.exposed(extension, tool.name)
         definition = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
         records.append({"extension": extension, "exposed": exposed, "collision": collision, **definition})
-    return {"tools": records}
+    if params.name is not None:
+        return {"tools": records}
+    return {"tools": records, "profiles": backend.profiles()}
 
 
 async def _call(backend: Backend, params: _Call) -> dict[str, Any]:

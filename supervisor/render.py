@@ -14,6 +14,7 @@ __all__ = (
     "duration",
     "exit_text",
     "health_text",
+    "profiles_table",
     "result_text",
     "size",
     "status_table",
@@ -116,6 +117,19 @@ def status_table(records: list[dict[str, Any]], now: datetime | None = None) -> 
                 _detail(record, now),
             )
         )
+    return table(rows)
+
+
+def profiles_table(profiles: list[dict[str, Any]]) -> str | None:
+    """Client views and their tool counts; None when there is nothing to say (no profile, within budget)."""
+    if not profiles or (len(profiles) == 1 and not profiles[0].get("over_budget")):
+        return None
+    rows = [("PROFILE", "MODE", "TOOLS", "LISTED", "MAX", "DETAIL")]
+    for p in profiles:
+        over = p["listed"] - p["max_tools"]
+        detail = f"over budget: a client that takes {p['max_tools']} drops {over}" if over > 0 else ""
+        name = p["name"] if p["name"] is not None else "(default)"
+        rows.append((name, p["mode"], str(p["tools"]), str(p["listed"]), str(p["max_tools"]), detail))
     return table(rows)
 
 

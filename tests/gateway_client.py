@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,14 +17,28 @@ MAX_LINE = 256 << 20
 
 
 @asynccontextmanager
-async def unix_transport(path: str) -> AsyncIterator[tuple[Any, Any]]:
-    """An SDK client transport over the gateway's unix socket: (read stream, write stream)."""
+async def unix_transport(path: str, profile: str | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    """An SDK client transport over the gateway's unix socket: (read stream, write stream).
+
+    With a *profile*, the connection first chooses it as ``connect --profile`` does.
+    """
     stream = await anyio.connect_unix(path)
+    buffered = BufferedByteReceiveStream(stream)
+    if profile is not None:
+        hello = {
+            "jsonrpc": "2.0",
+            "id": "hello",
+            "method": "mcp-supervisor/profile",
+            "params": {"name": profile},
+        }
+        await stream.send(json.dumps(hello).encode() + b"\n")
+        with anyio.fail_after(10):
+            answer = json.loads(await buffered.receive_until(b"\n", MAX_LINE))
+        assert "result" in answer, answer
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
 
     async def reader() -> None:
-        buffered = BufferedByteReceiveStream(stream)
         async with read_send:
             while True:
                 try:
@@ -31,7 +46,10 @@ async def unix_transport(path: str) -> AsyncIterator[tuple[Any, Any]]:
                 except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError):
                     return
                 message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                await read_send.send(SessionMessage(message))
+                try:
+                    await read_send.send(SessionMessage(message))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return  # the session ended; a late notification is nobody's
 
     async def writer() -> None:
         async with write_recv:
@@ -49,10 +67,13 @@ async def unix_transport(path: str) -> AsyncIterator[tuple[Any, Any]]:
 
 @asynccontextmanager
 async def gateway_session(
-    path: str, *, initialize: bool = True, **session_args: Any
+    path: str, *, initialize: bool = True, profile: str | None = None, **session_args: Any
 ) -> AsyncIterator[ClientSession]:
     """A handshake-era ClientSession connected to the gateway at *path* (initialized unless asked not to)."""
-    async with unix_transport(path) as (read, write), ClientSession(read, write, **session_args) as session:
+    async with (
+        unix_transport(path, profile) as (read, write),
+        ClientSession(read, write, **session_args) as session,
+    ):
         if initialize:
             await session.initialize()
         yield session
@@ -62,8 +83,6 @@ async def raw_exchange(
     path: str, lines: list[bytes], replies: int, within: float = 10.0
 ) -> list[dict[str, Any]]:
     """Send raw *lines* to the gateway and read *replies* JSON replies back."""
-    import json
-
     async with await anyio.connect_unix(path) as stream:
         for line in lines:
             await stream.send(line)

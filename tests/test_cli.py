@@ -103,6 +103,9 @@ class Backend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def profiles(self) -> list[dict[str, Any]]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         schema = {"type": "object"}
         tools = [
@@ -203,7 +206,8 @@ class TestStatus:
         assert json.loads(capsys.readouterr().out) == {
             "extensions": [
                 {**snapshot.as_dict(), "name_collisions": []} for snapshot in backend.snapshots.values()
-            ]
+            ],
+            "profiles": [],
         }
 
     async def test_one_extension(self, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,6 +85,9 @@ class FakeBackend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def profiles(self) -> list[dict[str, Any]]:
+        return []
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         if name is not None:
             self._get(name)
@@ -209,7 +212,8 @@ class TestMethods:
             "jsonrpc": "2.0",
             "id": 1,
             "result": {
-                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()]
+                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()],
+                "profiles": [],  # the gateway's views (none from this backend)
             },
         }
 
@@ -253,7 +257,8 @@ class TestMethods:
                     "outputSchema": {"type": "object"},
                     "annotations": {"readOnlyHint": True},
                 }
-            ]
+            ],
+            "profiles": [],
         }
 
     async def test_call_returns_the_wire_result(self, short_tmp: Path) -> None:

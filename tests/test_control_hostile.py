@@ -85,6 +85,18 @@ async def connect(path: str) -> anyio.abc.SocketStream:
     return await anyio.connect_unix(path)
 
 
+DEFAULT_VIEW = {
+    "name": None,
+    "mode": "list",
+    "extensions": None,
+    "tools": 0,
+    "listed": 0,
+    "max_tools": 128,
+    "over_budget": False,
+}
+IDLE_STATUS = {"extensions": [], "profiles": [DEFAULT_VIEW]}  # `status` of a daemon without extensions
+
+
 async def status_latency(path: str, count: int) -> list[float]:
     """Seconds each of *count* `status` requests took on one connection."""
     latencies = []
@@ -93,7 +105,7 @@ async def status_latency(path: str, count: int) -> list[float]:
             started = time.perf_counter()
             result = await c.request("status", timeout=WAIT)
             latencies.append(time.perf_counter() - started)
-            assert result == {"extensions": []}
+            assert result == IDLE_STATUS
     return latencies
 
 
@@ -144,7 +156,7 @@ class TestLockout:
         try:
             started = time.perf_counter()
             with anyio.fail_after(1):
-                assert await client.request(daemon.path, "status") == {"extensions": []}
+                assert await client.request(daemon.path, "status") == IDLE_STATUS
             elapsed = time.perf_counter() - started
             with anyio.fail_after(WAIT):  # the idlest (the first) made room, and was told so
                 notice = json.loads(await BufferedByteReceiveStream(idle[0]).receive_until(b"\n", 4096))
@@ -363,7 +375,7 @@ async def fuzz_client(path: str, frames: list[bytes], expected: int, replies: li
         reader = BufferedByteReceiveStream(stream)
         for _ in range(expected + 1):
             replies.append(json.loads(await reader.receive_until(b"\n", 1 << 24)))
-    assert replies[-1] == {"jsonrpc": "2.0", "id": "last", "result": {"extensions": []}}
+    assert replies[-1] == {"jsonrpc": "2.0", "id": "last", "result": IDLE_STATUS}
 
 
 async def oversized_frame(path: str) -> dict[str, Any]:
@@ -452,5 +464,5 @@ class TestBadInput:
         )
         assert p99 < LATENCY_LIMIT
         assert peak - baseline < RSS_GROWTH_LIMIT, f"{(peak - baseline) / MiB:.1f} MiB"
-        assert await client.request(daemon.path, "status") == {"extensions": []}
+        assert await client.request(daemon.path, "status") == IDLE_STATUS
         assert not daemon.problems()

@@ -13,7 +13,12 @@ restores on return. One owner task runs the connections one after another; the b
 protocol callbacks. Nothing but protocol bytes goes to stdout; notes go to stderr.
 
 Error handling: no daemon of our uid at the start, or none back within the reconnect timeout,
-is :class:`~supervisor.client.DaemonUnreachable` (exit 3 in the CLI).
+is :class:`~supervisor.client.DaemonUnreachable` (exit 3 in the CLI); a profile the daemon does
+not know, :class:`UnknownProfile` (exit 2).
+
+Profiles: with ``--profile NAME``, each connection (the first and every reconnection) starts
+with one line of our own, a ``mcp-supervisor/profile`` request, and its answer, before the
+client's first byte; the pump itself never sees either.
 """
 
 from __future__ import annotations
@@ -33,13 +38,18 @@ import anyio.to_thread
 from .. import sockets
 from ..backoff import Backoff
 from ..client import DaemonUnreachable
+from ..errors import ConfigError
 from .pump import ClientIn, ClientOut, Link, Pump, note
 
-__all__ = ("EOF_GRACE", "RECONNECT", "gateway_socket", "run")
+__all__ = ("EOF_GRACE", "HELLO_METHOD", "RECONNECT", "UnknownProfile", "gateway_socket", "run")
 
 EOF_GRACE = 2.0  # after stdin ends: how long answers still due (and unread output) are waited for
 RECONNECT = Backoff(initial=0.05, maximum=1.0, multiplier=2.0, jitter=0.1)  # jitter: N clients at once
 _READ = 65536
+HELLO_METHOD = "mcp-supervisor/profile"  # params {"name": PROFILE}; answered before anything else
+_HELLO_ID = "mcp-supervisor-connect-profile"
+_HELLO_TIMEOUT = 10.0  # seconds for the daemon to answer the profile line
+_HELLO_MAX = 65536  # bytes of that answer
 _NOBODY_THERE = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR})
 _NOT_BACK = "the mcp-supervisor daemon did not come back; the request was not sent"
 _INPUT_ENDED = "the client closed its input while the mcp-supervisor daemon was restarting; not sent"
@@ -54,8 +64,36 @@ class _WrongOwner(DaemonUnreachable):
     """Something of another uid listens on the socket; nothing was sent to it."""
 
 
-async def _dial(path: str) -> socket.socket:
-    """A socket connected to *path*, once the daemon is known to run as our uid (or root)."""
+class UnknownProfile(ConfigError):
+    """The daemon has no profile of that name (its answer says which it has)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__([message])
+
+
+async def _choose(stream: anyio.abc.SocketStream, path: str, profile: str) -> None:
+    """Send the profile line and read its answer, which is all the daemon sends until we speak."""
+    hello = {"jsonrpc": "2.0", "id": _HELLO_ID, "method": HELLO_METHOD, "params": {"name": profile}}
+    await stream.send(json.dumps(hello).encode() + b"\n")
+    answer = b""
+    try:
+        with anyio.fail_after(_HELLO_TIMEOUT):
+            while b"\n" not in answer and len(answer) < _HELLO_MAX:
+                answer += await stream.receive()
+        reply = json.loads(answer.partition(b"\n")[0])
+    except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, ValueError):
+        raise DaemonUnreachable(path, f"the daemon on {path} did not answer the profile request") from None
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if error is not None:
+        message = error.get("message") if isinstance(error, dict) else None
+        raise UnknownProfile(str(message or f"the daemon refused profile {profile!r}"))
+
+
+async def _dial(path: str, profile: str | None = None) -> socket.socket:
+    """A socket connected to *path*, once the daemon is known to run as our uid (or root).
+
+    With a *profile*, the daemon has accepted it (:class:`UnknownProfile` if not).
+    """
     try:
         stream = await sockets.connect(path)
     except sockets.UntrustedPeer as exc:
@@ -66,6 +104,12 @@ async def _dial(path: str) -> socket.socket:
         if exc.errno in _NOBODY_THERE:
             raise DaemonUnreachable(path) from None
         raise DaemonUnreachable(path, f"cannot connect to {path}: {exc.strerror or exc}") from None
+    if profile is not None:
+        try:
+            await _choose(stream, path, profile)
+        except BaseException:
+            await stream.aclose()
+            raise
     raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     return socket.socket(fileno=raw.detach())
 
@@ -76,18 +120,27 @@ def _pollable(fd: int) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
-async def run(socket_path: str, *, reconnect_timeout: float = 60.0, stdin: int = 0, stdout: int = 1) -> int:
+async def run(
+    socket_path: str,
+    *,
+    reconnect_timeout: float = 60.0,
+    profile: str | None = None,
+    stdin: int = 0,
+    stdout: int = 1,
+) -> int:
     """Pump *stdin*/*stdout* to the gateway socket at *socket_path* until stdin ends; return 0.
 
     Raises:
         DaemonUnreachable: nothing listens at *socket_path*, a process of another uid does (no
             byte is sent to it), or the daemon went away and did not come back (or would not
             resume the session) within *reconnect_timeout* seconds.
+        UnknownProfile: the daemon has no *profile* (at the start; after a restart, the daemon
+            is given up on as unreachable, saying why).
     """
-    sock = await _dial(socket_path)
+    sock = await _dial(socket_path, profile)
     blocking = [(fd, os.get_blocking(fd)) for fd in {stdin, stdout}]
     try:
-        return await _Owner(socket_path, reconnect_timeout).serve(sock, stdin, stdout)
+        return await _Owner(socket_path, reconnect_timeout, profile).serve(sock, stdin, stdout)
     finally:
         for fd, mode in blocking:  # the fds may be shared with the client's terminal
             os.set_blocking(fd, mode)
@@ -96,8 +149,8 @@ async def run(socket_path: str, *, reconnect_timeout: float = 60.0, stdin: int =
 class _Owner:
     """Runs the connections one after another: reconnect, resume, and when to stop."""
 
-    def __init__(self, path: str, reconnect_timeout: float) -> None:
-        self.path, self.reconnect_timeout = path, reconnect_timeout
+    def __init__(self, path: str, reconnect_timeout: float, profile: str | None = None) -> None:
+        self.path, self.reconnect_timeout, self.profile = path, reconnect_timeout, profile
         self.pump = Pump()
         self.gave_up: str | None = None
         self._deadline: float | None = None  # of the current reconnection
@@ -191,8 +244,8 @@ class _Owner:
         while True:
             attempt += 1
             try:
-                return await self._open(await _dial(self.path))
-            except _WrongOwner as exc:
+                return await self._open(await _dial(self.path, self.profile))
+            except (_WrongOwner, UnknownProfile) as exc:
                 self.gave_up = str(exc)
                 return None
             except (DaemonUnreachable, OSError):

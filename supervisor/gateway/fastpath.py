@@ -108,9 +108,10 @@ class FastCalls:
         self._send = send
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
 
-    def route(self, call: FastCall) -> tuple[Extension, str] | None:
-        """The extension and original tool name for *call*, if the fast path can serve it."""
-        return self._gateway.route_tool(call.name)
+    def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
+        """The extension and original tool name for *call* in the client's view (its requests'
+        context, *request*), if the fast path can serve it."""
+        return self._gateway.route_tool(call.name, request)
 
     def cancel(self, request_id: RequestId) -> None:
         for scope in self._running.get(request_id, ()):

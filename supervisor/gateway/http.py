@@ -11,6 +11,10 @@ Every request passes :class:`Guard` first: the ``Host`` header must name the loo
 when bound there (DNS rebinding), a browser's ``Origin`` must be this listener's own, and with a
 ``token`` configured every path but ``/healthz`` needs ``Authorization: Bearer <token>``,
 compared in constant time.
+
+``/mcp/NAME`` serves the profile ``NAME`` (:mod:`.views`): the path becomes ``/mcp`` with the
+name in the ASGI scope, so each request is served in the view its URL names; an unknown name
+is a 404 with a JSON body listing the configured ones.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from ..errors import SupervisorError
 from ..paths import is_loopback
 from .listeners import MAX_CONNECTIONS, MAX_MESSAGE
 from .server import Gateway
+from .views import SCOPE_KEY, Views
 
-__all__ = ("Guard", "build_app", "serve_http")
+__all__ = ("Guard", "ProfilePaths", "build_app", "serve_http")
 
 log = structlog.get_logger(__name__)
 
@@ -85,6 +90,24 @@ class Guard:
         return None
 
 
+class ProfilePaths:
+    """ASGI middleware: ``/mcp/NAME`` is ``/mcp`` in profile NAME; an unknown NAME is a 404."""
+
+    def __init__(self, app: ASGIApp, views: Views) -> None:
+        self.app, self._views = app, views
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith("/mcp/"):
+            name = path.removeprefix("/mcp/").rstrip("/")
+            if self._views.get(name) is None or not name:
+                body = {"error": f"unknown profile {name[:100]!r}", "profiles": self._views.names()}
+                await JSONResponse(body, status_code=404)(scope, receive, send)
+                return
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp", SCOPE_KEY: name}
+        await self.app(scope, receive, send)
+
+
 def build_app(
     gateway: Gateway,
     *,
@@ -109,7 +132,7 @@ def build_app(
         host=host,
         custom_starlette_routes=[Route("/metrics", metrics_route), Route("/healthz", healthz_route)],
     )
-    return Guard(app, host=host, port=port, token=token)
+    return Guard(ProfilePaths(app, gateway.views), host=host, port=port, token=token)
 
 
 class _Server(uvicorn.Server):

@@ -27,6 +27,7 @@ from .. import sockets
 from . import fastpath
 from .fastpath import FastCalls, RequestId
 from .server import Gateway
+from .views import HELLO_METHOD, Chosen
 
 __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
 
@@ -114,6 +115,8 @@ class _Connection:
         self._fast = FastCalls(gateway, self._send_line)
         self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
+        self._chosen: Chosen | None = None  # the profile this connection asked for, if any
+        self._first = True
 
     async def serve(self) -> None:
         server = self.gateway.server
@@ -156,7 +159,7 @@ class _Connection:
     def _fast_call(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
         """Start serving *line* on the fast path, if it is a call the fast path takes."""
         call = fastpath.parse(line)
-        route = self._fast.route(call) if call is not None else None
+        route = self._fast.route(call, self._chosen) if call is not None else None
         if call is None or route is None:
             return False
         slot = _Slot(self._slots)
@@ -203,6 +206,13 @@ class _Connection:
                 except ValueError:
                     await errors.send(_invalid(line))
                     continue
+                if self._first:  # `connect --profile`: a hello before the client's first byte
+                    self._first = False
+                    if isinstance(message, types.JSONRPCRequest) and message.method == HELLO_METHOD:
+                        if await self._hello(message, errors):
+                            continue
+                        await self._discard_input()
+                        break
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
                     if message.method == "initialize":
@@ -216,9 +226,32 @@ class _Connection:
                     async def unanswered(request_id: str | int = message.id, slot: _Slot = slot) -> None:
                         self._settle(request_id, slot)  # cancelled by the client: no answer will come
 
-                    metadata = ServerMessageMetadata(on_request_unanswered=unanswered)
+                    metadata = ServerMessageMetadata(
+                        on_request_unanswered=unanswered, request_context=self._chosen
+                    )
                 await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _hello(
+        self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
+    ) -> bool:
+        """Choose this connection's profile; False (and a last error) if there is no such profile."""
+        name = (message.params or {}).get("name")
+        view = self.gateway.views.get(name) if isinstance(name, str) else None
+        if view is None:
+            known = ", ".join(self.gateway.views.names()) or "none"
+            error = _error(
+                message.id, types.INVALID_PARAMS, f"unknown profile {name!r} (configured: {known})"
+            )
+            await replies.send(SessionMessage(error.message, metadata=_LAST))
+            log.info("gateway.unknown_profile", profile=str(name)[:100])
+            return False
+        self._chosen = Chosen(view.name or "")
+        result = types.JSONRPCResponse(
+            jsonrpc="2.0", id=message.id, result={"profile": name, "mode": view.mode}
+        )
+        await replies.send(SessionMessage(result, metadata=_OURS))
+        return True
 
     async def _discard_input(self) -> None:
         """Read and drop what the client still sends, for a while, so that closing the socket with

@@ -8,7 +8,7 @@ change announcer and the :class:`~.fanout.Fanout` that carries notifications to 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +31,7 @@ from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
 from .names import expose, expose_uri, parse_uri
+from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
 
@@ -69,10 +70,20 @@ class Gateway:
         backend: the daemon (its ``extensions()`` in config order).
         spool_dir: the daemon's spool directory; ``resources/read`` serves files inside it only.
         name_budget: the longest exposed tool or prompt name (``gateway.max_name_length``).
+        profiles: the config's ``profiles`` (client views, see :mod:`.views`).
     """
 
-    def __init__(self, backend: Extensions, *, spool_dir: Path, name_budget: int = 64) -> None:
+    def __init__(
+        self,
+        backend: Extensions,
+        *,
+        spool_dir: Path,
+        name_budget: int = 64,
+        profiles: Mapping[str, Any] | None = None,
+    ) -> None:
         self._backend = backend
+        self.views = Views(profiles)
+        self._views_changed = False
         self._spool_dir = spool_dir
         self._budget = name_budget
         self._catalog = Catalog()
@@ -147,6 +158,28 @@ class Gateway:
         if self._resubscribing.get(ext.name) is scope:
             del self._resubscribing[ext.name]
 
+    def set_profiles(self, profiles: Mapping[str, Any]) -> None:
+        """A reload's profiles; connected clients of a changed view are told to list again. Sync."""
+        if self.views.configure(profiles):
+            self._views_changed = True
+            self._changed.set()
+
+    def profiles(self) -> list[dict[str, Any]]:
+        """Per view (the default one first): mode, tools in it, tools listed, budget."""
+        return self.views.summary(self.catalog())
+
+    def _view(self, ctx: ServerRequestContext[Any]) -> View:
+        return self.views.of(ctx.request)
+
+    def route(self, name: str, request: Any = None) -> tuple[str, str] | None:
+        """The (extension, tool) a ``tools/call`` of *name* goes to, for a client whose messages carry
+        *request* as their request context (None: no profile); None when the handler must decide
+        (a search-mode meta-tool, a name hidden from this view, an unknown one). Sync, for fast paths.
+        """
+        view = self.views.of(request)
+        target = self.catalog().tool_names.resolve(name)
+        return target if target is not None and view.admits(*target, name) else None
+
     def catalog(self) -> Catalog:
         if self._stale:
             self._stale = False
@@ -183,6 +216,7 @@ class Gateway:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             self._announced = self.catalog()
+            self.views.warn_over_budget(self._announced)
             await tg.start(self.fanout.run)
             task_status.started()
             try:
@@ -197,6 +231,10 @@ class Gateway:
             self._changed = anyio.Event()
             newer = self.catalog()
             kinds = self._announced.changed_kinds(newer)
+            if self._views_changed:  # a reload changed a profile: its clients list again
+                self._views_changed = False
+                kinds |= set(catalogs.KINDS)
+            self.views.warn_over_budget(newer)
             known = set(self._announced.collisions)
             for collision in newer.collisions:
                 if collision not in known:
@@ -221,25 +259,29 @@ class Gateway:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         self.fanout.client(ctx)
-        return types.ListToolsResult(tools=list(self.catalog().tools))
+        return types.ListToolsResult(tools=list(self.views.project(self.catalog(), self._view(ctx)).listed))
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:
         self.fanout.client(ctx)
-        return types.ListPromptsResult(prompts=list(self.catalog().prompts))
+        return types.ListPromptsResult(
+            prompts=list(self.views.project(self.catalog(), self._view(ctx)).prompts)
+        )
 
     async def _list_resources(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
         self.fanout.client(ctx)
-        return types.ListResourcesResult(resources=list(self.catalog().resources))
+        resources = self.views.project(self.catalog(), self._view(ctx)).resources
+        return types.ListResourcesResult(resources=list(resources))
 
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: Any
     ) -> types.ListResourceTemplatesResult:
         self.fanout.client(ctx)
-        return types.ListResourceTemplatesResult(resource_templates=list(self.catalog().templates))
+        templates = self.views.project(self.catalog(), self._view(ctx)).templates
+        return types.ListResourceTemplatesResult(resource_templates=list(templates))
 
-    def route_tool(self, name: str) -> tuple[Extension, str] | None:
-        """The extension and original name behind the exposed tool *name*, if it is listed."""
-        target = self.catalog().tool_names.resolve(name)
+    def route_tool(self, name: str, request: Any = None) -> tuple[Extension, str] | None:
+        """:meth:`route`, with the extension itself: for the fast path."""
+        target = self.route(name, request)
         ext = self._extension(target[0]) if target is not None else None
         return (ext, target[1]) if ext is not None and target is not None else None
 
@@ -247,10 +289,17 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         self.fanout.client(ctx)
-        route = self.route_tool(params.name)
-        if route is None:
-            return self._unknown_tool(params.name)
-        ext, tool = route
+        catalog, view = self.catalog(), self._view(ctx)
+        meta = await call_meta(self.views.project(catalog, view), params, lambda p: self._call_tool(ctx, p))
+        if meta is not None:  # search mode: search_tools, describe_tool, call_tool
+            return meta
+        target = catalog.tool_names.resolve(params.name)
+        if target is None or not view.admits(*target, params.name):
+            return self._unknown_tool(params.name, view)
+        extension, tool = target
+        ext = self._extension(extension)
+        if ext is None:
+            return _tool_error(f"extension {extension!r} was removed from the config")
         try:
             result = await ext.call_tool(tool, params.arguments, progress=_ProgressRelay(ctx))
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
@@ -261,8 +310,10 @@ class Gateway:
                 return _tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
 
-    def _unknown_tool(self, name: str) -> types.CallToolResult:
-        """A tool no live extension offers: say which extension is not running, if one matches."""
+    def _unknown_tool(self, name: str, view: View) -> types.CallToolResult:
+        """A tool this client cannot call: name the filter that hides it, or the extension not running."""
+        if (hidden := hidden_reason(self.catalog(), view, name, self._budget)) is not None:
+            raise MCPError(types.INVALID_PARAMS, hidden)
         for ext in self._backend.extensions():
             if name.startswith(expose(ext.config.prefix or ext.name, "")):
                 state = ext.snapshot().state
@@ -281,6 +332,7 @@ class Gateway:
         if target is None:
             raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r}")
         extension, prompt = target
+        self._check_sees(ctx, extension)
         request = types.GetPromptRequest(params=_forwarded(params, name=prompt))
         result = await self._forward(extension, ctx, request, types.GetPromptResult)
         messages = [
@@ -316,6 +368,7 @@ class Gateway:
         if target is None:
             raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri!r}")
         extension, original = target
+        self._check_sees(ctx, extension)
         request = types.ReadResourceRequest(params=_forwarded(params, uri=original))
         result = await self._forward(extension, ctx, request, types.ReadResourceResult)
         contents = [c.model_copy(update={"uri": expose_uri(extension, c.uri)}) for c in result.contents]
@@ -334,6 +387,7 @@ class Gateway:
             ref_update = {"uri": target[1]} if target else {}
         if target is None:
             raise MCPError(types.INVALID_PARAMS, "unknown completion reference")
+        self._check_sees(ctx, target[0])
         forwarded = _forwarded(params, ref=ref.model_copy(update=ref_update))
         return await self._forward(
             target[0], ctx, types.CompleteRequest(params=forwarded), types.CompleteResult
@@ -348,6 +402,7 @@ class Gateway:
             raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {params.uri[:200]!r}")
         if client is not None and len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
+        self._check_sees(ctx, target[0])
         request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
         result = await self._forward(target[0], ctx, request, types.EmptyResult)
         if client is not None:  # recorded once the extension took it: a failure leaves nothing behind
@@ -371,6 +426,11 @@ class Gateway:
         return types.EmptyResult()
 
     # ---- forwarding ----------------------------------------------------------------------
+
+    def _check_sees(self, ctx: ServerRequestContext[Any], extension: str) -> None:
+        view = self._view(ctx)
+        if not view.sees(extension):
+            raise MCPError(types.INVALID_PARAMS, f"extension {extension!r} is not in profile {view.label!r}")
 
     def _extension(self, name: str) -> Extension | None:
         return next((ext for ext in self._backend.extensions() if ext.name == name), None)
