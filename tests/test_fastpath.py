@@ -17,6 +17,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.gateway import fastpath
+from supervisor.gateway.connect import HELLO_METHOD
 from supervisor.gateway.fastpath import FastCall, expose_links
 from supervisor.gateway.listeners import MAX_IN_FLIGHT
 
@@ -141,9 +142,11 @@ class _Raw:
 
 
 @asynccontextmanager
-async def _raw_client(daemon: Daemon, *, list_tools: bool) -> AsyncIterator[_Raw]:
+async def _raw_client(daemon: Daemon, *, list_tools: bool, profile: str | None = None) -> AsyncIterator[_Raw]:
     async with await anyio.connect_unix(mcp_sock(daemon)) as stream:
         raw = _Raw(stream)
+        if profile is not None:  # as `connect --profile` opens
+            assert "result" in await raw.request(HELLO_METHOD, name=profile)
         info = {"name": "raw", "version": "0"}
         await raw.request("initialize", protocolVersion="2025-11-25", capabilities={}, clientInfo=info)
         await raw.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -163,6 +166,16 @@ class TestThroughTheDaemon:
             assert isinstance(_child_id(await raw.call("rich__request")), int)  # the SDK's session
             assert "result" in await raw.request("tools/list")
             assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
+
+    async def test_a_profile_hides_on_the_fast_path_too(self, start: Callable[..., Daemon]) -> None:
+        profiles = {"no-wait": {"tools": {"deny": ["rich__wait"]}}}
+        daemon = start({"rich": RICH}, profiles=profiles)
+        async with _raw_client(daemon, list_tools=True, profile="no-wait") as raw:
+            assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
+            hidden = await raw.call("rich__wait", seconds=30)
+            assert "error" in hidden or hidden["result"]["isError"] is True, hidden
+            assert "rich__wait" in json.dumps(hidden)
+            assert daemon.status()["rich"]["in_flight"] == 0
 
     async def test_both_paths_answer_alike(self, start: Callable[..., Daemon]) -> None:
         daemon = start({"rich": RICH, "echo": ECHO})
