@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +30,7 @@ __all__ = ("MARK", "RawCalls", "encode")
 
 PREFIX = "mcpsv-"
 MARK = b'"' + PREFIX.encode()  # in every line that answers a raw call or reports its progress
+_ANSWER_ID = re.compile(rb'"id"\s*:\s*"(' + PREFIX.encode() + rb'\d+)"')
 CANCEL_GRACE = 1.0  # seconds to hand the child a cancel notification when a call is abandoned
 
 Renew = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -108,13 +111,13 @@ class RawCalls:
         if self._on_request is not None:
             self._on_request(request_id, "tools/call", params)
         waiter = self._waiting[request_id] = _Waiter()
-        sent = False
+        sent = True  # from here the child may have it (a cancel for an id it never saw is harmless)
         try:
             try:
                 await self._write(line)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError, RuntimeError):
+                sent = False
                 raise MCPError(types.CONNECTION_CLOSED, "Connection closed") from None
-            sent = True
             return await self._answer(waiter, renew)
         except anyio.get_cancelled_exc_class():
             if sent and waiter.answer is None and not waiter.closed:
@@ -127,7 +130,7 @@ class RawCalls:
         while True:
             await waiter.changed.wait()
             waiter.changed = anyio.Event()
-            if waiter.progress is not None and waiter.answer is None:
+            if waiter.progress is not None:  # the latest, even with the answer in: the SDK path relays it too
                 progress, waiter.progress = waiter.progress, None
                 await renew(*progress)
             if waiter.answer is not None:
@@ -178,16 +181,22 @@ class RawCalls:
         if not isinstance(token, str) or not token.startswith(PREFIX):
             return False
         waiter = self._waiting.get(token)
-        progress = params.get("progress")  # type: ignore[union-attr]  # a dict, checked above
-        if waiter is not None and isinstance(progress, int | float) and not isinstance(progress, bool):
-            total, text = params.get("total"), params.get("message")  # type: ignore[union-attr]
-            waiter.progress = (
-                float(progress),
-                float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
-                text if isinstance(text, str) else None,
-            )
+        progress = _finite(params.get("progress"))  # type: ignore[union-attr]  # a dict, checked above
+        if waiter is not None and progress is not None:
+            total, text = _finite(params.get("total")), params.get("message")  # type: ignore[union-attr]
+            waiter.progress = (progress, total, text if isinstance(text, str) else None)
             waiter.wake()
         return True
+
+    def unreadable(self, line: bytes) -> None:
+        """A line that names a raw call but is not JSON (a lone surrogate, nesting past the
+        parser's limit): fail that call now rather than let it wait for its timeout. Sync."""
+        named = set(_ANSWER_ID.findall(line))
+        waiter = self._waiting.get(named.pop().decode()) if len(named) == 1 else None
+        if waiter is not None and waiter.answer is None:
+            message = "the extension's answer is not valid JSON"
+            waiter.answer = {"error": {"code": types.INTERNAL_ERROR, "message": message}}
+            waiter.wake()
 
     def close(self) -> None:
         self._closed = True
@@ -196,10 +205,22 @@ class RawCalls:
             waiter.wake()
 
 
+def _finite(value: Any) -> float | None:
+    """*value* as a finite float, or None (not a number, a bool, NaN, infinite, too big)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 400 digits
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _result(answer: dict[str, Any]) -> dict[str, Any]:
     error = answer.get("error")
     if error is not None:
-        if not isinstance(error, dict) or not isinstance(code := error.get("code"), int):
+        code = error.get("code") if isinstance(error, dict) else None
+        if not isinstance(code, int) or isinstance(code, bool):
             raise ValueError("an error without a code")
         message = error.get("message")
         raise MCPError(code, message if isinstance(message, str) else "", error.get("data"))

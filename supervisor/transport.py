@@ -265,6 +265,7 @@ async def connect(
                     yield connection
             finally:
                 write_send.close()
+                raw.close()  # however the connection ended: raw calls fail now, as the session's do
                 await process.terminate_tree(child, grace=stop_timeout, hurry=hurry)
                 for scope in drains:
                     scope.cancel()
@@ -403,7 +404,11 @@ class _StdoutPump:
                 message = parsed if isinstance(parsed, Exception) else self._route(parsed)
             elif MARK in line:  # perhaps a raw call's answer or progress: parse once, plainly
                 parsed = _parse_plain(line)
-                message = parsed if isinstance(parsed, Exception) else self._route(parsed)
+                if isinstance(parsed, Exception):
+                    self.raw.unreadable(line)  # its call, if it names one, fails now instead of timing out
+                    message = parsed
+                else:
+                    message = self._route(parsed)
             else:
                 message = _parse(line)
             if message is None:  # a raw call's: delivered
@@ -435,9 +440,10 @@ def _parse_and_spool(box: list[bytes], spool: ExtensionSpool) -> Any:
 
 
 def _parse_plain(line: bytes) -> Any:
-    """Plain JSON (strict: no NaN), or the exception that says why not."""
+    """Plain JSON (NaN and infinities allowed, as the session's parser allows them), or the
+    exception that says why not."""
     try:
-        return pydantic_core.from_json(line, allow_inf_nan=False)
+        return pydantic_core.from_json(line)
     except ValueError as exc:
         return exc
 

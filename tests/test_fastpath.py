@@ -8,6 +8,7 @@ fast path takes and leaves, that it is taken, and that both paths answer alike.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,7 +22,7 @@ from supervisor.gateway.connect import HELLO_METHOD
 from supervisor.gateway.fastpath import FastCall, expose_links
 from supervisor.gateway.listeners import MAX_IN_FLIGHT
 
-from .conftest import eventually
+from .conftest import eventually, extension_settings
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 from .test_gateway import ECHO, RICH, gateway, mcp_sock  # noqa: F401 - the fixture
 
@@ -245,3 +246,100 @@ class TestThroughTheDaemon:
                 assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
             assert raw.notifications == []  # a cancelled request gets no answer
+
+
+ODD = extension_settings("odd_answers.py", call_timeout=4)
+
+
+async def _timed_call(raw: _Raw, tool: str, **params: Any) -> tuple[float, dict[str, Any]]:
+    started = time.monotonic()
+    answer = await raw.request("tools/call", name=tool, arguments={}, **params)
+    return time.monotonic() - started, answer
+
+
+class TestOddChildren:
+    """Answers a lenient child writes: each is answered at once on both paths, never after call_timeout."""
+
+    @pytest.mark.parametrize("tool", ["odd__nan", "odd__bignan"])
+    async def test_nan_is_null_on_both_paths(self, start: Callable[..., Daemon], tool: str) -> None:
+        daemon = start({"odd": ODD})
+        for fast in (False, True):
+            async with _raw_client(daemon, list_tools=fast) as raw:
+                took, answer = await _timed_call(raw, tool)
+            assert took < 2 and answer["result"]["structuredContent"] == {"v": None}, (fast, answer)
+
+    async def test_a_huge_progress_value_is_dropped(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"odd": ODD})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            took, answer = await _timed_call(raw, "odd__bigint", _meta={"progressToken": "p"})
+            assert took < 2 and answer["result"]["content"][0]["text"] == "ok"
+            assert daemon.status()["odd"]["state"] == "running"
+
+    async def test_an_unreadable_answer_fails_its_call_at_once(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"odd": ODD})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            took, answer = await _timed_call(raw, "odd__surrogate")
+        assert took < 2 and "not valid JSON" in answer["error"]["message"]
+
+    async def test_an_error_code_that_is_no_integer(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"odd": ODD})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            answer = (await _timed_call(raw, "odd__boolcode"))[1]
+        assert (
+            answer["result"]["isError"] is True and "invalid result" in answer["result"]["content"][0]["text"]
+        )
+
+    async def test_a_cancel_during_a_big_progress_line_cuts_nothing(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        """The client reads nothing while a 2 MiB progress line goes out, then cancels: every line
+        it reads afterwards is whole."""
+        daemon = start({"odd": {**ODD, "call_timeout": 30}})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            await raw.send(_call(7, name="odd__bigprogress", arguments={}, _meta={"progressToken": "p"}))
+            await eventually(lambda: daemon.status()["odd"]["in_flight"] == 1, within=10)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            await raw.send(cancel)  # the line goes out whole first (or the client is dropped)
+            await raw.send(_call(8, name="odd__echo", arguments={"text": "after"}))
+            with anyio.fail_after(10):
+                progress = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
+                after = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
+            await eventually(lambda: daemon.status()["odd"]["in_flight"] == 0, within=10)
+        assert (
+            progress["method"] == "notifications/progress" and len(progress["params"]["message"]) == 2 << 20
+        )
+        assert after["id"] == 8 and after["result"]["content"][0]["text"] == "after"
+
+
+class TestOddClients:
+    async def test_a_json_array_naming_cancelled_is_an_error_not_a_crash(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            await raw.stream.send(b'["notifications/cancelled"]\n')
+            assert (await raw.reply(None))["error"]["code"] == -32600
+            assert (await raw.call("rich__echo", text="still"))["result"]["content"][0]["text"] == "still"
+        assert not [e for e in daemon.events() if e["event"] == "gateway.connection_crashed"]
+
+    async def test_a_cancel_mentioning_tools_call_still_cancels(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            await raw.send(_call(5, name="rich__wait", arguments={"seconds": 60}))
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1, within=10)
+            params = {"requestId": 5, "reason": 'a "tools/call" that is no longer needed'}
+            await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+
+    async def test_a_repeated_id_frees_the_right_slot(self, start: Callable[..., Daemon]) -> None:
+        """Two calls with one id, the second answered first, the first cancelled: no slot is lost."""
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            for request_id in range(10_000, 10_000 + MAX_IN_FLIGHT + 4):
+                await raw.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
+                await raw.send(_call(request_id, name="rich__echo", arguments={"text": "b"}))
+                with anyio.fail_after(10):  # a leaked slot leaves the connection unread
+                    await raw.reply(request_id)
+                params = {"requestId": request_id, "reason": "test"}
+                await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)

@@ -14,6 +14,7 @@ What differs, by design: the child's result is not validated against the tool's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,7 @@ __all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "expose
 log = structlog.get_logger(__name__)
 
 RequestId = str | int
-Send = Callable[[bytes, RequestId | None], Awaitable[None]]  # a line for the client; the id it answers
+Send = Callable[[bytes], Awaitable[bool]]  # a line for the client, whole; whether it went
 
 MARK = b'"tools/call"'  # in every line the fast path may take
 _CANCELLED = b'"notifications/cancelled"'
@@ -95,9 +96,11 @@ def cancelled_id(line: bytes) -> RequestId | None:
         message = pydantic_core.from_json(line)
     except ValueError:
         return None
-    params = message.get("params") if isinstance(message, dict) else None
+    if not isinstance(message, dict) or message.get("method") != "notifications/cancelled":
+        return None
+    params = message.get("params")
     request_id = params.get("requestId") if isinstance(params, dict) else None
-    return request_id if message.get("method") == "notifications/cancelled" and _is_id(request_id) else None
+    return request_id if _is_id(request_id) else None
 
 
 class FastCalls:
@@ -123,15 +126,14 @@ class FastCalls:
         call: FastCall,
         ext: Extension,
         tool: str,
-        unanswered: Callable[[], None],
+        done: Callable[[], None],
     ) -> None:
-        """Answer *call* in a task of *tg*; *unanswered* is called instead if the client cancels it.
-
-        Cancellable from now on, before its task first runs.
+        """Answer *call* in a task of *tg*, then call *done* (also when the client cancelled it:
+        a cancelled request gets no answer). Cancellable from now on, before its task runs.
         """
         scope = anyio.CancelScope()
         self._running.setdefault(call.id, set()).add(scope)
-        tg.start_soon(self._serve, call, ext, tool, scope, unanswered)
+        tg.start_soon(self._serve, call, ext, tool, scope, done)
 
     async def _serve(
         self,
@@ -139,7 +141,7 @@ class FastCalls:
         ext: Extension,
         tool: str,
         scope: anyio.CancelScope,
-        unanswered: Callable[[], None],
+        done: Callable[[], None],
     ) -> None:
         answer: bytes | None = None
         try:
@@ -154,10 +156,8 @@ class FastCalls:
             scopes.discard(scope)
             if not scopes:
                 del self._running[call.id]
-        if answer is None:  # cancelled by the client: a cancelled request gets no answer
-            unanswered()
-            return
-        await self._send(answer, call.id)
+        if answer is None or await self._send(answer):  # else the connection is ending anyway
+            done()
 
     async def _answer(self, call: FastCall, ext: Extension, tool: str) -> bytes:
         relay = _ProgressRelay(call.progress_token, self._send) if call.progress_token is not None else None
@@ -172,11 +172,7 @@ class FastCalls:
         content = result.get("content")
         if isinstance(content, list):
             result["content"] = expose_links(ext.name, content, self._gateway.spool_prefix)
-        try:
-            return _response(call.id, result)
-        except (ValueError, RecursionError) as exc:  # NaN, a lone surrogate: not for the client
-            log.warning("gateway.bad_result", extension=ext.name, tool=tool, error=str(exc)[:200])
-            return _error(call.id, types.INTERNAL_ERROR, f"extension {ext.name!r} returned an invalid result")
+        return _response(call.id, result)
 
 
 def expose_links(extension: str, content: list[Any], spool_prefix: str) -> list[Any]:
@@ -223,13 +219,28 @@ class _ProgressRelay:
                 if message is not None:
                     params["message"] = message
                 notification = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                await self._send(encode(notification), None)
+                await self._send(encode(notification))
         finally:
             self._sending = False
 
 
 def _response(request_id: RequestId, result: dict[str, Any]) -> bytes:
-    return encode({"jsonrpc": "2.0", "id": request_id, "result": result})
+    response = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    try:
+        return encode(response)
+    except ValueError:  # NaN or an infinity from the child: null, as the SDK's path writes them
+        return encode(_finite(response))
+
+
+def _finite(value: Any) -> Any:
+    """*value* with NaN and infinities as None. Deep as the parser let the value be (~200)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _error(request_id: RequestId, code: int, message: str, data: Any = None) -> bytes:

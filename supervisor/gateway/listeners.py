@@ -112,7 +112,7 @@ class _Connection:
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
-        self._fast = FastCalls(gateway, self._send_line)
+        self._fast = FastCalls(gateway, self._transmit)
         self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
         self._chosen: Chosen | None = None  # the profile this connection asked for, if any
@@ -133,11 +133,6 @@ class _Connection:
             tg.start_soon(self._write, write_recv)
             tg.start_soon(run_server)
 
-    async def _send_line(self, data: bytes, answers: RequestId | None) -> None:
-        """A fast call's line, sent from its own task: no hop through the writer."""
-        if await self._transmit(data) and answers is not None:
-            self._settle(answers, None)
-
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
         async with self._sending:
@@ -145,7 +140,8 @@ class _Connection:
                 sent = self.stream.send_now(data)  # usually all of it: no timer, no loop round
                 if sent == len(data):
                     return True
-                with anyio.move_on_after(SEND_TIMEOUT) as timer:
+                # Whole or not at all: a cancelled caller must not leave half a line on the socket.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT) as timer:
                     await self.stream.send(memoryview(data)[sent:])
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._scope.cancel()  # the client is gone
@@ -194,13 +190,13 @@ class _Connection:
                 if not line.strip():
                     continue
                 if self._fast_ready:
-                    if fastpath.MARK in line:
+                    if (cancelled := fastpath.cancelled_id(line)) is not None:
+                        self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
+                    elif fastpath.MARK in line:
                         await self._slots.acquire()  # back-pressure: wait for an answer to go out
                         if self._fast_call(line, tg):
                             continue
                         self._slots.release()
-                    elif (cancelled := fastpath.cancelled_id(line)) is not None:
-                        self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
