@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import mcp_types as types
 import psutil
 from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
-from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.message import SessionMessage
+
+sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
+from tests.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
 PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
@@ -76,32 +76,9 @@ async def _http(url: str) -> AsyncIterator[ClientSession]:
 @asynccontextmanager
 async def _unix(path: str) -> AsyncIterator[ClientSession]:
     """A ClientSession on a unix socket speaking JSON lines (the daemon's mcp.sock)."""
-    stream = await anyio.connect_unix(path)
-    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](16)
-
-    async def reader() -> None:
-        lines = BufferedByteReceiveStream(stream)
-        async with read_send:
-            with contextlib.suppress(anyio.EndOfStream, anyio.IncompleteRead, anyio.ClosedResourceError):
-                while True:
-                    line = await lines.receive_until(b"\n", 1 << 26)
-                    await read_send.send(SessionMessage(types.jsonrpc_message_adapter.validate_json(line)))
-
-    async def writer() -> None:
-        async with write_recv:
-            async for item in write_recv:
-                await stream.send(
-                    item.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-                )
-
-    async with stream, anyio.create_task_group() as tg:
-        tg.start_soon(reader)
-        tg.start_soon(writer)
-        async with ClientSession(read_recv, write_send) as session:
-            await session.initialize()
-            yield session
-        tg.cancel_scope.cancel()
+    async with unix_transport(path) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
 
 
 def _path_processes(daemon_pid: int | None) -> dict[str, psutil.Process]:

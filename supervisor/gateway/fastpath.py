@@ -28,6 +28,7 @@ import structlog
 from ..errors import CallFailed, ExtensionUnavailable
 from ..rawcalls import encode
 from .names import expose_uri
+from .progress import LatestProgress
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -160,7 +161,7 @@ class FastCalls:
             done()
 
     async def _answer(self, call: FastCall, ext: Extension, tool: str) -> bytes:
-        relay = _ProgressRelay(call.progress_token, self._send) if call.progress_token is not None else None
+        relay = _progress_relay(call.progress_token, self._send) if call.progress_token is not None else None
         try:
             result = await ext.call_tool_raw(tool, call.arguments, progress=relay)
         except ExtensionUnavailable as exc:
@@ -197,31 +198,18 @@ def expose_links(extension: str, content: list[Any], spool_prefix: str) -> list[
     return exposed
 
 
-class _ProgressRelay:
-    """Progress to the client under its own token; latest value only, as the SDK path relays it."""
+def _progress_relay(token: RequestId, send: Send) -> LatestProgress:
+    """Progress to the client under its own token, as the SDK path relays it."""
 
-    def __init__(self, token: RequestId, send: Send) -> None:
-        self._token, self._send = token, send
-        self._latest: tuple[float, float | None, str | None] | None = None
-        self._sending = False
+    async def notify(progress: float, total: float | None, message: str | None) -> None:
+        params: dict[str, Any] = {"progressToken": token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        await send(encode({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}))
 
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
-        self._latest = (progress, total, message)
-        if self._sending:
-            return
-        self._sending = True
-        try:
-            while self._latest is not None:
-                (value, total, message), self._latest = self._latest, None
-                params: dict[str, Any] = {"progressToken": self._token, "progress": value}
-                if total is not None:
-                    params["total"] = total
-                if message is not None:
-                    params["message"] = message
-                notification = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
-                await self._send(encode(notification))
-        finally:
-            self._sending = False
+    return LatestProgress(notify)
 
 
 def _response(request_id: RequestId, result: dict[str, Any]) -> bytes:

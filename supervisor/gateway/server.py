@@ -31,6 +31,7 @@ from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
 from .names import expose, expose_uri, parse_uri
+from .progress import LatestProgress
 from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -301,7 +302,7 @@ class Gateway:
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
-            result = await ext.call_tool(tool, params.arguments, progress=_ProgressRelay(ctx))
+            result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx))
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
@@ -442,7 +443,7 @@ class Gateway:
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
-            return await ext.request(request, result_type, progress=_ProgressRelay(ctx))
+            return await ext.request(request, result_type, progress=_progress_relay(ctx))
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
         except CallFailed as exc:
@@ -459,29 +460,9 @@ def _forwarded(params: Any, **changes: Any) -> Any:
     return params.model_copy(update={**changes, "meta": None})
 
 
-class _ProgressRelay:
-    """Progress from the child, back to the client that asked (a no-op if it sent no token).
-
-    Only the latest value waits: while one is being sent to a slow client, newer ones replace
-    each other, so a chatty child costs no queue and no task per notification.
-    """
-
-    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
-        self._ctx = ctx
-        self._latest: tuple[float, float | None, str | None] | None = None
-        self._sending = False
-
-    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
-        self._latest = (progress, total, message)
-        if self._sending:
-            return
-        self._sending = True
-        try:
-            while self._latest is not None:
-                latest, self._latest = self._latest, None
-                await self._ctx.session.report_progress(*latest)
-        finally:
-            self._sending = False
+def _progress_relay(ctx: ServerRequestContext[Any]) -> LatestProgress:
+    """Progress from the child, back to the client that asked (a no-op if it sent no token)."""
+    return LatestProgress(ctx.session.report_progress)
 
 
 def _tool_error(text: str) -> types.CallToolResult:
