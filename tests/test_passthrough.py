@@ -6,8 +6,10 @@ clients answer on mcp.sock (both the fast path and the SDK's path), and through 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,13 +21,15 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from pydantic import ValidationError
 
+from supervisor import client
 from supervisor.config import ExtensionConfig
 from supervisor.gateway.passthrough import MAX_ASKS
+from supervisor.methods import PROGRESS_INTERVAL
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session
-from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
-from .test_gateway import gateway, mcp_sock  # noqa: F401 - the fixture
+from .test_daemon import CLI, Daemon, daemons  # noqa: F401 - the fixture
+from .test_gateway import RICH, gateway, mcp_sock  # noqa: F401 - the fixture
 
 pytestmark = [
     pytest.mark.anyio,
@@ -249,3 +253,55 @@ class TestConfig:
         assert ExtensionConfig(command="x", roots=["/srv/a/../b", "/"]).roots == ["/srv/b", "/"]
         with pytest.raises(ValidationError, match="'src' is not an absolute path"):
             ExtensionConfig(command="x", roots=["src"])
+
+
+class TestCallProgress:
+    """`mcp-supervisor call` shows the child's progress on a terminal, and only there."""
+
+    async def test_the_control_socket_sends_progress_before_the_result_and_bounds_it(self, start) -> None:
+        daemon = start({"rich": RICH})
+        seen: list[tuple[str, dict[str, Any]]] = []
+
+        def on_notification(method: str, params: dict[str, Any]) -> None:
+            seen.append((method, params))
+
+        arguments = {"steps": 3, "interval": 0.3}
+        params = {"name": "rich", "tool": "progress", "arguments": arguments, "progress": True}
+        result = await client.request(daemon.socket, "call", params, on_notification=on_notification)
+        assert result["content"][0]["text"] == "did 3 steps"
+        assert seen == [("progress", {"progress": i, "total": 3, "message": f"step {i}"}) for i in (1, 2, 3)]
+        seen.clear()
+        started = time.monotonic()
+        burst = {**params, "arguments": {"steps": 400, "interval": 0.001}}
+        await client.request(daemon.socket, "call", burst, on_notification=on_notification)
+        assert 1 <= len(seen) <= (time.monotonic() - started) / PROGRESS_INTERVAL + 1  # not one per step
+        before = len(seen)
+        quiet = {**params, "progress": False}
+        await client.request(daemon.socket, "call", quiet, on_notification=on_notification)
+        assert len(seen) == before  # none unless asked for
+
+    async def test_the_cli_shows_one_status_line_on_a_terminal_and_nothing_elsewhere(self, start) -> None:
+        daemon = start({"rich": RICH})
+        command = [*CLI, "call", "rich", "progress", "--args", '{"steps": 2, "interval": 0.3}']
+        command += ["--socket", daemon.socket]
+
+        def on_a_terminal() -> tuple[str, bytes]:
+            controller, terminal = os.openpty()
+            with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=terminal) as proc:
+                os.close(terminal)
+                shown = b""
+                with contextlib.suppress(OSError):  # EIO once the process closed the terminal
+                    while chunk := os.read(controller, 4096):
+                        shown += chunk
+                stdout = proc.communicate(timeout=20)[0].decode()
+            os.close(controller)
+            return stdout, shown
+
+        stdout, shown = await anyio.to_thread.run_sync(on_a_terminal)
+        assert stdout == "did 2 steps\n"
+        assert b"\r\x1b[Kprogress: 1/2 step 1" in shown and b"progress: 2/2 step 2" in shown
+        assert shown.endswith(b"\r\x1b[K")  # erased before the result is printed
+        plain = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(command, capture_output=True, timeout=20)
+        )
+        assert plain.stdout == b"did 2 steps\n" and plain.stderr == b""
