@@ -149,9 +149,42 @@ def _arguments(text: str | None) -> dict[str, Any]:
     return value
 
 
+class _StatusLine:
+    """The call's progress as one line on a terminal, rewritten in place and erased at the end."""
+
+    def __init__(self, tool: str) -> None:
+        self._tool, self._shown = tool, False
+
+    def show(self, method: str, params: dict[str, Any]) -> None:
+        progress, total, message = params.get("progress"), params.get("total"), params.get("message")
+        if method != "progress" or not isinstance(progress, int | float):
+            return
+        text = f"{self._tool}: {progress:g}" + (f"/{total:g}" if isinstance(total, int | float) else "")
+        if isinstance(message, str) and message:
+            text += f" {message}"
+        width = max(10, shutil.get_terminal_size().columns - 1)
+        text = "".join(c if c.isprintable() else " " for c in text)[:width]  # no escapes from a child
+        sys.stderr.write(f"\r\x1b[K{text}")
+        sys.stderr.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
 async def _call(args: argparse.Namespace) -> int:
     params = {"name": args.name, "tool": args.tool, "arguments": _arguments(args.args)}
-    result = await client.request(args.socket, "call", params)
+    status = _StatusLine(args.tool) if sys.stderr.isatty() else None  # nothing when not a terminal
+    try:
+        if status is not None:
+            params["progress"] = True
+        on_progress = status.show if status is not None else None
+        result = await client.request(args.socket, "call", params, on_notification=on_progress)
+    finally:
+        if status is not None:
+            status.clear()
     failed = bool(result.get("isError"))
     if args.json:
         _print_json(result)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -24,9 +25,10 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from supervisor import sockets
 from supervisor.errors import SupervisorError
 
-__all__ = ("MAX_REPLY", "Client", "DaemonUnreachable", "RemoteError", "request")
+__all__ = ("MAX_REPLY", "Client", "DaemonUnreachable", "OnNotification", "RemoteError", "request")
 
 MAX_REPLY = 1 << 26  # bytes in one reply line; results are small once media is spooled
+OnNotification = Callable[[str, dict[str, Any]], None]  # method, params; sync
 
 _NOBODY_THERE = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR})
 
@@ -92,8 +94,12 @@ class Client:
         params: dict[str, Any] | None = None,
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - a per-request limit callers pass in
+        on_notification: OnNotification | None = None,
     ) -> Any:
         """Send one request and return its ``result``.
+
+        Notifications the daemon sends before the reply (``call`` with ``progress``) go to
+        *on_notification* (sync), or are skipped.
 
         Raises:
             RemoteError: the daemon answered with an error.
@@ -107,7 +113,11 @@ class Client:
         try:
             with anyio.fail_after(timeout):
                 await self._stream.send(json.dumps(message).encode() + b"\n")
-                line = await self._reader.receive_until(b"\n", MAX_REPLY)
+                while (line := await self._reader.receive_until(b"\n", MAX_REPLY)) and (
+                    notification := _notification(line)
+                ):
+                    if on_notification is not None:
+                        on_notification(*notification)
         except TimeoutError:
             await self.aclose()
             raise SupervisorError(f"the daemon did not answer {method!r} within {timeout:g} s") from None
@@ -119,6 +129,20 @@ class Client:
             message = f"the daemon closed the connection without replying to {method!r}"
             raise SupervisorError(message) from None
         return _result(line, request_id, method)
+
+
+def _notification(line: bytes) -> tuple[str, dict[str, Any]] | None:
+    """(method, params) if *line* is a notification (a message with a method and no id)."""
+    if b'"method"' not in line:
+        return None
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or "id" in message or not isinstance(message.get("method"), str):
+        return None
+    params = message.get("params")
+    return message["method"], params if isinstance(params, dict) else {}
 
 
 def _result(line: bytes, request_id: int, method: str) -> Any:
@@ -152,6 +176,7 @@ async def request(
     params: dict[str, Any] | None = None,
     *,
     timeout: float | None = None,  # noqa: ASYNC109 - a per-request limit callers pass in
+    on_notification: OnNotification | None = None,
 ) -> Any:
     """Connect to the control socket at *path*, send one request and return its ``result``.
 
@@ -161,4 +186,4 @@ async def request(
         SupervisorError: see :meth:`Client.request`.
     """
     async with Client(path) as client:
-        return await client.request(method, params, timeout=timeout)
+        return await client.request(method, params, timeout=timeout, on_notification=on_notification)

@@ -132,6 +132,13 @@ def _socket_path(value: str) -> str:
     return value
 
 
+def _absolute(value: str) -> str:
+    """A root is a directory the child may work in, named absolutely (it becomes a ``file://`` URI)."""
+    if not os.path.isabs(value):
+        raise PydanticCustomError("relative_root", "'{path}' is not an absolute path", {"path": value})
+    return os.path.normpath(value)
+
+
 def _non_empty(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("empty_command", "command must not be empty")
@@ -201,6 +208,7 @@ class ExtensionConfig(_Frozen):
     call_timeout_max: _Timeout = 600.0  # absolute cap per call, progress or not
     prefix: _Name | None = None  # gateway tool prefix; None: the extension's name
     tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
+    roots: list[Annotated[_Expanded, AfterValidator(_absolute)]] = []  # roots/list when no client gives any
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one stdout JSON-RPC line
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -192,11 +194,12 @@ class _Server:
             if not line.strip():
                 continue
             connection.running = True
+            exchange = _Exchange(lambda data: self._send(stream, data, self._reply_timeout), connection.scope)
             try:
-                reply = await rpc.handle(self._backend, line)
+                reply = await rpc.handle(self._backend, line, exchange.notify)
             finally:
                 connection.running = False
-            if reply is not None and not await self._send(stream, reply, self._reply_timeout):
+            if reply is not None and not await exchange.reply(reply):
                 return
             connection.last_activity = time.monotonic()
 
@@ -234,6 +237,28 @@ class _Server:
             return True
         log.warning("control.client_not_reading", timeout=timeout, size=len(payload))
         return False
+
+
+class _Exchange:
+    """One request's lines to its client: notifications (progress) first, then the reply; whole lines."""
+
+    def __init__(self, send: Callable[[bytes], Awaitable[bool]], scope: anyio.CancelScope) -> None:
+        self._send, self._scope = send, scope  # the connection's: cancelled when its client is gone
+        self._sending = anyio.Lock()
+        self._replied = False
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        async with self._sending:
+            if self._replied:  # a late one: the client has its answer
+                return
+            line = rpc.encode_notification(method, params)
+            if not await self._send(line):
+                self._scope.cancel()  # as for a reply it does not take: the request ends
+
+    async def reply(self, line: bytes) -> bool:
+        async with self._sending:
+            self._replied = True
+            return await self._send(line)
 
 
 async def serve(

@@ -25,6 +25,7 @@ import anyio
 import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
+from mcp.shared.dispatcher import ProgressFnT
 
 from . import config, control, logs, process
 from .config import ExtensionConfig, Settings
@@ -186,8 +187,10 @@ class Daemon:
     def profiles(self) -> list[dict[str, Any]]:
         return self.gateway.profiles()
 
-    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        return await self.get(name).call_tool(tool, arguments)
+    async def call(
+        self, name: str, tool: str, arguments: dict[str, Any], *, progress: ProgressFnT | None = None
+    ) -> types.CallToolResult:
+        return await self.get(name).call_tool(tool, arguments, progress=progress)
 
     def logs(self, name: str, lines: int) -> list[str]:
         return self.get(name).logs(lines)

@@ -25,6 +25,7 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from . import transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
+from .callers import Asking, Budget, Caller
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
 from .spool import ExtensionSpool
@@ -106,6 +107,7 @@ class Extension:
         self._stale_event = anyio.Event()
         self._connection: transport.Connection | None = None
         self._in_flight = 0
+        self._asking = Asking(name, config.roots)  # who the child's sampling/elicitation/roots go to
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
         self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
@@ -198,12 +200,18 @@ class Extension:
     # ---- calls ---------------------------------------------------------------------------
 
     async def call_tool(
-        self, tool: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT | None = None
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
     ) -> types.CallToolResult:
         """Forward one call; wait for running (if on the way) and answer within ``call_timeout``.
 
         ``call_timeout`` is an inactivity budget: each progress notification from the child
-        renews it, up to ``call_timeout_max`` in all. *progress* receives them.
+        renews it, up to ``call_timeout_max`` in all. *progress* receives them. What the child
+        asks its client meanwhile goes to *caller* (see :mod:`supervisor.callers`).
 
         Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
         while starting or in backoff), :class:`CallFailed` when the call itself fails.
@@ -212,10 +220,15 @@ class Extension:
         async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
             return await connection.call_tool(tool, arguments, progress=progress)
 
-        return await self._call(tool, call, progress, lambda result: not result.is_error)
+        return await self._call(tool, call, progress, lambda result: not result.is_error, caller)
 
     async def call_tool_raw(
-        self, tool: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT | None = None
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
     ) -> dict[str, Any]:
         """:meth:`call_tool` for the gateway's fast path: the child's result as plain JSON.
 
@@ -226,7 +239,9 @@ class Extension:
         async def call(connection: transport.Connection, progress: ProgressFnT) -> dict[str, Any]:
             return await connection.call_tool_raw(tool, arguments, progress=progress)
 
-        return await self._call(tool, call, progress, lambda result: result.get("isError") is not True)
+        return await self._call(
+            tool, call, progress, lambda result: result.get("isError") is not True, caller
+        )
 
     async def _call(
         self,
@@ -234,6 +249,7 @@ class Extension:
         send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
         progress: ProgressFnT | None,
         succeeded: Callable[[ResultT], bool],
+        caller: Caller | None,
     ) -> ResultT:
         """One tool call with its bookkeeping: counts, errors, the metrics hook."""
         started, ok = time.monotonic(), False
@@ -246,7 +262,7 @@ class Extension:
                     raise CallFailed(unknown, code=types.INVALID_PARAMS)
                 return await send(connection, progress)
 
-            result = await self._forward(f"tool {tool!r}", call, progress)
+            result = await self._forward(f"tool {tool!r}", call, progress, caller)
             ok = succeeded(result)
             return result
         finally:
@@ -262,34 +278,42 @@ class Extension:
         result_type: type[ResultT],
         *,
         progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
     ) -> ResultT:
         """Forward any other client request (prompts/get, resources/read, ...) like a call."""
 
         async def send(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
             return await connection.request(request, result_type, progress=progress)
 
-        return await self._forward(repr(request.method), send, progress)
+        return await self._forward(repr(request.method), send, progress, caller)
+
+    async def roots_changed(self, client: object) -> None:
+        """A client's roots changed: tell the child if its roots came from that client."""
+        await self._asking.roots_changed(client)
 
     async def _forward(
         self,
         what: str,
         send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
         progress: ProgressFnT | None,
+        caller: Caller | None,
     ) -> ResultT:
         timeout, cap = self.config.call_timeout, self.config.call_timeout_max
         started = time.monotonic()
         connection: transport.Connection | None = None
-        with anyio.CancelScope(deadline=started + min(timeout, cap)) as scope:
+        with anyio.CancelScope() as scope:
+            budget = Budget(scope, timeout, cap)
 
             async def renew(value: float, total: float | None, message: str | None) -> None:
-                scope.deadline = min(time.monotonic() + timeout, started + cap)
+                budget.renew()
                 if progress is not None:
                     await progress(value, total, message)
 
             connection = await self._wait_connection()
             self._in_flight += 1
             try:
-                return await send(connection, renew)
+                with self._asking.call(connection, caller, budget):
+                    return await send(connection, renew)
             except MCPError as exc:
                 raise self._call_failed(what, exc, connection) from None
             except CallFailed:
@@ -374,6 +398,7 @@ class Extension:
                 on_stderr=self._on_stderr,
                 on_list_changed=self._list_changed,
                 on_notification=self._notified,
+                on_asked=self._asking.answer,
                 hurry=self._hurry,
                 spool=self._spool,
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out

@@ -6,6 +6,7 @@ protocol around them lives in :mod:`supervisor.control`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -19,7 +20,11 @@ if TYPE_CHECKING:
     from supervisor.metrics import Metrics
     from supervisor.state import Snapshot
 
-__all__ = ("METHODS", "Backend", "Method")
+__all__ = ("METHODS", "PROGRESS_INTERVAL", "Backend", "Method", "Notify")
+
+Notify = Callable[[str, dict[str, Any]], Awaitable[None]]  # a notification to the requesting client
+ProgressFn = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+PROGRESS_INTERVAL = 0.1  # seconds between two progress notifications to a control client, at least
 
 
 class Backend(Protocol):
@@ -33,7 +38,9 @@ class Backend(Protocol):
     def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]: ...
     def collisions(self, extension: str) -> list[str]: ...
     def profiles(self) -> list[dict[str, Any]]: ...
-    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult: ...
+    async def call(
+        self, name: str, tool: str, arguments: dict[str, Any], *, progress: ProgressFn | None = None
+    ) -> mcp_types.CallToolResult: ...
     def logs(self, name: str, lines: int) -> list[str]: ...
     async def reload(self) -> dict[str, list[str]]: ...
     def health(self) -> dict[str, Any]: ...
@@ -58,6 +65,7 @@ class _Call(_Params):
     name: str = Field(min_length=1)
     tool: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
+    progress: bool = False  # send "progress" notifications on this connection before the result
 
 
 class _Logs(_Params):
@@ -74,7 +82,8 @@ class Method:
     """One control method: its params model and its handler."""
 
     params: type[BaseModel]
-    handler: Callable[[Backend, Any], Awaitable[Any]]
+    handler: Callable[..., Awaitable[Any]]  # (backend, params), or (backend, params, notify) if streams
+    streams: bool = False  # may send notifications to the client before its result
 
 
 async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
@@ -109,8 +118,29 @@ async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
     return {"tools": records, "profiles": backend.profiles()}
 
 
-async def _call(backend: Backend, params: _Call) -> dict[str, Any]:
-    result = await backend.call(params.name, params.tool, params.arguments)
+class _Progress:
+    """The child's progress, to the control client: one notification per :data:`PROGRESS_INTERVAL` at
+    most, and none while one is being written (a newer value follows soon enough: the result)."""
+
+    def __init__(self, notify: Notify) -> None:
+        self._notify = notify
+        self._last = float("-inf")
+        self._sending = False
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        now = time.monotonic()
+        if self._sending or now - self._last < PROGRESS_INTERVAL:
+            return
+        self._sending, self._last = True, now
+        try:
+            await self._notify("progress", {"progress": progress, "total": total, "message": message})
+        finally:
+            self._sending = False
+
+
+async def _call(backend: Backend, params: _Call, notify: Notify) -> dict[str, Any]:
+    progress = _Progress(notify) if params.progress else None
+    result = await backend.call(params.name, params.tool, params.arguments, progress=progress)
     record = result.model_dump(by_alias=True, exclude_none=True, mode="json")
     record.pop("resultType", None)  # a 2026 protocol field; our clients do not know it
     return record
@@ -137,7 +167,7 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "stop": Method(_Action, _stop),
         "restart": Method(_Action, _restart),
         "tools": Method(_OptionalName, _tools),
-        "call": Method(_Call, _call),
+        "call": Method(_Call, _call, streams=True),
         "logs": Method(_Logs, _logs),
         "reload": Method(_Params, _reload),
         "health": Method(_Health, _health),

@@ -16,7 +16,7 @@ import structlog
 from pydantic import ValidationError
 
 from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
-from supervisor.methods import METHODS, Backend
+from supervisor.methods import METHODS, Backend, Notify
 from supervisor.protocol import (
     CALL_FAILED,
     CONFIG_INVALID,
@@ -30,7 +30,7 @@ from supervisor.protocol import (
     UNKNOWN_EXTENSION,
 )
 
-__all__ = ("encode_error", "handle")
+__all__ = ("encode_error", "encode_notification", "handle")
 
 log = structlog.get_logger("supervisor.control")  # the control socket's events, whoever frames them
 
@@ -123,7 +123,16 @@ def encode_error(request_id: Any, code: int, message: str, data: Any = None) -> 
     return _encode({"jsonrpc": "2.0", "id": request_id, "error": error})
 
 
-async def _dispatch(backend: Backend, request: _Request) -> bytes:
+def encode_notification(method: str, params: dict[str, Any]) -> bytes:
+    """One JSON-RPC notification line (no id): sent before the reply it belongs to."""
+    return _encode({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+async def _ignore(method: str, params: dict[str, Any]) -> None:
+    pass
+
+
+async def _dispatch(backend: Backend, request: _Request, notify: Notify) -> bytes:
     """Run one request and return its encoded reply; every failure is an :class:`_RpcError`."""
     method = METHODS.get(request.method)
     if method is None:
@@ -135,7 +144,10 @@ async def _dispatch(backend: Backend, request: _Request) -> bytes:
     except ValidationError as exc:
         raise _RpcError(INVALID_PARAMS, _describe_invalid_params(request.method, exc)) from None
     try:
-        result = await method.handler(backend, params)
+        if method.streams:
+            result = await method.handler(backend, params, notify)
+        else:
+            result = await method.handler(backend, params)
         return _encode({"jsonrpc": "2.0", "id": request.id, "result": result})
     except SupervisorError as exc:
         raise _application_error(exc) from None
@@ -144,8 +156,12 @@ async def _dispatch(backend: Backend, request: _Request) -> bytes:
         raise _RpcError(INTERNAL_ERROR, f"internal error: {_one_line(exc)}") from None
 
 
-async def handle(backend: Backend, line: bytes) -> bytes | None:
-    """The encoded reply to one request *line* (newline excluded), or None for a notification."""
+async def handle(backend: Backend, line: bytes, notify: Notify = _ignore) -> bytes | None:
+    """The encoded reply to one request *line* (newline excluded), or None for a notification.
+
+    *notify* sends a notification to the requesting client before the reply (``call`` with
+    ``progress``); by default they are dropped.
+    """
     started = time.perf_counter()
     try:
         request = _parse_request(line)
@@ -153,7 +169,7 @@ async def handle(backend: Backend, line: bytes) -> bytes | None:
         log.warning("control.bad_request", code=exc.code, error=exc.message)
         return encode_error(exc.request_id, exc.code, exc.message, exc.data)
     try:
-        reply: bytes | None = await _dispatch(backend, request)
+        reply: bytes | None = await _dispatch(backend, request, notify)
     except _RpcError as exc:
         method = _shorten(request.method)
         log.warning("control.request_failed", method=method, code=exc.code, error=exc.message)

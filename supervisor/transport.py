@@ -41,6 +41,8 @@ STDIN_TIMEOUT = 30.0  # default: a child that reads nothing of a pending message
 
 ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, must not block
 Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
+# The child asks its client something (sampling, elicitation, roots): the answer, or an error for it.
+Asked = Callable[["Connection", types.ServerRequest], Awaitable[types.ClientResult | types.ErrorData]]
 ResultT = TypeVar("ResultT")
 
 _LIST_METHODS = {
@@ -158,6 +160,10 @@ class Connection:
         assert self.raw is not None, "used outside connect()"
         return await self.raw.call_tool(name, arguments, progress)
 
+    async def roots_changed(self) -> None:
+        """Tell the child its roots changed (it lists them again if it cares)."""
+        await self._session.send_notification(types.RootsListChangedNotification())
+
     async def request(
         self,
         request: types.ClientRequest,
@@ -190,6 +196,7 @@ async def connect(
     on_stderr: Callable[[str], None],
     on_list_changed: ListChanged,
     on_notification: Notified,
+    on_asked: Asked | None = None,
     hurry: anyio.Event | None = None,
     spool: ExtensionSpool | None = None,
     stdin_timeout: float = STDIN_TIMEOUT,
@@ -207,7 +214,8 @@ async def connect(
     Bounds: at most ``MAX_INBOUND_REQUESTS`` requests from the child are answered at once
     (more are dropped with a warning); a message to the child that it does not read within
     *stdin_timeout* ends the connection. *on_list_changed* and *on_notification* must return
-    at once: they run once per notification.
+    at once: they run once per notification. With *on_asked*, the child is told at ``initialize``
+    that its client offers sampling, elicitation and roots, and its requests for them go there.
 
     Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
     A message that cannot be encoded fails its sender only (see :class:`~supervisor.wire.Outbox`).
@@ -250,6 +258,7 @@ async def connect(
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         log.info("extension.log", level=params.level, logger=params.logger)
 
+    asking = _asking_callbacks(connection, on_asked) if on_asked is not None else {}
     try:
         async with anyio.create_task_group() as pumps:
             pumps.start_soon(drain, stdout.run)
@@ -259,7 +268,7 @@ async def connect(
             outbox = Outbox(write_send, inbound, spool.sent if spool is not None else None)
             try:
                 async with ClientSession(
-                    read_recv, outbox, message_handler=on_message, logging_callback=on_log
+                    read_recv, outbox, message_handler=on_message, logging_callback=on_log, **asking
                 ) as session:
                     connection.session = session
                     yield connection
@@ -273,6 +282,28 @@ async def connect(
     finally:
         if not child.terminated:  # failed before the pumps ran: nothing graceful left to do
             await process.terminate_tree(child, grace=0)
+
+
+def _asking_callbacks(connection: Connection, on_asked: Asked) -> dict[str, Any]:
+    """The session's callbacks for the child's sampling, elicitation and roots requests.
+
+    Giving them is what declares the capabilities to the child at ``initialize``.
+    """
+
+    async def sampling(
+        context: Any, params: types.CreateMessageRequestParams
+    ) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.CreateMessageRequest(params=params))
+
+    async def elicitation(
+        context: Any, params: types.ElicitRequestParams
+    ) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.ElicitRequest(params=params))
+
+    async def roots(context: Any) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.ListRootsRequest())
+
+    return {"sampling_callback": sampling, "elicitation_callback": elicitation, "list_roots_callback": roots}
 
 
 class LineSplitter:

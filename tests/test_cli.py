@@ -120,7 +120,9 @@ class Backend:
             self._get(name)
         return [(ext, tool) for ext, tool in tools if name in (None, ext)]
 
-    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call(
+        self, name: str, tool: str, arguments: dict[str, Any], *, progress: Any = None
+    ) -> types.CallToolResult:
         self._get(name)
         self.calls.append((name, tool, arguments))
         if tool == "media":

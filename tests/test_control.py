@@ -102,7 +102,9 @@ class FakeBackend:
         )
         return [("alpha", tool)]
 
-    async def call(self, name: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def call(
+        self, name: str, tool: str, arguments: dict[str, Any], *, progress: Any = None
+    ) -> types.CallToolResult:
         self._get(name)
         self.calls.append((name, tool, arguments))
         if tool == "unavailable":

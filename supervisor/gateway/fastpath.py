@@ -28,6 +28,7 @@ import structlog
 from ..errors import CallFailed, ExtensionUnavailable
 from ..rawcalls import encode
 from .names import expose_uri
+from .passthrough import ClientLink, LinkedCaller
 from .progress import LatestProgress
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class FastCalls:
         self._gateway = gateway
         self._send = send
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
+        self.link = ClientLink()  # the SDK connection of this client: its child's questions go there
 
     def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
@@ -163,7 +165,9 @@ class FastCalls:
     async def _answer(self, call: FastCall, ext: Extension, tool: str) -> bytes:
         relay = _progress_relay(call.progress_token, self._send) if call.progress_token is not None else None
         try:
-            result = await ext.call_tool_raw(tool, call.arguments, progress=relay)
+            result = await ext.call_tool_raw(
+                tool, call.arguments, progress=relay, caller=LinkedCaller(self.link)
+            )
         except ExtensionUnavailable as exc:
             return _response(call.id, _tool_error(str(exc)))
         except CallFailed as exc:

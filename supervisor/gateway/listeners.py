@@ -24,7 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
-from . import fastpath
+from . import fastpath, passthrough
 from .fastpath import FastCalls, RequestId
 from .server import Gateway
 from .views import HELLO_METHOD, Chosen
@@ -126,6 +126,7 @@ class _Connection:
             self._scope = tg.cancel_scope
 
             async def run_server() -> None:
+                passthrough.bind(self._fast.link)  # its SDK tasks tie this client's fast calls to it
                 await server.run(read_recv, write_send, server.create_initialization_options())
                 tg.cancel_scope.cancel()
 

@@ -26,7 +26,7 @@ from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
 from ..state import Snapshot, State
 from . import catalog as catalogs
-from . import spoollinks
+from . import passthrough, spoollinks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
@@ -114,6 +114,9 @@ class Gateway:
             on_subscriptions_listen=ListenHandler(self.fanout.bus),
         )
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        self.server.add_notification_handler(
+            "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
+        )
 
     # ---- the view ------------------------------------------------------------------------
 
@@ -260,6 +263,7 @@ class Gateway:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         self.fanout.client(ctx)
+        passthrough.note(ctx)  # the fast path opens after a listing: its calls' client is now known
         return types.ListToolsResult(tools=list(self.views.project(self.catalog(), self._view(ctx)).listed))
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:
@@ -302,7 +306,8 @@ class Gateway:
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
-            result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx))
+            caller = passthrough.SessionCaller(ctx)
+            result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx), caller=caller)
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
@@ -426,6 +431,12 @@ class Gateway:
             client.log_level = params.level
         return types.EmptyResult()
 
+    async def _roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
+        """Children whose roots came from this client list them again; no other child saw them."""
+        client = passthrough.client_of(ctx.session._connection)
+        for ext in self._backend.extensions():
+            await ext.roots_changed(client)
+
     # ---- forwarding ----------------------------------------------------------------------
 
     def _check_sees(self, ctx: ServerRequestContext[Any], extension: str) -> None:
@@ -443,7 +454,8 @@ class Gateway:
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
-            return await ext.request(request, result_type, progress=_progress_relay(ctx))
+            caller = passthrough.SessionCaller(ctx)
+            return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
         except CallFailed as exc:

@@ -1,0 +1,185 @@
+"""A child's sampling, elicitation and roots requests, to the gateway client whose call it serves.
+
+Which call a request serves is decided in :mod:`supervisor.callers`; here are the callers: how a
+gateway client is asked, whichever path its call took.
+
+- A call on the SDK's path (:class:`SessionCaller`) asks on the request's own channel: on
+  ``mcp.sock`` the connection's stream, on streamable HTTP the call's response stream.
+- A call on the fast path (:mod:`.fastpath`) has no SDK request; its listener connection is
+  linked (:class:`ClientLink`) to the SDK connection of the same client when that client lists
+  tools (the fast path opens only after that), and asks on it (:class:`LinkedCaller`).
+
+Either way the request goes out under an id of the SDK's own (never the child's: ids that cross
+a hop are mapped) and the answer is validated before it goes back to the child. Per client
+connection at most :data:`MAX_ASKS` requests wait at once (more are refused at once), and its
+disconnect fails those waiting at once. 2026-07-28 clients cannot be sent requests; the child
+gets an error saying so (input-required results are not built yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+from mcp import MCPError
+from mcp.server import ServerRequestContext
+from mcp.server.connection import Connection
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
+
+from ..callers import NOT_ANSWERABLE
+
+__all__ = ("MAX_ASKS", "ClientLink", "LinkedCaller", "SessionCaller", "bind", "client_of", "note")
+
+MAX_ASKS = 16  # requests from extensions waiting for one client connection at once
+_STATE_KEY = "mcp-supervisor.asks"  # in the SDK connection's per-connection state
+_CAPABILITY = {
+    "sampling/createMessage": "sampling",
+    "elicitation/create": "elicitation",
+    "roots/list": "roots",
+}
+ResultT = TypeVar("ResultT", bound=BaseModel)
+
+
+class _Client:
+    """One client connection's asks in flight: at most :data:`MAX_ASKS`, failed at once when it goes."""
+
+    def __init__(self) -> None:
+        self.waiting: set[anyio.CancelScope] = set()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for scope in self.waiting:
+            scope.cancel()
+
+    async def run(self, send: Callable[[], Awaitable[ResultT]]) -> ResultT:
+        if self.closed:
+            raise MCPError(types.CONNECTION_CLOSED, "the calling client has disconnected")
+        if len(self.waiting) >= MAX_ASKS:
+            raise MCPError(NOT_ANSWERABLE, f"the calling client has {MAX_ASKS} requests waiting already")
+        scope = anyio.CancelScope()
+        self.waiting.add(scope)
+        try:
+            with scope:
+                return await send()
+        except ValidationError as exc:
+            raise MCPError(
+                types.INTERNAL_ERROR, f"the calling client's answer is invalid: {exc.errors()[:1]}"
+            ) from None
+        finally:
+            self.waiting.discard(scope)
+        raise MCPError(types.CONNECTION_CLOSED, "the calling client disconnected before it answered")
+
+
+def client_of(connection: Connection) -> _Client:
+    """The object that stands for *connection*'s client (created on first use, closed with it)."""
+    client = connection.state.get(_STATE_KEY)
+    if client is None:
+        client = connection.state[_STATE_KEY] = _Client()
+        connection.exit_stack.callback(client.close)
+    return client
+
+
+def _refusal(connection: Connection, method: str) -> str | None:
+    if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return (
+            "the calling client speaks the 2026-07-28 protocol, which has no requests from server to "
+            "client, and the gateway does not turn them into input-required results yet"
+        )
+    capability = _CAPABILITY.get(method)
+    capabilities = connection.client_capabilities
+    if capability is None or capabilities is None or getattr(capabilities, capability, None) is None:
+        return f"the calling client did not declare the {capability or method} capability"
+    return None
+
+
+def _result_type(request: types.ServerRequest) -> type[BaseModel]:
+    if isinstance(request, types.CreateMessageRequest):
+        params = request.params
+        tools = params.tools is not None or params.tool_choice is not None
+        return types.CreateMessageResultWithTools if tools else types.CreateMessageResult
+    if isinstance(request, types.ElicitRequest):
+        return types.ElicitResult
+    if isinstance(request, types.ListRootsRequest):
+        return types.ListRootsResult
+    return types.EmptyResult
+
+
+class SessionCaller:
+    """The client of a call on the SDK's path, asked on that request's own channel."""
+
+    def __init__(self, ctx: ServerRequestContext[Any]) -> None:
+        self._ctx = ctx
+        self._connection: Connection = ctx.session._connection  # the SDK has no public accessor (2.3)
+
+    @property
+    def client(self) -> object:
+        return client_of(self._connection)
+
+    def refusal(self, method: str) -> str | None:
+        refusal = _refusal(self._connection, method)
+        if refusal is None and not self._ctx.session.can_send_request:
+            return "the calling client's transport cannot take requests from the server for this call"
+        return refusal
+
+    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+        metadata = ServerMessageMetadata(related_request_id=self._ctx.request_id)
+        session, result_type = self._ctx.session, _result_type(request)
+        return await client_of(self._connection).run(
+            lambda: session.send_request(request, result_type, metadata=metadata)
+        )  # type: ignore[return-value]
+
+
+class ClientLink:
+    """A listener connection's tie to the SDK connection of the same client (for its fast calls)."""
+
+    def __init__(self) -> None:
+        self.connection: Connection | None = None
+
+
+_LINK: ContextVar[ClientLink | None] = ContextVar("mcp_supervisor_client_link", default=None)
+
+
+def bind(link: ClientLink) -> None:
+    """Make *link* the one :func:`note` fills in the current task and the tasks it starts."""
+    _LINK.set(link)
+
+
+def note(ctx: ServerRequestContext[Any]) -> None:
+    """Record *ctx*'s SDK connection on the listener's link, if the request came through one."""
+    link = _LINK.get()
+    if link is not None and link.connection is None:
+        link.connection = ctx.session._connection
+
+
+class LinkedCaller:
+    """The client of a fast call, asked on its SDK connection's channel (on mcp.sock: its stream)."""
+
+    def __init__(self, link: ClientLink) -> None:
+        self._link = link
+
+    @property
+    def client(self) -> object:
+        return client_of(self._link.connection) if self._link.connection is not None else self
+
+    def refusal(self, method: str) -> str | None:
+        if self._link.connection is None:  # cannot happen: the fast path opens after a listing
+            return "the calling client is not known to the gateway"
+        return _refusal(self._link.connection, method)
+
+    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+        connection = self._link.connection
+        assert connection is not None
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        result_type = _result_type(request)
+
+        async def send() -> BaseModel:
+            answer = await connection.outbound.send_raw_request(data["method"], data.get("params"))
+            return result_type.model_validate(answer, by_name=False)
+
+        return await client_of(connection).run(send)  # type: ignore[return-value]

@@ -1,0 +1,109 @@
+"""Fixture: a real SDK server whose tools ask their client things mid-call.
+
+Tools: ``elicit(message)`` (asks for ``{"answer": string}``), ``sample(prompt)`` (asks for a
+completion), ``roots()`` (lists the client's roots), each answering with what came back, or
+``error <code>: <message>`` (a tool error) when the request failed; ``later(delay)`` answers at
+once and elicits *delay* seconds later, outside any call; ``wait(seconds)``. Each outcome is also
+written to stderr as ``asker: <tool> -> <outcome>``, and ``asker: roots changed`` when the client
+says its roots changed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from typing import Any
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from mcp import MCPError
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+
+warnings.filterwarnings("ignore")  # sampling and roots are deprecated in 2026-07-28; still used here
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}}
+TASKS: list[anyio.abc.TaskGroup] = []
+
+
+def _tool(name: str, **properties: Any) -> types.Tool:
+    return types.Tool(name=name, input_schema={"type": "object", "properties": properties})
+
+
+TOOLS = [
+    _tool("elicit", message={"type": "string"}),
+    _tool("sample", prompt={"type": "string"}),
+    _tool("roots"),
+    _tool("later", delay={"type": "number"}),
+    _tool("wait", seconds={"type": "number"}),
+]
+
+
+def say(line: str) -> None:
+    print(f"asker: {line}", file=sys.stderr, flush=True)
+
+
+async def list_tools(ctx: ServerRequestContext, params: Any) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=TOOLS)
+
+
+async def _ask(ctx: ServerRequestContext, name: str, args: dict[str, Any], related: bool = True) -> str:
+    request_id = ctx.request_id if related else None
+    if name == "elicit":
+        elicited = await ctx.session.elicit_form(str(args.get("message", "?")), SCHEMA, request_id)
+        return f"{elicited.action} {json.dumps(elicited.content, sort_keys=True)}"
+    if name == "sample":
+        message = types.SamplingMessage(role="user", content=types.TextContent(text=str(args.get("prompt"))))
+        sampled = await ctx.session.create_message([message], max_tokens=10, related_request_id=request_id)
+        content = sampled.content
+        return f"{sampled.model} {content.text if isinstance(content, types.TextContent) else content}"
+    roots = await ctx.session.list_roots()
+    return json.dumps([str(root.uri) for root in roots.roots])
+
+
+async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+    args = params.arguments or {}
+    name = params.name
+    if name == "wait":
+        await anyio.sleep(float(args.get("seconds", 1)))
+        return types.CallToolResult(content=[types.TextContent(text="waited")])
+    if name == "later":
+        TASKS[0].start_soon(_later, ctx, float(args.get("delay", 0.2)))
+        return types.CallToolResult(content=[types.TextContent(text="later")])
+    try:
+        text, error = await _ask(ctx, name, args), False
+    except MCPError as exc:
+        text, error = f"error {exc.code}: {exc.message}", True
+    except anyio.get_cancelled_exc_class():
+        say(f"{name} -> cancelled")
+        raise
+    say(f"{name} -> {text}")
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=error)
+
+
+async def _later(ctx: ServerRequestContext, delay: float) -> None:
+    await anyio.sleep(delay)
+    try:
+        outcome = await _ask(ctx, "elicit", {"message": "later"}, related=False)
+    except MCPError as exc:
+        outcome = f"error {exc.code}: {exc.message}"
+    say(f"later -> {outcome}")
+
+
+async def roots_changed(ctx: ServerRequestContext, params: Any) -> None:
+    say("roots changed")
+
+
+async def main() -> None:
+    server = Server(
+        "asker", on_list_tools=list_tools, on_call_tool=call_tool, on_roots_list_changed=roots_changed
+    )
+    async with anyio.create_task_group() as tg, stdio_server() as (read, write):
+        TASKS.append(tg)
+        await server.run(read, write, server.create_initialization_options())
+        tg.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    anyio.run(main)
