@@ -211,6 +211,18 @@ class ExtensionConfig(_Frozen):
     roots: list[Annotated[_Expanded, AfterValidator(_absolute)]] = []  # roots/list when no client gives any
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one stdout JSON-RPC line
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
+    on_demand: bool = False  # started by the first call; lists served from the saved catalog meanwhile
+    idle_stop: _Timeout | None = None  # seconds without calls before stopping; None: never
+
+    @model_validator(mode="after")
+    def _on_demand_is_not_autostart(self) -> ExtensionConfig:
+        if self.on_demand and self.autostart and "autostart" in self.model_fields_set:
+            raise PydanticCustomError(
+                "on_demand_autostart",
+                "give 'on_demand: true' or 'autostart: true', not both (an on-demand extension starts "
+                "with its first call; 'autostart: false' beside it skips the run that learns its tools)",
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -28,8 +28,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
 from . import config, control, logs, process
+from .catalogs import CatalogStore, default_state_root, fingerprint
 from .config import ExtensionConfig, Settings
 from .containment import Containment
+from .demand import Demand
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
 from .gateway.http import serve_http
@@ -83,6 +85,7 @@ class Daemon:
             max_inline_bytes=settings.spool.max_inline_bytes,
             max_total_bytes=settings.spool.max_total_bytes,
         )
+        self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
         self.metrics = Metrics(self.health)
         self.gateway = Gateway(
             self,
@@ -103,7 +106,33 @@ class Daemon:
             on_call=functools.partial(self.metrics.observe_call, name),
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
+            demand=self._demand_of(name, config),
         )
+
+    def _demand_of(self, name: str, config: ExtensionConfig) -> Demand | None:
+        if not config.on_demand and config.idle_stop is None:
+            return None
+        env = {**self._environ, **config.env}
+        store = CatalogStore(self.catalogs, name, fingerprint(config.command, config.args, config.cwd, env))
+        holds = functools.partial(self.gateway.holds, name)
+        return Demand(idle_stop=config.idle_stop, store=store, start=self._start_on_demand, holds=holds)
+
+    async def _start_on_demand(self, ext: Extension) -> None:
+        """A call's start of a dormant extension; nothing if a reload replaced or removed it."""
+        with contextlib.suppress(UnknownExtension):
+            async with self._exclusive(ext.name) as current:
+                if current is ext:
+                    await ext.start(self._tg)
+
+    async def _launch(self, ext: Extension, *, was_live: bool = False) -> None:
+        """Start what the config says runs now: autostart; on demand only to learn its listing."""
+        if was_live:
+            await ext.start(self._tg)
+        elif ext.config.on_demand:
+            if ext.config.autostart and ext.needs_listing():
+                await ext.start(self._tg, learn=True)
+        elif ext.config.autostart:
+            await ext.start(self._tg)
 
     def counts(self) -> dict[str, Any]:
         """Extensions by state and gateway clients, for ``/healthz``."""
@@ -278,14 +307,15 @@ class Daemon:
         # Keep the daemon's own order the config's order.
         self._extensions = {n: self._extensions[n] for n in new.extensions}
         for name in (*changed, *added):
-            if new.extensions[name].autostart or was_live.get(name, False):
-                await self._extensions[name].start(self._tg)
+            await self._launch(self._extensions[name], was_live=was_live.get(name, False))
 
     async def autostart(self) -> None:
-        """Launch every autostart extension; returns once their watchers run (not once ready)."""
+        """Launch every autostart extension, and each on-demand one without a saved listing.
+
+        Returns once their watchers run (not once ready).
+        """
         for ext in self._extensions.values():
-            if ext.config.autostart:
-                await ext.start(self._tg)
+            await self._launch(ext)
 
     async def stop_all(self) -> None:
         """Stop every extension in parallel; returns once all their process trees are gone."""

@@ -26,6 +26,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from . import transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
+from .demand import Demand
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
 from .spool import ExtensionSpool
@@ -69,6 +70,7 @@ class Extension:
         spool: where oversized media in results goes; emptied when the watcher ends.
         on_call: called after each call with the tool, its duration and whether it succeeded.
         on_notification: called with the child's log messages and resource updates (sync).
+        demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Extension:
         spool: ExtensionSpool | None = None,
         on_call: CallHook | None = None,
         on_notification: NotificationHook | None = None,
+        demand: Demand | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -117,6 +120,9 @@ class Extension:
         self._ending = False  # the watcher decided to end on its own (gave up, clean exit)
         self._gave_up = False
         self._restart_at = 0.0
+        self._demand = demand
+        self._armed = config.on_demand and demand is not None  # a call may start it (see dormant)
+        self._idled = False  # this lifetime ended by the idle timer: its spool stays
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -124,18 +130,34 @@ class Extension:
         last = self._last_stderr
         return replace(
             self._snapshot,
-            tools=len(self._listing.tools),
+            tools=len(self.listing().tools),
             in_flight=self._in_flight,
             last_stderr=one_line(last) if last is not None else None,
+            detail="on demand" if self.dormant and self._snapshot.state is State.STOPPED else None,
         )
 
+    @property
+    def dormant(self) -> bool:
+        """Not running, and the next call starts it (``on_demand``, or stopped by ``idle_stop``)."""
+        return self._armed and self._snapshot.state in (State.STOPPING, State.STOPPED, State.FAILED)
+
     def tools(self) -> list[types.Tool]:
-        """The running child's tools; a copy the caller may change."""
-        return [tool.model_copy(deep=True) for tool in self._listing.tools]
+        """The running child's tools (a dormant one's saved tools); a copy the caller may change."""
+        return [tool.model_copy(deep=True) for tool in self.listing().tools]
 
     def listing(self) -> Listing:
-        """Everything the running child offers (empty unless running). Shared: do not change it."""
+        """What the running child offers (dormant: the saved listing). Shared: do not change it."""
+        if self._demand is None:
+            return self._listing
+        if self.dormant:
+            return self._demand.saved or Listing()
+        if self._snapshot.state.is_transient and self._demand.saved is not None:  # a call is starting it
+            return self._demand.saved
         return self._listing
+
+    def needs_listing(self) -> bool:
+        """An on-demand extension with no saved listing: one run at daemon start learns it."""
+        return self._armed and self._demand is not None and self._demand.saved is None
 
     @property
     def stderr_lines(self) -> int:
@@ -157,12 +179,13 @@ class Extension:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    async def start(self, tg: TaskGroup) -> None:
+    async def start(self, tg: TaskGroup, *, learn: bool = False) -> None:
         """Run a watcher in the daemon's long-lived *tg*, unless one is live. Returns at once.
 
         A stopped or failed extension starts afresh with a new failure budget. A start while a
         stop is in progress, or while the watcher is ending on its own (it gave up, or the
-        child exited cleanly), waits for that ending to finish, then starts.
+        child exited cleanly), waits for that ending to finish, then starts. *learn*: the run
+        is only to learn the listing; once idle it stops, even without ``idle_stop``.
         """
         while self._done is not None and not self._done.is_set():
             if not (self._stop_requested or self._ending):
@@ -170,11 +193,23 @@ class Extension:
             await self._done.wait()
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()
-        self._stop_requested = self._ending = self._gave_up = False
+        self._stop_requested = self._ending = self._gave_up = self._idled = False
+        self._armed = self.config.on_demand and self._demand is not None
+        if self._demand is not None:
+            self._demand.learning = learn
         await tg.start(self._watch)
 
     def request_stop(self) -> None:
-        """Ask the watcher to stop, without waiting for it. Idempotent."""
+        """Ask the watcher to stop, without waiting for it. Idempotent. Calls no longer start it."""
+        self._armed = False
+        self._end()
+
+    def _stop_idle(self) -> None:
+        """The idle timer's stop: the next call starts it again; its spool's links stay valid."""
+        self._armed = self._idled = True
+        self._end()
+
+    def _end(self) -> None:
         if self._done is None or self._done.is_set():
             return
         assert self._scope is not None
@@ -301,6 +336,8 @@ class Extension:
         timeout, cap = self.config.call_timeout, self.config.call_timeout_max
         started = time.monotonic()
         connection: transport.Connection | None = None
+        if self._demand is not None:
+            self._demand.touch()
         with anyio.CancelScope() as scope:
             budget = Budget(scope, timeout, cap)
 
@@ -323,6 +360,8 @@ class Extension:
                 raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
             finally:
                 self._in_flight -= 1
+                if self._demand is not None:
+                    self._demand.touch()
         if connection is None:
             state = self._snapshot.state
             raise ExtensionUnavailable(
@@ -335,12 +374,18 @@ class Extension:
         raise CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
 
     async def _wait_connection(self) -> transport.Connection:
+        started = False
         while True:
             changed = self._changed
             state = self._snapshot.state
-            if state is State.RUNNING and self._connection is not None:
+            if state is State.RUNNING and self._connection is not None and not self._stop_requested:
                 return self._connection
-            on_the_way = state.is_transient or state is State.RUNNING  # RUNNING: just crashed
+            if self.dormant and state is not State.STOPPING and not started and self._demand is not None:
+                started = True  # one try per call; fifty callers share one spawn (start() is idempotent)
+                await self._demand.start(self)
+                continue
+            on_the_way = state.is_transient or state is State.RUNNING  # RUNNING: just crashed, or stopping
+            on_the_way = on_the_way or (self.dormant and state is State.STOPPING)  # idle stop, then a start
             restarting = self._restarting and state in (State.STOPPING, State.STOPPED)
             if not (on_the_way or restarting):
                 raise ExtensionUnavailable(
@@ -375,7 +420,7 @@ class Extension:
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
                 self._connection, self._listing = None, Listing()
-                if self._spool is not None:  # no child left to refer to its files
+                if self._spool is not None and not self._idled:  # no child left to refer to its files
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._spool.remove)
                 final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
@@ -440,6 +485,8 @@ class Extension:
         self._set(State.RUNNING, last_error=None)
         async with anyio.create_task_group() as helpers:  # owned by this run: gone before teardown
             helpers.start_soon(self._keep_listings_fresh, connection)
+            if self._demand is not None:  # saves the listing, then stops the child once idle
+                helpers.start_soon(self._demand.serve, listing, lambda: self._in_flight, self._stop_idle)
             await connection.ended.wait()
             helpers.cancel_scope.cancel()
         self._connection = None
@@ -508,6 +555,8 @@ class Extension:
                 self._listing = Listing.of(**{**current, "templates": old.templates, **fresh})
                 log.info("extension.listing_changed", **{kind: len(items) for kind, items in fresh.items()})
                 self._notify()
+                if self._demand is not None:
+                    await self._demand.save(self._listing)
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line)

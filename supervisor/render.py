@@ -86,6 +86,8 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
         last = record.get("last_stderr")  # a wrapper's download progress, say; made safe by the daemon
         return f"{text}; stderr: {last}" if last else text
     if state in ("failed", "stopped"):
+        if record.get("detail"):  # "on demand": idle, not broken; the next call starts it
+            return str(record["detail"])
         return reason or ""
     return ""
 

@@ -106,6 +106,7 @@ class Snapshot:
     in_flight: int = 0
     waiting: str | None = None  # while starting: the MCP request the child has not answered yet
     last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
+    detail: str | None = None  # "on demand": stopped, and the next call starts it
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -123,6 +124,7 @@ class Snapshot:
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "last_stderr": self.last_stderr,
+            "detail": self.detail,
         }
 
 

@@ -196,7 +196,7 @@ class Gateway:
                     ext.listing(),
                 )
                 for ext in self._backend.extensions()
-                if ext.snapshot().state in _LIVE
+                if ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
             ]
             self._catalog = catalogs.build(sources, self._budget)
         return self._catalog
@@ -211,6 +211,10 @@ class Gateway:
     def collisions(self, extension: str) -> list[str]:
         """Name collisions that cost *extension* a plain name, described."""
         return [c.describe() for c in self.catalog().collisions if c.loser[0] == extension]
+
+    def holds(self, extension: str) -> bool:
+        """Whether some client is subscribed to a resource of *extension* (it must not idle-stop)."""
+        return any((target := parse_uri(uri)) and target[0] == extension for uri in self.fanout.subscribed())
 
     def client_count(self) -> int:
         return len(self.fanout)

@@ -1,0 +1,99 @@
+"""On-demand extensions: the saved listing, the start hook and the idle timer of one extension.
+
+An :class:`~supervisor.extension.Extension` with ``on_demand`` or ``idle_stop`` gets one
+:class:`Demand`. Its owner writes it; the idle timer runs inside the run's helper task group
+(the watcher owns it), one timer per run, so it dies with the child and is never orphaned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+
+from .catalogs import CatalogStore
+from .state import Listing
+
+if TYPE_CHECKING:
+    from .extension import Extension
+
+__all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait")
+
+log = structlog.get_logger(__name__)
+
+StartHook = Callable[["Extension"], Awaitable[None]]  # starts the extension in the daemon's task group
+BUSY_RECHECK = 1.0  # a busy extension is looked at again after max(idle_stop, this) seconds
+
+
+def idle_wait(now: float, last_active: float, idle: float, busy: bool) -> float | None:
+    """Seconds until the idle timer should look again, or None: stop now. Pure.
+
+    *busy*: a call or a subscription is in flight, so the extension is not idle whatever the clock.
+    """
+    if busy:
+        return max(idle, BUSY_RECHECK)
+    remaining = last_active + idle - now
+    return remaining if remaining > 0 else None
+
+
+class Demand:
+    """One extension's on-demand bookkeeping.
+
+    Args:
+        idle_stop: seconds without calls before the child is stopped; None: never (but a run
+            that only learns the listing stops as soon as it is idle).
+        store: where its listing is saved; None: not saved.
+        start: the daemon's hook that starts the extension (under its per-name lock).
+        holds: whether a gateway client holds a subscription to one of its resources.
+    """
+
+    def __init__(
+        self,
+        *,
+        idle_stop: float | None,
+        store: CatalogStore | None,
+        start: StartHook,
+        holds: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.idle_stop = idle_stop
+        self.store = store
+        self.start = start
+        self.holds = holds
+        self.saved: Listing | None = store.load() if store is not None else None  # bounded read
+        self.learning = False  # this run was started only to learn the listing
+        self.last_active = time.monotonic()
+
+    def touch(self) -> None:
+        """A call began or ended: the idle period starts again."""
+        self.last_active = time.monotonic()
+
+    @property
+    def idle_after(self) -> float | None:
+        if self.idle_stop is not None:
+            return self.idle_stop
+        return 0.0 if self.learning else None
+
+    async def save(self, listing: Listing) -> None:
+        """Remember *listing* (at once) and write it (in a thread)."""
+        self.saved = listing
+        if self.store is not None:
+            await anyio.to_thread.run_sync(self.store.save, listing)
+
+    async def serve(self, listing: Listing, in_flight: Callable[[], int], stop: Callable[[], None]) -> None:
+        """For one run: save its listing, then call *stop* once idle (never while busy)."""
+        self.touch()
+        await self.save(listing)
+        idle = self.idle_after
+        if idle is None:
+            return
+        while True:
+            busy = in_flight() > 0 or self.holds()
+            wait = idle_wait(time.monotonic(), self.last_active, idle, busy)
+            if wait is None:
+                log.info("extension.idle_stop", idle=idle, learning=self.learning)
+                stop()  # sync, right after the check: no call can slip in between
+                return
+            await anyio.sleep(wait)

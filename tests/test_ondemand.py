@@ -1,0 +1,248 @@
+"""On-demand extensions: lazy start, the saved catalog, idle stop. A real daemon and real children."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from pydantic import ValidationError
+
+from supervisor import process
+from supervisor.catalogs import MAX_BYTES, CatalogStore, default_state_root, fingerprint
+from supervisor.config import ExtensionConfig
+from supervisor.demand import BUSY_RECHECK, idle_wait
+from supervisor.state import Listing
+
+from .conftest import extension_settings, first_text
+from .gateway_client import gateway_session
+from .test_daemon import CLI, Daemon, accepts, alive, until
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),  # our test client: handshake era
+]
+
+TOOL = types.Tool(name="echo", description="Echo.", input_schema={"type": "object"})
+
+
+class StatefulDaemon(Daemon):
+    """A daemon with its own ``STATE_DIRECTORY`` (where saved catalogs go) and spool."""
+
+    def __init__(self, directory: Path, extensions: dict[str, Any]) -> None:
+        super().__init__(directory, extensions)
+        self.state = directory / "state"
+        settings = {
+            "socket": self.socket,
+            "spool": {"dir": str(directory / "spool")},
+            "extensions": extensions,
+        }
+        self.config.write_text(json.dumps(settings))
+
+    def start(self) -> StatefulDaemon:
+        env = {**os.environ, "STATE_DIRECTORY": str(self.state)}
+        with self.log.open("ab") as log:
+            argv = [*CLI, "daemon", "-c", str(self.config)]
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+        until(lambda: accepts(self.socket) or self.proc.poll() is not None)  # type: ignore[union-attr]
+        return self
+
+    @property
+    def mcp_sock(self) -> str:
+        return str(Path(self.socket).parent / "mcp.sock")
+
+    def catalog_file(self, name: str) -> Path:
+        return self.state / "catalogs" / self.instance.rstrip(":") / f"{name}.json"
+
+
+@pytest.fixture
+def ondemand(short_tmp: Path) -> Iterator[Callable[..., StatefulDaemon]]:
+    started: list[StatefulDaemon] = []
+
+    def make(extensions: dict[str, Any]) -> StatefulDaemon:
+        daemon = StatefulDaemon(short_tmp, extensions)
+        started.append(daemon)
+        return daemon.start()
+
+    yield make
+    for daemon in started:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            assert daemon.terminate() == 0, daemon.log.read_text()[-3000:]
+    for daemon in started:
+        leftovers = process.find_marked(daemon.instance)
+        for pid in leftovers:
+            os.kill(pid, 9)
+        assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
+
+
+def counted(pids: Path, **overrides: Any) -> dict[str, Any]:
+    """A fixture server that appends its pid to *pids* at each spawn."""
+    return extension_settings("counted.py", env={"COUNTED_PID_FILE": str(pids)}, **overrides)
+
+
+def spawns(pids: Path) -> list[int]:
+    return [int(line) for line in pids.read_text().split()] if pids.exists() else []
+
+
+def dormant(record: dict[str, Any]) -> bool:
+    return record["state"] == "stopped" and record["detail"] == "on demand"
+
+
+# ---- pure parts ----------------------------------------------------------------------------
+
+
+def test_idle_wait_counts_from_the_last_call_and_never_stops_a_busy_one() -> None:
+    assert idle_wait(now=10.0, last_active=8.0, idle=5.0, busy=False) == 3.0
+    assert idle_wait(now=13.0, last_active=8.0, idle=5.0, busy=False) is None
+    assert idle_wait(now=100.0, last_active=8.0, idle=5.0, busy=True) == 5.0
+    assert idle_wait(now=100.0, last_active=8.0, idle=0.0, busy=True) == BUSY_RECHECK  # never a spin
+    assert idle_wait(now=8.0, last_active=8.0, idle=0.0, busy=False) is None
+
+
+def test_on_demand_with_an_explicit_autostart_is_a_config_error() -> None:
+    base = extension_settings("quick.py")
+    with pytest.raises(ValidationError, match="not both"):
+        ExtensionConfig.model_validate({**base, "on_demand": True, "autostart": True})
+    assert not ExtensionConfig.model_validate({**base, "on_demand": True, "autostart": False}).autostart
+    assert ExtensionConfig.model_validate({**base, "on_demand": True}).on_demand
+    for bad in (0, -1, 86_401):
+        with pytest.raises(ValidationError, match="idle_stop"):
+            ExtensionConfig.model_validate({**base, "idle_stop": bad})
+
+
+def test_the_state_root_follows_systemd_then_xdg_then_home() -> None:
+    assert default_state_root({"STATE_DIRECTORY": "/var/lib/x:/var/lib/y"}) == Path("/var/lib/x")
+    assert default_state_root({"XDG_STATE_HOME": "/s"}) == Path("/s/mcp-supervisor")
+    assert default_state_root({}) == Path.home() / ".local" / "state" / "mcp-supervisor"
+
+
+class TestCatalogStore:
+    def test_a_saved_listing_comes_back_whole_private_and_atomically(self, tmp_path: Path) -> None:
+        directory = tmp_path / "state" / "catalogs" / "abc"
+        store = CatalogStore(directory, "fx", fingerprint("cmd", ["a"], None, {"K": "secret"}))
+        listing = Listing.of(tools=[TOOL], prompts=[types.Prompt(name="p")])
+        assert store.load() is None
+        assert store.save(listing)
+        assert store.load() == listing
+        for level in (directory, directory.parent, directory.parent.parent):
+            assert stat.S_IMODE(level.stat().st_mode) == 0o700, level
+        assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+        assert "secret" not in store.path.read_text()  # env goes in as a hash only
+        assert [p.name for p in directory.iterdir()] == ["fx.json"]  # no temporary file left
+
+    def test_corrupt_foreign_and_oversized_files_are_ignored(self, tmp_path: Path) -> None:
+        store = CatalogStore(tmp_path, "fx", "print-a")
+        assert store.save(Listing.of(tools=[TOOL]))
+        assert CatalogStore(tmp_path, "fx", "print-b").load() is None  # another command line
+        good = store.path.read_text()
+        for text in ("{not json", "[]", json.dumps({**json.loads(good), "tools": [{"name": 5}]})):
+            store.path.write_text(text)
+            assert store.load() is None, text
+        store.path.write_text(json.dumps({**json.loads(good), "pad": "x" * MAX_BYTES}))
+        assert store.load() is None
+        big = Listing.of(tools=[TOOL.model_copy(update={"description": "x" * MAX_BYTES})])
+        assert not store.save(big)  # bounded on the way out too
+
+
+# ---- the daemon ----------------------------------------------------------------------------
+
+
+def test_a_listing_is_learned_once_then_served_from_the_saved_catalog(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    pids = short_tmp / "pids"
+    daemon = ondemand({"fx": counted(pids, on_demand=True)})
+    until(lambda: dormant(daemon.status()["fx"]))  # one run to learn the tools, then idle
+    assert len(spawns(pids)) == 1
+    learned = spawns(pids)[0]
+    until(lambda: not alive(learned))
+    path = daemon.catalog_file("fx")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert daemon.status()["fx"]["tools"] == 4
+    assert "on demand" in daemon.cli("status").stdout
+    assert daemon.terminate() == 0
+
+    daemon.start()  # same socket, same state directory: the saved catalog is used
+    assert dormant(daemon.status()["fx"])
+
+    async def list_tools() -> list[str]:
+        async with gateway_session(daemon.mcp_sock) as session:
+            return [tool.name for tool in (await session.list_tools()).tools]
+
+    assert "fx__echo" in anyio.run(list_tools)
+    assert json.loads(daemon.cli("tools", "fx", "--json").stdout)["tools"]
+    assert len(spawns(pids)) == 1  # listed without a spawn
+
+
+def test_fifty_concurrent_first_calls_cause_one_spawn(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    pids = short_tmp / "pids"
+    daemon = ondemand({"fx": counted(pids, on_demand=True, call_timeout=20)})
+    until(lambda: dormant(daemon.status()["fx"]))
+    assert len(spawns(pids)) == 1
+
+    async def fifty() -> list[str]:
+        answers: list[str] = []
+        async with gateway_session(daemon.mcp_sock) as session:
+
+            async def call(i: int) -> None:
+                result = await session.call_tool("fx__echo", {"text": str(i)})
+                answers.append(first_text(result))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(50):
+                    tg.start_soon(call, i)
+        return answers
+
+    assert sorted(anyio.run(fifty), key=int) == [str(i) for i in range(50)]
+    assert len(spawns(pids)) == 2  # the learning run, then one for all fifty calls
+    record = daemon.status()["fx"]
+    assert record["state"] == "running" and record["pid"] == spawns(pids)[1]
+
+
+def test_idle_stop_waits_out_a_long_call_then_a_call_starts_it_again(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    pids = short_tmp / "pids"
+    daemon = ondemand({"fx": counted(pids, idle_stop=1, call_timeout=20)})  # autostarted, not on demand
+    first = daemon.wait_state("fx", "running")["pid"]
+
+    async def long_call() -> str:
+        async with gateway_session(daemon.mcp_sock) as session:
+            return first_text(await session.call_tool("fx__sleep", {"seconds": 3}))
+
+    assert anyio.run(long_call) == "slept"  # three idle periods long
+    assert spawns(pids) == [first]  # never stopped during the call
+    until(lambda: dormant(daemon.status()["fx"]), within=5)  # a period after the call: stopped
+    until(lambda: not alive(first))
+    stopped = [e for e in daemon.events() if e.get("event") == "extension.idle_stop"]
+    assert len(stopped) == 1
+
+    result = daemon.cli("call", "fx", "pid", "--json")  # the control socket's call starts it too
+    assert result.returncode == 0, result.stderr
+    second = json.loads(result.stdout)["content"][0]["text"]
+    assert spawns(pids) == [first, int(second)]
+    until(lambda: dormant(daemon.status()["fx"]), within=5)  # and it idles out again
+
+
+def test_a_manual_stop_is_not_undone_by_a_call(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    pids = short_tmp / "pids"
+    daemon = ondemand({"fx": counted(pids, on_demand=True)})
+    until(lambda: dormant(daemon.status()["fx"]))
+    assert daemon.cli("stop", "fx").returncode == 0
+    record = daemon.status()["fx"]
+    assert record["state"] == "stopped" and record["detail"] is None
+    assert daemon.cli("call", "fx", "pid").returncode == 1
+    assert len(spawns(pids)) == 1
+    assert daemon.cli("start", "fx").returncode == 0  # running now; on demand again once stopped
+    assert daemon.status()["fx"]["state"] == "running"
