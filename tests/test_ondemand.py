@@ -246,3 +246,26 @@ def test_a_manual_stop_is_not_undone_by_a_call(
     assert len(spawns(pids)) == 1
     assert daemon.cli("start", "fx").returncode == 0  # running now; on demand again once stopped
     assert daemon.status()["fx"]["state"] == "running"
+
+
+def test_a_subscription_keeps_it_running_until_its_client_leaves(
+    ondemand: Callable[..., StatefulDaemon],
+) -> None:
+    daemon = ondemand({"rich": extension_settings("rich.py", on_demand=True, idle_stop=1)})
+    until(lambda: dormant(daemon.status()["rich"]))  # learned, then idle for a second
+
+    async def subscribed() -> int:
+        async with gateway_session(daemon.mcp_sock) as session:
+            await session.subscribe_resource("mcp-supervisor://rich/note://a")  # starts it
+            pid = daemon.status()["rich"]["pid"]
+            assert pid is not None
+            deadline = anyio.current_time() + 3  # three idle periods: it must stay the whole time
+            while anyio.current_time() < deadline:
+                record = await anyio.to_thread.run_sync(daemon.status)
+                assert record["rich"]["state"] == "running" and record["rich"]["pid"] == pid
+                await anyio.sleep(0.2)
+            return pid
+
+    pid = anyio.run(subscribed)
+    until(lambda: dormant(daemon.status()["rich"]), within=5)  # the client left: idle, then stopped
+    until(lambda: not alive(pid))
