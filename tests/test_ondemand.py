@@ -269,3 +269,27 @@ def test_a_subscription_keeps_it_running_until_its_client_leaves(
     pid = anyio.run(subscribed)
     until(lambda: dormant(daemon.status()["rich"]), within=5)  # the client left: idle, then stopped
     until(lambda: not alive(pid))
+
+
+def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_call(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    pids, others = short_tmp / "pids", short_tmp / "others"
+    daemon = ondemand({"fx": counted(pids, on_demand=True)})
+    until(lambda: dormant(daemon.status()["fx"]))
+    settings = json.loads(daemon.config.read_text())
+    changed = counted(pids, on_demand=True)
+    changed["env"]["QUICK_STDERR_AT_START"] = "1"  # another command line: the saved listing is foreign
+    settings["extensions"] = {"fx": changed, "gx": counted(others, on_demand=True, autostart=False)}
+    daemon.config.write_text(json.dumps(settings))
+    result = daemon.cli("reload")
+    assert result.returncode == 0, result.stderr
+    until(lambda: len(spawns(pids)) == 2 and dormant(daemon.status()["fx"]))  # learned again
+    assert [e["reason"] for e in daemon.events() if e.get("event") == "catalog.ignored"] == [
+        "another command line"
+    ]
+    gx = daemon.status()["gx"]
+    assert dormant(gx) and gx["tools"] == 0 and not spawns(others)  # autostart: false: no learning run
+    assert daemon.cli("call", "gx", "echo", "--args", '{"text": "hi"}').returncode == 0
+    assert len(spawns(others)) == 1
+    assert daemon.status()["gx"]["tools"] == 4
