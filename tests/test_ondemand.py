@@ -192,6 +192,7 @@ def test_fifty_concurrent_first_calls_cause_one_spawn(
     async def fifty() -> list[str]:
         answers: list[str] = []
         async with gateway_session(daemon.mcp_sock) as session:
+            assert "fx__echo" in [tool.name for tool in (await session.list_tools()).tools]  # fast path on
 
             async def call(i: int) -> None:
                 result = await session.call_tool("fx__echo", {"text": str(i)})

@@ -178,12 +178,14 @@ class TestContract:
         ]
 
     def test_directories(self, unit: Unit) -> None:
-        """Sockets in a private RuntimeDirectory, the spool under CacheDirectory (listed first), no state."""
+        """Sockets in a private RuntimeDirectory, the spool under CacheDirectory (listed first), catalogs in
+        StateDirectory."""
         assert service(unit, "RuntimeDirectory") == ["mcp-supervisor"]
         assert service(unit, "RuntimeDirectoryMode") == ["0700"]
         (cache,) = service(unit, "CacheDirectory")
         assert cache.split()[0] == "mcp-supervisor"  # $CACHE_DIRECTORY's first entry holds the spool
-        assert service(unit, "StateDirectory") == []
+        assert service(unit, "StateDirectory") == ["mcp-supervisor"]  # saved catalogs of on_demand extensions
+        assert service(unit, "StateDirectoryMode") == ["0700"]
 
     def test_lifecycle(self, unit: Unit) -> None:
         """Restarted on failure, watched by the watchdog, and its whole cgroup killed as a backstop."""
