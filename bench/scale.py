@@ -94,16 +94,34 @@ def _tree_rss_mib(pid: int) -> float:
     return round(total / 2**20, 1)
 
 
+def _extension_processes(pid: int) -> list[psutil.Process]:
+    """The daemon's descendants that are extensions (not its containment guardian)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if any("quick.py" in part for part in child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def _host_used_mib() -> float:
     return round(psutil.virtual_memory().used / 2**20, 1)
 
 
 async def _call_each(socket: str, names: list[str]) -> float:
     started = time.monotonic()
+    clients = anyio.CapacityLimiter(16)  # the control socket keeps a bounded number of connections
+
+    async def call(name: str) -> None:
+        async with clients:
+            params = {"name": name, "tool": "echo", "arguments": {"text": name}}
+            await client.request(socket, "call", params, timeout=120)
+
     async with anyio.create_task_group() as tg:
         for name in names:
-            params = {"name": name, "tool": "echo", "arguments": {"text": name}}
-            tg.start_soon(lambda p=params: client.request(socket, "call", p, timeout=120))
+            tg.start_soon(call, name)
     return time.monotonic() - started
 
 
@@ -134,7 +152,7 @@ def on_demand(args: argparse.Namespace) -> dict[str, Any]:
             stopping = time.monotonic()
             wait_for(lambda: all_idle(running), "every idle stop", within=args.idle_stop + 120, interval=0.2)
             idle_stopped = time.monotonic() - stopping
-            wait_for(lambda: not psutil.Process(pid).children(), "the trees gone", within=60)
+            wait_for(lambda: not _extension_processes(pid), "the trees gone", within=60)
             after_idle = (_tree_rss_mib(pid), _host_used_mib())
     return {
         "extensions": args.extensions,
