@@ -76,6 +76,10 @@ class Demand:
             return self.idle_stop
         return 0.0 if self.learning else None
 
+    def same(self, listing: Listing) -> Listing:
+        """The saved listing if *listing* equals it: clients hear of no change when it starts."""
+        return self.saved if self.saved is not None and self.saved == listing else listing
+
     async def save(self, listing: Listing) -> None:
         """Remember *listing* (at once) and write it (in a thread)."""
         self.saved = listing

@@ -480,6 +480,8 @@ class Extension:
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
 
+        if self._demand is not None:  # the gateway compares listings by identity
+            listing = self._demand.same(listing)
         self._listing, self._connection = listing, connection
         started = time.monotonic()
         self._set(State.RUNNING, last_error=None)

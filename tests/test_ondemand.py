@@ -294,3 +294,26 @@ def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_ca
     assert daemon.cli("call", "gx", "echo", "--args", '{"text": "hi"}').returncode == 0
     assert len(spawns(others)) == 1
     assert daemon.status()["gx"]["tools"] == 4
+
+
+def test_clients_hear_no_list_change_when_it_starts_and_idles_out(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    daemon = ondemand({"fx": counted(short_tmp / "pids", on_demand=True, idle_stop=1)})
+    until(lambda: dormant(daemon.status()["fx"]))
+    heard: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ServerNotification):
+            heard.append(message.method)
+
+    async def cycle() -> None:
+        async with gateway_session(daemon.mcp_sock, message_handler=on_message) as session:
+            await session.list_tools()
+            await session.call_tool("fx__echo", {"text": "hi"})  # starts it
+            await anyio.to_thread.run_sync(lambda: until(lambda: dormant(daemon.status()["fx"]), 5))
+            await anyio.sleep(0.5)  # a negative: list_changed goes out 0.1 s after a change, if any
+            await session.send_ping()
+
+    anyio.run(cycle)
+    assert "notifications/tools/list_changed" not in heard, heard
