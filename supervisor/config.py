@@ -213,6 +213,8 @@ class ExtensionConfig(_Frozen):
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
     on_demand: bool = False  # started by the first call; lists served from the saved catalog meanwhile
     idle_stop: _Timeout | None = None  # seconds without calls before stopping; None: never
+    instances: Literal["shared", "per-client"] = "shared"  # per-client: one child per gateway connection
+    max_instances: int = Field(16, ge=1, le=1024)  # per-client children at once
 
     @model_validator(mode="after")
     def _on_demand_is_not_autostart(self) -> ExtensionConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import os
@@ -38,6 +39,7 @@ from .gateway.http import serve_http
 from .gateway.listeners import serve_unix
 from .gateway.server import Gateway
 from .health import cgroup_of, process_stats
+from .instances import Client, Instances
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
 from .spool import Spool, default_root
@@ -94,6 +96,7 @@ class Daemon:
             profiles=settings.profiles,
         )
         self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
+        self._instances = {name: self._instances_of(name, c) for name, c in settings.extensions.items()}
 
     def _make(self, name: str, config: ExtensionConfig) -> Extension:
         return Extension(
@@ -116,6 +119,31 @@ class Daemon:
         store = CatalogStore(self.catalogs, name, fingerprint(config.command, config.args, config.cwd, env))
         holds = functools.partial(self.gateway.holds, name)
         return Demand(idle_stop=config.idle_stop, store=store, start=self._start_on_demand, holds=holds)
+
+    def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
+        def make() -> Extension:
+            own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
+            demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance)
+            return Extension(
+                name,
+                own,
+                environ=self._environ,
+                marker_prefix=self.marker_prefix,
+                hurry=self.hurry,
+                spool=self.spool.for_extension(name),
+                on_call=functools.partial(self.metrics.observe_call, name),
+                on_notification=self.gateway.notify,
+                demand=demand,
+            )
+
+        return Instances(name, make, config.max_instances)
+
+    async def _start_instance(self, ext: Extension) -> None:
+        await ext.start(self._tg)
+
+    def instance_of(self, name: str, client: Client) -> Extension:
+        """*client*'s own instance of per-client extension *name* (see :mod:`supervisor.instances`)."""
+        return self._instances[name].of(client)
 
     async def _start_on_demand(self, ext: Extension) -> None:
         """A call's start of a dormant extension; nothing if a reload replaced or removed it."""
@@ -161,9 +189,15 @@ class Daemon:
             raise UnknownExtension(name) from None
 
     def status(self, name: str | None = None) -> list[Snapshot]:
-        if name is not None:
-            return [self.get(name).snapshot()]
-        return [ext.snapshot() for ext in self._extensions.values()]
+        chosen = [self.get(name)] if name is not None else self._extensions.values()
+        return [self._with_instances(ext) for ext in chosen]
+
+    def _with_instances(self, ext: Extension) -> Snapshot:
+        snapshot = ext.snapshot()
+        instances = self._instances.get(ext.name)
+        if instances is None or ext.config.instances != "per-client":
+            return snapshot
+        return dataclasses.replace(snapshot, instances=tuple(i.snapshot() for i in instances.all()))
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
@@ -298,12 +332,14 @@ class Daemon:
         async with anyio.create_task_group() as stoppers:
             for name in (*gone, *changed):
                 stoppers.start_soon(self._extensions[name].stop)
+                stoppers.start_soon(self._instances.pop(name).stop_all)
         for name in gone:
             del self._extensions[name]
             del self._name_locks[name]  # a waiter still holding it finds the name gone
             self.metrics.forget(name)
         for name in (*changed, *added):
             self._extensions[name] = self._make(name, new.extensions[name])
+            self._instances[name] = self._instances_of(name, new.extensions[name])
         # Keep the daemon's own order the config's order.
         self._extensions = {n: self._extensions[n] for n in new.extensions}
         for name in (*changed, *added):
@@ -322,6 +358,8 @@ class Daemon:
         async with anyio.create_task_group() as stoppers:
             for ext in self._extensions.values():
                 stoppers.start_soon(ext.stop)
+            for instances in self._instances.values():
+                stoppers.start_soon(instances.stop_all)
 
 
 _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only

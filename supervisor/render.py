@@ -63,6 +63,15 @@ def exit_text(last_exit: dict[str, Any] | None) -> str | None:
 
 def _detail(record: dict[str, Any], now: datetime) -> str:
     """The most useful fact about one extension in its current state."""
+    text = _state_detail(record, now)
+    count = len(record.get("instances") or ())
+    if count:
+        mine = f"{count} per-client instance{'s' if count != 1 else ''}"
+        return f"{text}; {mine}" if text else mine
+    return text
+
+
+def _state_detail(record: dict[str, Any], now: datetime) -> str:
     state = record["state"]
     reason = record.get("last_error") or exit_text(record.get("last_exit"))
     if state == "running":

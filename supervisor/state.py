@@ -107,6 +107,7 @@ class Snapshot:
     waiting: str | None = None  # while starting: the MCP request the child has not answered yet
     last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
     detail: str | None = None  # "on demand": stopped, and the next call starts it
+    instances: tuple[Snapshot, ...] = ()  # per-client instances (instances: per-client)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -125,6 +126,10 @@ class Snapshot:
             "waiting": self.waiting,
             "last_stderr": self.last_stderr,
             "detail": self.detail,
+            "instances": [
+                {"pid": i.pid, "state": i.state.value, "since": i.since.isoformat(), "in_flight": i.in_flight}
+                for i in self.instances
+            ],
         }
 
 

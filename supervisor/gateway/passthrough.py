@@ -51,11 +51,22 @@ class _Client:
     def __init__(self) -> None:
         self.waiting: set[anyio.CancelScope] = set()
         self.closed = False
+        self._on_close: list[Callable[[], None]] = []  # its per-client instances' stops
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call *callback* (sync) when the connection closes; at once if it has."""
+        if self.closed:
+            callback()
+        else:
+            self._on_close.append(callback)
 
     def close(self) -> None:
         self.closed = True
         for scope in self.waiting:
             scope.cancel()
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
 
     async def run(self, send: Callable[[], Awaitable[ResultT]]) -> ResultT:
         if self.closed:

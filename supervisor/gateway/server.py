@@ -53,6 +53,8 @@ class Extensions(Protocol):
 
     def extensions(self) -> Sequence[Extension]: ...
 
+    def instance_of(self, name: str, client: Any) -> Extension: ...
+
 
 class _Server(Server[Any]):
     """Advertise list_changed on every transport (streamable HTTP asks with no arguments)."""
@@ -292,6 +294,8 @@ class Gateway:
         """:meth:`route`, with the extension itself: for the fast path."""
         target = self.route(name, request)
         ext = self._extension(target[0]) if target is not None else None
+        if ext is not None and ext.config.instances == "per-client":
+            return None  # the SDK's path knows the client, and so its instance
         return (ext, target[1]) if ext is not None and target is not None else None
 
     async def _call_tool(
@@ -310,6 +314,7 @@ class Gateway:
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
+            ext = self._serving(ext, ctx)
             caller = passthrough.SessionCaller(ctx)
             result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx), caller=caller)
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
@@ -448,6 +453,12 @@ class Gateway:
         if not view.sees(extension):
             raise MCPError(types.INVALID_PARAMS, f"extension {extension!r} is not in profile {view.label!r}")
 
+    def _serving(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension:
+        """The Extension that serves this client: its own instance when per-client."""
+        if ext.config.instances != "per-client":
+            return ext
+        return self._backend.instance_of(ext.name, passthrough.client_of(ctx.session._connection))
+
     def _extension(self, name: str) -> Extension | None:
         return next((ext for ext in self._backend.extensions() if ext.name == name), None)
 
@@ -458,6 +469,7 @@ class Gateway:
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
+            ext = self._serving(ext, ctx)
             caller = passthrough.SessionCaller(ctx)
             return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
