@@ -123,7 +123,8 @@ class Daemon:
     def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
         def make() -> Extension:
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
-            demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance)
+            holds = functools.partial(self.gateway.holds, name)
+            demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
             return Extension(
                 name,
                 own,

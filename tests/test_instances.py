@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
 
-from .conftest import first_text
+from .conftest import extension_settings, first_text
 from .gateway_client import gateway_session
 from .test_daemon import alive, until
 from .test_ondemand import StatefulDaemon, counted, ondemand, spawns  # noqa: F401 - the fixture
@@ -80,3 +81,19 @@ def test_max_instances_bounds_the_children(
 
     assert "all 1 per-client instances are in use" in anyio.run(two)
     assert len(spawns(pids)) == 2  # the learning run, and the first client's
+
+
+def test_a_closed_connection_takes_its_whole_tree(
+    ondemand: Callable[..., StatefulDaemon],  # noqa: F811
+) -> None:
+    daemon = ondemand({"tree": extension_settings("tree.py", instances="per-client", on_demand=True)})
+    until(lambda: daemon.status()["tree"]["detail"] == "on demand")
+
+    async def one_client() -> dict[str, int]:
+        async with gateway_session(daemon.mcp_sock) as session:
+            return json.loads(first_text(await session.call_tool("tree__pids", {})))
+
+    pids = anyio.run(one_client)
+    assert len(pids) == 3  # the server, a grandchild holding stdout, a setsid great-grandchild
+    until(lambda: not any(alive(pid) for pid in pids.values()))
+    assert daemon.status()["tree"]["instances"] == []
