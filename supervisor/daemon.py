@@ -29,7 +29,6 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from . import config, control, logs, process
 from .config import ExtensionConfig, Settings
-from .containment import Containment
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
 from .gateway.http import serve_http
@@ -38,6 +37,7 @@ from .gateway.server import Gateway
 from .health import cgroup_of, process_stats
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
+from .process.containment import Containment
 from .spool import Spool, default_root
 from .state import Snapshot, State
 
