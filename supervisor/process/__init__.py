@@ -44,7 +44,6 @@ __all__ = (
     "ChildProcess",
     "PipeReader",
     "contain_in",
-    "containment",
     "find_marked",
     "spawn",
     "sweep_marked",
@@ -70,11 +69,6 @@ def contain_in(subtree: Subtree | None, *, prefix: str = "") -> None:
     from the cgroup names, which are ``<extension>-<run id>``.
     """
     _containment.subtree, _containment.prefix = subtree, prefix
-
-
-def containment() -> Subtree | None:
-    """The cgroup sub-tree children are spawned into, if any."""
-    return _containment.subtree
 
 
 class PipeReader(asyncio.Protocol):
