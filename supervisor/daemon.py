@@ -85,7 +85,9 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.metrics = Metrics(self.health)
-        self.usage = resources.Sampler(self.marker_prefix)  # each tree's RSS/CPU, one /proc read per second
+        self.usage = resources.Sampler(
+            self.marker_prefix, self._subtree
+        )  # each tree's RSS/CPU, read once a second
         self.gateway = Gateway(
             self,
             spool_dir=self.spool.run_dir,
@@ -106,6 +108,10 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
         )
+
+    def _subtree(self) -> Path | None:
+        subtree = self.containment.subtree if self.containment is not None else None
+        return subtree.path if subtree is not None else None
 
     def counts(self) -> dict[str, Any]:
         """Extensions by state and gateway clients, for ``/healthz``."""

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import structlog
 
-from . import process, proctree
+from . import proctree
 from .proctree import cgroups
 from .proctree.cgroups import Subtree
 
@@ -92,13 +92,12 @@ def _cgroup_cpu(path: Path) -> float | None:
     return None
 
 
-def _run_cgroup(pid: int) -> Path | None:
-    """The cgroup of the run *pid* leads, when the daemon has a sub-tree and *pid* is in it."""
-    subtree = process.containment()
+def _run_cgroup(pid: int, subtree: Path | None) -> Path | None:
+    """The cgroup of the run *pid* leads, when the daemon has a *subtree* and *pid* is in it."""
     inside = cgroups.cgroup_of(pid) if subtree is not None else None
-    if subtree is None or inside is None or subtree.path not in inside.parents:
+    if subtree is None or inside is None or subtree not in inside.parents:
         return None
-    while inside.parent != subtree.path:  # the extension may have made cgroups of its own below
+    while inside.parent != subtree:  # the extension may have made cgroups of its own below
         inside = inside.parent
     return inside
 
@@ -112,18 +111,17 @@ def _sum(pids: set[int] | list[int], cpu: float | None = None) -> TreeUsage:
     return TreeUsage(count, rss, round(cpu if cpu is not None else seconds, 3))
 
 
-def _usage(procs: dict[int, proctree.Proc] | None, pid: int, prefix: str) -> TreeUsage:
-    """The tree of the run led by *pid* whose marker starts with *prefix*. Blocking."""
-    cgroup = _run_cgroup(pid)
+def _usage(procs: dict[int, proctree.Proc] | None, pid: int, prefix: str, cgroup: Path | None) -> TreeUsage:
+    """The tree of the run led by *pid* (in *cgroup*, if any) whose marker starts with *prefix*. Blocking."""
     if cgroup is not None:
         return _sum(Subtree.pids(cgroup), _cgroup_cpu(cgroup))
     procs = procs if procs is not None else proctree.scan()
     return _sum(proctree.members(procs, prefix=prefix, roots=(pid,) if pid in procs else ()))
 
 
-def run_usage(pid: int, marker: str) -> TreeUsage:
-    """The tree of one run (its child's *pid* and *marker*), now. Blocking: one ``/proc`` scan."""
-    return _usage(None, pid, marker)
+def run_usage(pid: int, marker: str, cgroup: Path | None = None) -> TreeUsage:
+    """The tree of one run (its child's *pid*, *marker* and cgroup), now. Blocking: one ``/proc`` scan."""
+    return _usage(None, pid, marker, cgroup)
 
 
 class Sampler:
@@ -133,8 +131,14 @@ class Sampler:
     status, health and metrics handlers, so the cache bounds what a flood of requests costs.
     """
 
-    def __init__(self, marker_prefix: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        marker_prefix: str,
+        subtree: Callable[[], Path | None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._prefix = marker_prefix
+        self._subtree = subtree  # the daemon's cgroup sub-tree, once it has one
         self._clock = clock
         self._taken = -CACHE_SECONDS
         self._cache: dict[tuple[str, int], TreeUsage] = {}
@@ -150,11 +154,12 @@ class Sampler:
             self._taken, self._cache, self._procs = now, {}, None
         key = (name, pid)
         if key not in self._cache:
-            if self._procs is None and process.containment() is None:
+            cgroup = _run_cgroup(pid, self._subtree())
+            if self._procs is None and cgroup is None:
                 self._procs = proctree.scan()
                 self.scans += 1
             # Markers are "<prefix><name>:<run id>": this prefix matches this extension's runs only.
-            self._cache[key] = _usage(self._procs, pid, f"{self._prefix}{name}:")
+            self._cache[key] = _usage(self._procs, pid, f"{self._prefix}{name}:", cgroup)
         return self._cache[key]
 
 
@@ -205,7 +210,7 @@ async def enforce_memory_max(
                 exceeded(f"memory_max {mib(limit)} exceeded: killed by the kernel's OOM killer")
                 return
             continue
-        usage = await anyio.to_thread.run_sync(run_usage, pid, marker)
+        usage = await anyio.to_thread.run_sync(run_usage, pid, marker, cgroup)
         if usage.rss_bytes > limit:
             exceeded(f"memory_max {mib(limit)} exceeded: {mib(usage.rss_bytes)}")
             return
