@@ -110,6 +110,7 @@ class Extension:
         self._in_flight = 0
         self._asking = Asking(name, config.roots)  # who the child's sampling/elicitation/roots go to
         self._answered_at = 0.0  # when the child last answered a call or reported progress (liveness)
+        self._asked = 0  # the child's requests we are answering: it waits on us, so it is alive
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
         self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
@@ -404,7 +405,7 @@ class Extension:
                 on_stderr=self._on_stderr,
                 on_list_changed=self._list_changed,
                 on_notification=self._notified,
-                on_asked=self._asking.answer,
+                on_asked=self._answer,
                 hurry=self._hurry,
                 spool=self._spool,
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
@@ -497,7 +498,7 @@ class Extension:
                 interval=config.ping_interval,
                 ping_timeout=config.ping_timeout,
                 in_flight=lambda: self._in_flight,
-                answered_at=lambda: self._answered_at,
+                answered_at=lambda: time.monotonic() if self._asked else self._answered_at,
                 on_unresponsive=lambda error: self._count("unresponsive"),
             )
             helpers.start_soon(watch)
@@ -512,6 +513,17 @@ class Extension:
             helpers.start_soon(
                 resources.enforce_memory_max, child.pid, child.marker, child.cgroup, limit, exceeded
             )
+
+    async def _answer(
+        self, connection: transport.Connection, request: types.ServerRequest
+    ) -> types.ClientResult | types.ErrorData:
+        """Answer the child's sampling/elicitation/roots request (a client may take minutes)."""
+        self._asked += 1
+        try:
+            return await self._asking.answer(connection, request)
+        finally:
+            self._asked -= 1
+            self._answered_at = time.monotonic()
 
     def _count(self, counter: str) -> None:
         """One more run ended by a guard; before the end, so the exit's snapshot carries it."""

@@ -4,8 +4,9 @@ Every ``ping_interval`` seconds the watcher's helper task sends the child a ``pi
 answer within ``ping_timeout`` means "not answering", except while calls are in flight and
 one of them was answered (or reported progress) within the last ``ping_timeout``: a server
 that serves one request at a time cannot answer a ping during a call, and its answers show it
-is alive. The verdict ends the connection through :meth:`Connection.end`, the path a broken
-pipe takes, so the restart policy and its backoff apply as for a crash.
+is alive (as is one waiting for a client's answer to its own request). The verdict ends the
+connection through :meth:`Connection.end`, the path a broken pipe takes, so the restart
+policy and its backoff apply as for a crash.
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
+import mcp_types as types
 import pydantic
 import pytest
 from anyio.abc import TaskGroup
@@ -18,7 +20,10 @@ from supervisor.extension import Extension
 from supervisor.liveness import is_unresponsive
 from supervisor.state import State
 
-from .conftest import fast_config, first_text, running
+from .conftest import extension_settings, fast_config, first_text, running
+from .gateway_client import gateway_session
+from .test_daemon import daemons  # noqa: F401 - the fixture
+from .test_gateway import gateway, mcp_sock  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -116,3 +121,19 @@ class TestRestart:
             0,
         )
         await ext.stop()
+
+    @pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+    async def test_child_waiting_for_a_clients_answer_is_alive(self, gateway) -> None:  # noqa: F811
+        """A serial child blocked on its elicitation (no pings answered) while the client thinks."""
+        settings = extension_settings("hang.py", ping_interval=0.2, ping_timeout=0.5)
+        daemon = gateway({"hang": settings})
+
+        async def slow(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            await anyio.sleep(1.5)  # three ping timeouts
+            return types.ElicitResult(action="decline")
+
+        async with gateway_session(mcp_sock(daemon), elicitation_callback=slow) as session:
+            result = await session.call_tool("hang__ask", {"message": "well?"})
+            assert first_text(result) == "decline", result
+        status = daemon.status()["hang"]
+        assert (status["state"], status["restarts"], status["unresponsive"]) == ("running", 0, 0)
