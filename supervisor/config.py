@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -162,6 +163,34 @@ _Timeout = Annotated[float, Field(gt=0, le=_DAY)]  # seconds
 _Delay = Annotated[float, Field(ge=0, le=_DAY)]  # seconds; 0 allowed
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+MIN_MEMORY_MAX = 1024**2  # smaller is a typo (bytes meant as megabytes): no server starts in it
+
+
+def _memory_size(value: Any) -> int:
+    """``512M``, ``1G``, ``1.5GiB`` or a number of bytes, as bytes (units are powers of 1024)."""
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif match:
+        size = int(float(match[1]) * 1024 ** " kmgt".index(match[2].lower() or " "))
+    else:
+        raise PydanticCustomError(
+            "memory_size", "invalid size '{value}': use bytes or a number with K, M, G or T (512M, 1G)",
+            {"value": value},
+        )  # fmt: skip
+    if not MIN_MEMORY_MAX <= size <= 1024**5:
+        raise PydanticCustomError(
+            "memory_size",
+            "memory_max '{value}' is out of range: at least 1M, at most 1024T",
+            {"value": value},
+        )
+    return size
+
+
+_MemorySize = Annotated[int, BeforeValidator(_memory_size)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # .inf, .nan: errors
 
@@ -211,6 +240,9 @@ class ExtensionConfig(_Frozen):
     roots: list[Annotated[_Expanded, AfterValidator(_absolute)]] = []  # roots/list when no client gives any
     max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one stdout JSON-RPC line
     log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
+    ping_interval: _Timeout | None = None  # liveness: ping this often; None: off
+    ping_timeout: _Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
+    memory_max: _MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
 
     @model_validator(mode="before")
     @classmethod

@@ -18,6 +18,7 @@ import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import config, control, logs, process
+from . import config, control, logs, process, resources
 from .config import ExtensionConfig, Settings
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
@@ -84,6 +85,9 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.metrics = Metrics(self.health)
+        self.usage = resources.Sampler(
+            self.marker_prefix, self._subtree
+        )  # each tree's RSS/CPU, read once a second
         self.gateway = Gateway(
             self,
             spool_dir=self.spool.run_dir,
@@ -104,6 +108,10 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
         )
+
+    def _subtree(self) -> Path | None:
+        subtree = self.containment.subtree if self.containment is not None else None
+        return subtree.path if subtree is not None else None
 
     def counts(self) -> dict[str, Any]:
         """Extensions by state and gateway clients, for ``/healthz``."""
@@ -132,9 +140,11 @@ class Daemon:
             raise UnknownExtension(name) from None
 
     def status(self, name: str | None = None) -> list[Snapshot]:
-        if name is not None:
-            return [self.get(name).snapshot()]
-        return [ext.snapshot() for ext in self._extensions.values()]
+        chosen = [self.get(name)] if name is not None else self._extensions.values()
+        return [
+            replace(s, resources=self.usage.usage(s.name, s.pid).as_dict())
+            for s in map(Extension.snapshot, chosen)
+        ]
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
@@ -208,7 +218,7 @@ class Daemon:
                 "max_bytes": self.spool.max_total_bytes,
             },
             "containment": self.containment.describe() if self.containment else None,
-            "extensions": [_health_of(ext) for ext in self._extensions.values()],
+            "extensions": [_health_of(ext, self.usage) for ext in self._extensions.values()],
         }
 
     async def reload(self) -> dict[str, list[str]]:
@@ -298,7 +308,7 @@ _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 _RESTART_ONLY = ("socket", "spool", "gateway")
 
 
-def _health_of(ext: Extension) -> dict[str, Any]:
+def _health_of(ext: Extension, usage: resources.Sampler) -> dict[str, Any]:
     snapshot = ext.snapshot()
     return {
         "name": ext.name,
@@ -312,6 +322,9 @@ def _health_of(ext: Extension) -> dict[str, Any]:
         "log_lines": ext.stderr_lines,
         "log_lines_max": ext.config.log_lines,
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
+        "unresponsive": snapshot.unresponsive,
+        "memory_exceeded": snapshot.memory_exceeded,
+        "resources": usage.usage(ext.name, snapshot.pid).as_dict(),
     }
 
 

@@ -106,6 +106,9 @@ class Snapshot:
     in_flight: int = 0
     waiting: str | None = None  # while starting: the MCP request the child has not answered yet
     last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
+    unresponsive: int = 0  # runs ended by liveness: "not answering"
+    memory_exceeded: int = 0  # runs ended by memory_max
+    resources: dict[str, Any] | None = None  # the tree's processes, RSS, CPU (filled in by status)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -123,6 +126,9 @@ class Snapshot:
             "in_flight": self.in_flight,
             "waiting": self.waiting,
             "last_stderr": self.last_stderr,
+            "unresponsive": self.unresponsive,
+            "memory_exceeded": self.memory_exceeded,
+            "resources": self.resources,
         }
 
 
