@@ -29,8 +29,9 @@ from typing import Any
 
 import anyio
 
-from supervisor import cgroups, client, guardian, process
-from supervisor.cgroups import Subtree
+from supervisor import client, process
+from supervisor.proctree import cgroups, guardian
+from supervisor.proctree.cgroups import Subtree
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "servers"

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -162,6 +163,34 @@ _Timeout = Annotated[float, Field(gt=0, le=_DAY)]  # seconds
 _Delay = Annotated[float, Field(ge=0, le=_DAY)]  # seconds; 0 allowed
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+MIN_MEMORY_MAX = 1024**2  # smaller is a typo (bytes meant as megabytes): no server starts in it
+
+
+def _memory_size(value: Any) -> int:
+    """``512M``, ``1G``, ``1.5GiB`` or a number of bytes, as bytes (units are powers of 1024)."""
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    elif match:
+        size = int(float(match[1]) * 1024 ** " kmgt".index(match[2].lower() or " "))
+    else:
+        raise PydanticCustomError(
+            "memory_size", "invalid size '{value}': use bytes or a number with K, M, G or T (512M, 1G)",
+            {"value": value},
+        )  # fmt: skip
+    if not MIN_MEMORY_MAX <= size <= 1024**5:
+        raise PydanticCustomError(
+            "memory_size",
+            "memory_max '{value}' is out of range: at least 1M, at most 1024T",
+            {"value": value},
+        )
+    return size
+
+
+_MemorySize = Annotated[int, BeforeValidator(_memory_size)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # .inf, .nan: errors
 
@@ -215,6 +244,9 @@ class ExtensionConfig(_Frozen):
     idle_stop: _Timeout | None = None  # seconds without calls before stopping; None: never
     instances: Literal["shared", "per-client"] = "shared"  # per-client: one child per gateway connection
     max_instances: int = Field(16, ge=1, le=1024)  # per-client children at once
+    ping_interval: _Timeout | None = None  # liveness: ping this often; None: off
+    ping_timeout: _Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
+    memory_max: _MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
 
     @model_validator(mode="after")
     def _on_demand_is_not_autostart(self) -> ExtensionConfig:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,9 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import config, control, logs, process
+from . import config, control, logs, process, resources
 from .catalogs import CatalogStore, default_state_root, fingerprint
 from .config import ExtensionConfig, Settings
-from .containment import Containment
 from .demand import Demand
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
@@ -42,6 +41,7 @@ from .health import cgroup_of, process_stats
 from .instances import Client, Instances
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
+from .process.containment import Containment
 from .spool import Spool, default_root
 from .state import Snapshot, State
 
@@ -89,6 +89,9 @@ class Daemon:
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
         self.metrics = Metrics(self.health)
+        self.usage = resources.Sampler(
+            self.marker_prefix, self._subtree
+        )  # each tree's RSS/CPU, read once a second
         self.gateway = Gateway(
             self,
             spool_dir=self.spool.run_dir,
@@ -163,6 +166,10 @@ class Daemon:
         elif ext.config.autostart:
             await ext.start(self._tg)
 
+    def _subtree(self) -> Path | None:
+        subtree = self.containment.subtree if self.containment is not None else None
+        return subtree.path if subtree is not None else None
+
     def counts(self) -> dict[str, Any]:
         """Extensions by state and gateway clients, for ``/healthz``."""
         states = collections.Counter(ext.snapshot().state.value for ext in self._extensions.values())
@@ -195,10 +202,11 @@ class Daemon:
 
     def _with_instances(self, ext: Extension) -> Snapshot:
         snapshot = ext.snapshot()
+        snapshot = replace(snapshot, resources=self.usage.usage(snapshot.name, snapshot.pid).as_dict())
         instances = self._instances.get(ext.name)
         if instances is None or ext.config.instances != "per-client":
             return snapshot
-        return dataclasses.replace(snapshot, instances=tuple(i.snapshot() for i in instances.all()))
+        return replace(snapshot, instances=tuple(i.snapshot() for i in instances.all()))
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
@@ -272,7 +280,7 @@ class Daemon:
                 "max_bytes": self.spool.max_total_bytes,
             },
             "containment": self.containment.describe() if self.containment else None,
-            "extensions": [_health_of(ext) for ext in self._extensions.values()],
+            "extensions": [_health_of(ext, self.usage) for ext in self._extensions.values()],
         }
 
     async def reload(self) -> dict[str, list[str]]:
@@ -367,7 +375,7 @@ _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 _RESTART_ONLY = ("socket", "spool", "gateway")
 
 
-def _health_of(ext: Extension) -> dict[str, Any]:
+def _health_of(ext: Extension, usage: resources.Sampler) -> dict[str, Any]:
     snapshot = ext.snapshot()
     return {
         "name": ext.name,
@@ -381,6 +389,9 @@ def _health_of(ext: Extension) -> dict[str, Any]:
         "log_lines": ext.stderr_lines,
         "log_lines_max": ext.config.log_lines,
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
+        "unresponsive": snapshot.unresponsive,
+        "memory_exceeded": snapshot.memory_exceeded,
+        "resources": usage.usage(ext.name, snapshot.pid).as_dict(),
     }
 
 

@@ -8,6 +8,7 @@ event, so any number of concurrent ``stop()`` calls share one teardown.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import transport
+from . import liveness, resources, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand
@@ -111,6 +112,8 @@ class Extension:
         self._connection: transport.Connection | None = None
         self._in_flight = 0
         self._asking = Asking(name, config.roots)  # who the child's sampling/elicitation/roots go to
+        self._answered_at = 0.0  # when the child last answered a call or reported progress (liveness)
+        self._asked = 0  # the child's requests we are answering: it waits on us, so it is alive
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
         self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
@@ -343,6 +346,7 @@ class Extension:
 
             async def renew(value: float, total: float | None, message: str | None) -> None:
                 budget.renew()
+                self._answered_at = time.monotonic()
                 if progress is not None:
                     await progress(value, total, message)
 
@@ -350,8 +354,11 @@ class Extension:
             self._in_flight += 1
             try:
                 with self._asking.call(connection, caller, budget):
-                    return await send(connection, renew)
+                    result = await send(connection, renew)
+                self._answered_at = time.monotonic()
+                return result
             except MCPError as exc:
+                self._answered_at = time.monotonic()
                 raise self._call_failed(what, exc, connection) from None
             except CallFailed:
                 raise
@@ -443,7 +450,7 @@ class Extension:
                 on_stderr=self._on_stderr,
                 on_list_changed=self._list_changed,
                 on_notification=self._notified,
-                on_asked=self._asking.answer,
+                on_asked=self._answer,
                 hurry=self._hurry,
                 spool=self._spool,
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
@@ -489,6 +496,8 @@ class Extension:
             helpers.start_soon(self._keep_listings_fresh, connection)
             if self._demand is not None:  # saves the listing, then stops the child once idle
                 helpers.start_soon(self._demand.serve, listing, lambda: self._in_flight, self._stop_idle)
+            self._answered_at = started
+            self._start_guards(helpers, connection)
             await connection.ended.wait()
             helpers.cancel_scope.cancel()
         self._connection = None
@@ -527,6 +536,47 @@ class Extension:
         self._gave_up = self.policy.gave_up(outcome, failures)
         self._set(State.STOPPING, **changes)
         return False
+
+    def _start_guards(self, helpers: TaskGroup, connection: transport.Connection) -> None:
+        """Liveness and memory_max, when set: each ends the connection like a crash (see their modules)."""
+        config, child = self.config, connection.child
+        if config.ping_interval is not None:
+            watch = functools.partial(
+                liveness.watch,
+                connection,
+                interval=config.ping_interval,
+                ping_timeout=config.ping_timeout,
+                in_flight=lambda: self._in_flight,
+                answered_at=lambda: time.monotonic() if self._asked else self._answered_at,
+                on_unresponsive=lambda error: self._count("unresponsive"),
+            )
+            helpers.start_soon(watch)
+        if config.memory_max is not None:
+
+            def exceeded(error: str) -> None:
+                self._count("memory_exceeded")
+                log.warning("extension.memory_exceeded", error=error)
+                connection.end(error)
+
+            limit = config.memory_max
+            helpers.start_soon(
+                resources.enforce_memory_max, child.pid, child.marker, child.cgroup, limit, exceeded
+            )
+
+    async def _answer(
+        self, connection: transport.Connection, request: types.ServerRequest
+    ) -> types.ClientResult | types.ErrorData:
+        """Answer the child's sampling/elicitation/roots request (a client may take minutes)."""
+        self._asked += 1
+        try:
+            return await self._asking.answer(connection, request)
+        finally:
+            self._asked -= 1
+            self._answered_at = time.monotonic()
+
+    def _count(self, counter: str) -> None:
+        """One more run ended by a guard; before the end, so the exit's snapshot carries it."""
+        self._snapshot = replace(self._snapshot, **{counter: getattr(self._snapshot, counter) + 1})
 
     def _list_changed(self, kind: str) -> None:
         self._stale.add(kind)

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from . import cgroups
+from .proctree import cgroups
 
 __all__ = ("ProcessStats", "cgroup_of", "process_stats")
 

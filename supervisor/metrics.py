@@ -78,14 +78,16 @@ class _HealthCollector(Collector):
         in_flight = GaugeMetricFamily(
             "mcp_supervisor_extension_calls_in_flight", "Tool calls in progress.", labels=["extension"]
         )
+        tree = _TreeFamilies()
         for ext in report["extensions"]:
+            tree.add(ext)
             for candidate in State:
                 state.add_metric(
                     [ext["name"], candidate.value], 1.0 if ext["state"] == candidate.value else 0.0
                 )
             restarts.add_metric([ext["name"]], ext["restarts"])
             in_flight.add_metric([ext["name"]], ext["in_flight"])
-        yield from (state, restarts, in_flight)
+        yield from (state, restarts, in_flight, *tree.families)
         spool = report["spool"]
         yield GaugeMetricFamily(
             "mcp_supervisor_spool_bytes", "Bytes in the media spool.", value=spool["bytes"]
@@ -102,3 +104,29 @@ class _HealthCollector(Collector):
             ("uptime_s", "Seconds since the daemon started."),
         ):
             yield GaugeMetricFamily(f"mcp_supervisor_process_{key}", help_text, value=process[key])
+
+
+class _TreeFamilies:
+    """Per extension: its process tree (read once per scrape, :mod:`supervisor.resources`) and guards."""
+
+    def __init__(self) -> None:
+        def gauge(name: str, help_text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"mcp_supervisor_extension_{name}", help_text, labels=["extension"])
+
+        def counter(name: str, help_text: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"mcp_supervisor_extension_{name}", help_text, labels=["extension"])
+
+        self.rss = gauge("rss_bytes", "Resident memory of the extension's whole process tree (sum).")
+        self.cpu = counter("cpu_seconds", "CPU seconds of the tree: live processes and reaped children.")
+        self.processes = gauge("processes", "Processes in the extension's tree.")
+        self.unresponsive = counter("unresponsive", "Runs restarted for not answering pings (liveness).")
+        self.memory = counter("memory_exceeded", "Runs restarted for exceeding memory_max.")
+        self.families = (self.rss, self.cpu, self.processes, self.unresponsive, self.memory)
+
+    def add(self, ext: dict[str, Any]) -> None:
+        usage, labels = ext["resources"], [ext["name"]]
+        self.rss.add_metric(labels, usage["rss_bytes"])
+        self.cpu.add_metric(labels, usage["cpu_seconds"])
+        self.processes.add_metric(labels, usage["processes"])
+        self.unresponsive.add_metric(labels, ext["unresponsive"])
+        self.memory.add_metric(labels, ext["memory_exceeded"])

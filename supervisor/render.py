@@ -78,6 +78,10 @@ def _state_detail(record: dict[str, Any], now: datetime) -> str:
         calls = record.get("in_flight") or 0
         renamed = len(record.get("name_collisions") or ())
         notes = [f"{calls} call{'s' if calls != 1 else ''} in flight"] if calls else []
+        if tree := record.get("resources"):  # the whole process tree
+            notes.append(
+                f"{tree['processes']} proc, RSS {size(tree['rss_bytes'])}, CPU {tree['cpu_seconds']:.1f}s"
+            )
         notes += (
             [f"{renamed} tool{'s' if renamed != 1 else ''} renamed by a name collision"] if renamed else []
         )
@@ -203,11 +207,15 @@ def health_text(report: dict[str, Any]) -> str:
         f"spool   {spool['files']} files, {size(spool['bytes'])} of {size(spool['max_bytes'])} "
         f"(at most {spool['max_files']} files) in {spool['dir']}",
     ]
-    rows = [("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES")]
+    rows = [
+        ("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES", "PROCS", "RSS", "CPU")
+    ]
     for ext in report["extensions"]:
         counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
         ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
-        rows.append((ext["name"], ext["state"], *map(str, counts), ring))
+        tree = ext.get("resources") or {"processes": 0, "rss_bytes": 0, "cpu_seconds": 0.0}
+        usage = (str(tree["processes"]), size(tree["rss_bytes"]), f"{tree['cpu_seconds']:.1f}s")
+        rows.append((ext["name"], ext["state"], *map(str, counts), ring, *usage))
     lines.append(table(rows))
     if contain := report.get("containment"):  # `--json` has each extension's own cgroup
         where = (

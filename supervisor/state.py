@@ -108,6 +108,9 @@ class Snapshot:
     last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
     detail: str | None = None  # "on demand": stopped, and the next call starts it
     instances: tuple[Snapshot, ...] = ()  # per-client instances (instances: per-client)
+    unresponsive: int = 0  # runs ended by liveness: "not answering"
+    memory_exceeded: int = 0  # runs ended by memory_max
+    resources: dict[str, Any] | None = None  # the tree's processes, RSS, CPU (filled in by status)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -130,6 +133,9 @@ class Snapshot:
                 {"pid": i.pid, "state": i.state.value, "since": i.since.isoformat(), "in_flight": i.in_flight}
                 for i in self.instances
             ],
+            "unresponsive": self.unresponsive,
+            "memory_exceeded": self.memory_exceeded,
+            "resources": self.resources,
         }
 
 

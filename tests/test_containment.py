@@ -24,9 +24,10 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import cgroups, client, process, proctree
-from supervisor.cgroups import Subtree
+from supervisor import client, process, proctree
 from supervisor.daemon import instance_key
+from supervisor.proctree import cgroups
+from supervisor.proctree.cgroups import Subtree
 
 from .conftest import eventually, extension_settings, server_argv
 

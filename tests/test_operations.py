@@ -220,6 +220,9 @@ class TestHealth:
             "IN-FLIGHT",
             "STDERR",
             "LINES",
+            "PROCS",
+            "RSS",
+            "CPU",
         ]
         assert json.loads((await daemon.cli("health", "--json")).stdout)["extensions"][0]["name"] == "fx"
         assert (

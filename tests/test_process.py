@@ -14,8 +14,9 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import process, spawner
+from supervisor import process
 from supervisor.errors import SpawnError
+from supervisor.process import spawner
 
 from .conftest import eventually, server_argv
 
@@ -48,7 +49,8 @@ asyncio.run(main())
 
 LOOP_STALL_PROBE = """
 import anyio, os, sys, time
-from supervisor import process, spawner
+from supervisor import process
+from supervisor.process import spawner
 heap = bytearray(1 << 30)  # a big daemon: copying its page tables makes a fork() slow
 for i in range(0, len(heap), 4096):
     heap[i] = 1

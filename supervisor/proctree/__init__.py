@@ -1,6 +1,6 @@
 """Process trees read from ``/proc``, and killed through pidfds: the fallback without cgroups.
 
-Standard library only: the guardian process (:mod:`supervisor.guardian`) imports it too,
+Standard library only: the guardian process (:mod:`supervisor.proctree.guardian`) imports it too,
 and must start fast and small. Everything here blocks; async callers run it in a thread.
 
 Who belongs to a tree. Seeds: the child itself and every process carrying its marker
@@ -10,7 +10,7 @@ that session), and every descendant of a member by parent links. A daemon that i
 subreaper also takes the orphans that were handed to it (a double fork lands there) when
 they carry this tree's marker or none. What no rule catches: a process that left the
 session, cleared its environment and was orphaned while the daemon was not there to
-inherit it; cgroups (:mod:`supervisor.cgroups`) have no such gap.
+inherit it; cgroups (:mod:`supervisor.proctree.cgroups`) have no such gap.
 
 Signals go through pidfds opened after the scan and checked against the scanned start
 time, so a pid that was reused in between is never signalled.

@@ -1,6 +1,6 @@
 """Killing a child's whole process tree: through its cgroup, or by scanning ``/proc``.
 
-With a cgroup (see :mod:`supervisor.cgroups`) the tree is exactly the cgroup's members:
+With a cgroup (see :mod:`supervisor.proctree.cgroups`) the tree is exactly the cgroup's members:
 SIGTERM, then ``cgroup.kill``, which the kernel applies atomically with respect to forks,
 waiting on ``cgroup.events`` (an epoll event, no polling), then the cgroup is removed.
 Without one, :mod:`supervisor.proctree` finds the tree and kills it by pidfd, stopping what
@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from . import proctree, reaper
-from .cgroups import Subtree, member_of, populated
+from .. import proctree
+from ..proctree.cgroups import Subtree, member_of, populated
+from . import reaper
 
 if TYPE_CHECKING:
-    from .process import ChildProcess
+    from . import ChildProcess
 
 __all__ = ("terminate_tree", "wait_until")
 

@@ -20,7 +20,7 @@ import ctypes
 import os
 import threading
 
-from . import proctree
+from .. import proctree
 
 __all__ = ("become_subreaper", "is_subreaper", "lock", "reap_strangers", "track", "tracked", "untrack")
 

@@ -16,7 +16,7 @@ stays where it is. A cgroup that is neither delegated nor the root belongs to so
 
 How a child gets in before it can fork: its first program is a shim that writes ``0``
 (itself) to the cgroup's ``cgroup.procs`` and only then execs the extension, so no code of
-the extension ever runs outside the cgroup (see :func:`supervisor.spawner.spawn_argv`).
+the extension ever runs outside the cgroup (see :func:`supervisor.process.spawner.spawn_argv`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
-from . import proctree
+from .. import proctree
 from .cgroups import Subtree, populated
 
 __all__ = ("argv", "clean_up", "main")
@@ -41,9 +41,10 @@ __all__ = ("argv", "clean_up", "main")
 
 def argv(*, daemon: int, prefix: str, subtree: Path | None) -> list[str]:
     """The command line that starts a guardian for *daemon* (whose markers start with *prefix*)."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds the supervisor package
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import supervisor.guardian as g; g.main(sys.argv[2:])"
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import supervisor.proctree.guardian as g; g.main(sys.argv[2:])"
     )
     return [sys.executable, "-I", "-S", "-c", code, root, str(daemon), prefix, str(subtree or "")]
 

@@ -21,8 +21,10 @@ from typing import Any
 import anyio
 import structlog
 
-from . import cgroups, guardian, process, reaper, spawner
-from .cgroups import Subtree
+from .. import process
+from ..proctree import cgroups, guardian
+from ..proctree.cgroups import Subtree
+from . import reaper, spawner
 
 __all__ = ("MODES", "Containment")
 

@@ -4,7 +4,7 @@ Exit detection uses a pidfd watched by the event loop, and we reap the child our
 ``asyncio``'s ``Process.wait()`` is not enough: on CPython 3.11 it resolves only once every
 pipe is closed, so a grandchild holding stdout hides the exit (tests/test_process.py shows it).
 
-Spawning (:mod:`supervisor.spawner`) runs no Python code in the child and never blocks the
+Spawning (:mod:`supervisor.process.spawner`) runs no Python code in the child and never blocks the
 event loop. Where the daemon has a cgroup sub-tree (:func:`contain_in`), each run gets a
 cgroup of its own, joined before the extension's first instruction, and teardown is exact:
 SIGTERM to its members, then ``cgroup.kill``, waiting on ``cgroup.events``. Elsewhere the
@@ -33,9 +33,10 @@ from pathlib import Path
 import anyio
 import structlog
 
-from . import proctree, reaper, spawner
-from .cgroups import Subtree
-from .proctree import MARKER_ENV, find_marked
+from .. import proctree
+from ..proctree import MARKER_ENV, find_marked
+from ..proctree.cgroups import Subtree
+from . import reaper, spawner
 from .teardown import terminate_tree
 
 __all__ = (
@@ -43,7 +44,6 @@ __all__ = (
     "ChildProcess",
     "PipeReader",
     "contain_in",
-    "containment",
     "find_marked",
     "spawn",
     "sweep_marked",
@@ -69,11 +69,6 @@ def contain_in(subtree: Subtree | None, *, prefix: str = "") -> None:
     from the cgroup names, which are ``<extension>-<run id>``.
     """
     _containment.subtree, _containment.prefix = subtree, prefix
-
-
-def containment() -> Subtree | None:
-    """The cgroup sub-tree children are spawned into, if any."""
-    return _containment.subtree
 
 
 class PipeReader(asyncio.Protocol):
