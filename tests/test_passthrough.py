@@ -181,6 +181,37 @@ class TestRefused:
             tg.cancel_scope.cancel()
         assert asked == []  # nobody was asked a question that may not be theirs
 
+    async def test_per_client_instances_ask_each_client_its_own_question(self, start) -> None:
+        """With `instances: per-client` each client's calls have a child of their own: two clients
+        eliciting at once are each asked their own question, answered in the other's presence."""
+        daemon = start({"asker": {**ASKER, "instances": "per-client"}})
+        asked: dict[str, str] = {}
+        both_asked = anyio.Event()
+
+        def answering(label: str) -> Any:
+            async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+                asked[label] = params.message
+                if len(asked) == 2:
+                    both_asked.set()
+                with anyio.fail_after(20):
+                    await both_asked.wait()  # both questions are out at once
+                return types.ElicitResult(action="accept", content={"answer": label})
+
+            return answer
+
+        results: dict[str, str] = {}
+
+        async def client(label: str) -> None:
+            async with gateway_session(mcp_sock(daemon), elicitation_callback=answering(label)) as session:
+                await session.list_tools()
+                results[label] = first_text(await call(session, "elicit", message=f"for {label}?"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client, "a")
+            tg.start_soon(client, "b")
+        assert asked == {"a": "for a?", "b": "for b?"}
+        assert results == {"a": 'accept {"answer": "a"}', "b": 'accept {"answer": "b"}'}
+
     async def test_a_clients_asks_are_bounded(self, start) -> None:
         """Past MAX_ASKS questions waiting for one client, more are refused at once."""
         daemon = start({"asker": ASKER})
