@@ -202,11 +202,16 @@ class Daemon:
 
     def _with_instances(self, ext: Extension) -> Snapshot:
         snapshot = ext.snapshot()
-        snapshot = replace(snapshot, resources=self.usage.usage(snapshot.name, snapshot.pid).as_dict())
+        snapshot = self._with_usage(ext)
         instances = self._instances.get(ext.name)
         if instances is None or ext.config.instances != "per-client":
             return snapshot
-        return replace(snapshot, instances=tuple(i.snapshot() for i in instances.all()))
+        return replace(snapshot, instances=tuple(self._with_usage(i) for i in instances.all()))
+
+    def _with_usage(self, ext: Extension) -> Snapshot:
+        snapshot = ext.snapshot()
+        usage = self.usage.usage(snapshot.name, snapshot.pid, ext.run_marker)
+        return replace(snapshot, resources=usage.as_dict())
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
@@ -391,7 +396,7 @@ def _health_of(ext: Extension, usage: resources.Sampler) -> dict[str, Any]:
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
         "unresponsive": snapshot.unresponsive,
         "memory_exceeded": snapshot.memory_exceeded,
-        "resources": usage.usage(ext.name, snapshot.pid).as_dict(),
+        "resources": usage.usage(ext.name, snapshot.pid, ext.run_marker).as_dict(),
     }
 
 

@@ -140,6 +140,12 @@ class Extension:
         )
 
     @property
+    def run_marker(self) -> str | None:
+        """The marker of the running child's tree (None until it runs): tells this run's processes
+        from those of another instance of the same extension."""
+        return self._connection.child.marker if self._connection is not None else None
+
+    @property
     def dormant(self) -> bool:
         """Not running, and the next call starts it (``on_demand``, or stopped by ``idle_stop``)."""
         return self._armed and self._snapshot.state in (State.STOPPING, State.STOPPED, State.FAILED)

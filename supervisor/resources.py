@@ -145,8 +145,9 @@ class Sampler:
         self._procs: dict[int, proctree.Proc] | None = None
         self.scans = 0  # /proc readings so far (tests check the bound)
 
-    def usage(self, name: str, pid: int | None) -> TreeUsage:
-        """The tree of extension *name* whose child is *pid* (None: not running, nothing)."""
+    def usage(self, name: str, pid: int | None, marker: str | None = None) -> TreeUsage:
+        """The tree of extension *name* whose child is *pid* (None: not running, nothing), of the
+        run marked *marker* when given (else any run of *name*: per-client instances share it)."""
         if pid is None:
             return EMPTY
         now = self._clock()
@@ -159,7 +160,7 @@ class Sampler:
                 self._procs = proctree.scan()
                 self.scans += 1
             # Markers are "<prefix><name>:<run id>": this prefix matches this extension's runs only.
-            self._cache[key] = _usage(self._procs, pid, f"{self._prefix}{name}:", cgroup)
+            self._cache[key] = _usage(self._procs, pid, marker or f"{self._prefix}{name}:", cgroup)
         return self._cache[key]
 
 

@@ -130,7 +130,13 @@ class Snapshot:
             "last_stderr": self.last_stderr,
             "detail": self.detail,
             "instances": [
-                {"pid": i.pid, "state": i.state.value, "since": i.since.isoformat(), "in_flight": i.in_flight}
+                {
+                    "pid": i.pid,
+                    "state": i.state.value,
+                    "since": i.since.isoformat(),
+                    "in_flight": i.in_flight,
+                    "resources": i.resources,
+                }
                 for i in self.instances
             ],
             "unresponsive": self.unresponsive,

@@ -39,6 +39,9 @@ def test_two_clients_get_two_children_and_each_close_kills_its_own(
                 await anyio.to_thread.run_sync(lambda: until(lambda: len(seen) == 2))
                 record = await anyio.to_thread.run_sync(daemon.status)
                 assert sorted(i["pid"] for i in record["fx"]["instances"]) == sorted(seen.values())
+                # Each run's own tree: one process each, the shared one not counting the others'.
+                assert [i["resources"]["processes"] for i in record["fx"]["instances"]] == [1, 1], record
+                assert record["fx"]["resources"]["processes"] == 1
                 closed.set()
                 await anyio.to_thread.run_sync(lambda: until(lambda: not alive(seen["a"])))
                 assert alive(pid)
