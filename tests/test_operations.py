@@ -311,8 +311,17 @@ class TestBounds:
         series = [line for line in text.splitlines() if line.startswith("mcp_supervisor_tool_calls_total{")]
         assert series == ['mcp_supervisor_tool_calls_total{extension="steady",tool="echo"} 10000.0']
 
+        last: dict[str, Any] = {}
+
         async def back_to_idle() -> bool:
+            # anyio retires a worker thread idle for 10 s only when the next to_thread call comes;
+            # a reload of the unchanged config makes one (it reads the file in a worker).
+            await daemon.request("reload")
             now = (await daemon.request("health"))["process"]
+            last.update(now)
             return all(now[key] <= idle[key] for key in ("threads", "asyncio_tasks", "open_fds"))
 
-        await until(back_to_idle, within=30, interval=0.5)  # idle worker threads retire after 10 s
+        try:
+            await until(back_to_idle, within=30, interval=0.5)  # idle worker threads retire after 10 s
+        except TimeoutError:
+            raise AssertionError(f"not back to idle: {idle} -> {last}") from None
