@@ -331,6 +331,36 @@ class Extension:
 
         return await self._forward(repr(request.method), send, progress, caller)
 
+    async def request_raw(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        run: str | None = None,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """Forward any request as plain JSON (see :meth:`transport.Connection.request_raw`);
+        returns the child's result and the :attr:`run_marker` of the run that answered.
+
+        With *run* (a :attr:`run_marker`), only that run of the child may answer: another one
+        fails with :class:`CallFailed` (``INVALID_PARAMS``) saying the extension restarted.
+        """
+
+        async def send(connection: transport.Connection, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
+            marker = connection.child.marker
+            if run is not None and marker != run:
+                message = f"extension {self.name!r} restarted since; the request was for its earlier run"
+                raise CallFailed(message, code=types.INVALID_PARAMS)
+            return await connection.request_raw(method, params, progress=progress), marker
+
+        return await self._forward(repr(method), send, progress, caller)
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What the running child declared at ``initialize`` (None while it does not run)."""
+        return self._connection.capabilities if self._connection is not None else None
+
     async def roots_changed(self, client: object) -> None:
         """A client's roots changed: tell the child if its roots came from that client."""
         await self._asking.roots_changed(client)

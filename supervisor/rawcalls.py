@@ -96,12 +96,25 @@ class RawCalls:
         connection ends first, or ``INVALID_PARAMS`` when the call cannot be encoded (nothing
         is sent then); ``ValueError`` for an answer that is not a tool result.
         """
-        request_id = f"{PREFIX}{next(self._ids)}"
-        params: dict[str, Any] = {"name": name, "_meta": {"progressToken": request_id}}
+        params: dict[str, Any] = {"name": name}
         if arguments is not None:
             params["arguments"] = arguments
+        result = await self.request("tools/call", params, renew)
+        if not isinstance(result.get("content", []), list):
+            raise ValueError("not a tool result")
+        return result
+
+    async def request(self, method: str, params: dict[str, Any], renew: Renew) -> dict[str, Any]:
+        """The child's ``result`` object for any request (a task-augmented call, ``tasks/get``, ...).
+
+        Its ``_meta`` gets our progress token. Errors as :meth:`call_tool`; ``ValueError`` for
+        an answer whose result is not an object.
+        """
+        request_id = f"{PREFIX}{next(self._ids)}"
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        params = {**params, "_meta": {**meta, "progressToken": request_id}}
         try:
-            line = encode({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+            line = encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
         except (ValueError, RecursionError) as exc:
             reason = f"{type(exc).__name__}: {str(exc)[:200]}"
             message = f"the request cannot be encoded as JSON ({reason})"
@@ -109,7 +122,7 @@ class RawCalls:
         if self._closed:
             raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
         if self._on_request is not None:
-            self._on_request(request_id, "tools/call", params)
+            self._on_request(request_id, method, params)
         waiter = self._waiting[request_id] = _Waiter()
         sent = True  # from here the child may have it (a cancel for an id it never saw is harmless)
         try:
@@ -225,6 +238,6 @@ def _result(answer: dict[str, Any]) -> dict[str, Any]:
         message = error.get("message")
         raise MCPError(code, message if isinstance(message, str) else "", error.get("data"))
     result = answer.get("result")
-    if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
-        raise ValueError("not a tool result")
+    if not isinstance(result, dict):
+        raise ValueError("not a result object")
     return result

@@ -160,6 +160,15 @@ class Connection:
         assert self.raw is not None, "used outside connect()"
         return await self.raw.call_tool(name, arguments, progress)
 
+    async def request_raw(
+        self, method: str, params: dict[str, Any], *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """Forward any request as plain JSON and return the child's result object, unvalidated
+        (for what the SDK's session would refuse: a task-augmented call answers a task, not a
+        tool result). Errors as :meth:`call_tool_raw`."""
+        assert self.raw is not None, "used outside connect()"
+        return await self.raw.request(method, params, progress)
+
     async def roots_changed(self) -> None:
         """Tell the child its roots changed (it lists them again if it cares)."""
         await self._session.send_notification(types.RootsListChangedNotification())
