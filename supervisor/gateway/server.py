@@ -26,7 +26,7 @@ from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
 from ..state import Snapshot, State
 from . import catalog as catalogs
-from . import passthrough, spoollinks
+from . import passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
@@ -64,6 +64,11 @@ class _Server(Server[Any]):
     ) -> InitializationOptions:
         everything = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
         return super().create_initialization_options(notification_options or everything, *args, **kwargs)
+
+    def get_capabilities(self, *args: Any, protocol_version: str | None = None, **kwargs: Any) -> Any:
+        """Tasks too, for handshake-era clients (see :func:`.tasks.declare`)."""
+        capabilities = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
+        return tasks.declare(capabilities, protocol_version)
 
 
 class Gateway:
@@ -119,6 +124,9 @@ class Gateway:
         self.server.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
+        every, find, serving = backend.extensions, self._extension, self._serving
+        self.tasks = tasks.TaskRouter(self, every=every, find=find, serving=serving, unavailable=UNAVAILABLE)
+        self.tasks.install(self.server)
 
     # ---- the view ------------------------------------------------------------------------
 

@@ -1,0 +1,346 @@
+"""Tasks (2025-11-25) through the gateway: task-augmented calls and tasks/*, routed by namespaced id.
+
+A real daemon runs ``tests/servers/tasks.py`` (twice, as ``alpha`` and ``beta``, whose own task
+ids clash). The SDK's ``ClientSession`` cannot take a ``CreateTaskResult`` for ``tools/call``
+(it checks the result against ``CallToolResult``), so the handshake-era client here speaks
+plain JSON-RPC on mcp.sock; the SDK's session is used where it can be (``tasks/get`` with
+``send_request``), and the SDK's 2026-07-28 ``Client`` for that era.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+from mcp import Client, MCPError
+from pydantic import TypeAdapter
+
+from supervisor.gateway.tasks import MAX_LIST_REQUESTS, MAX_PAGE
+
+from .conftest import extension_settings, first_text
+from .gateway_client import MAX_LINE, gateway_session, unix_transport
+from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
+from .test_gateway import gateway, mcp_sock  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+TASKS = extension_settings("tasks.py")
+ID = re.compile(r"(?P<ext>[a-z]+):(?P<run>[0-9a-f]{12}):(?P<child>task-\d+)")
+RAW = TypeAdapter(dict[str, Any])
+
+
+class Failed(Exception):
+    """A JSON-RPC error answer."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message"))
+        self.code: int = error["code"]
+        self.message: str = error.get("message", "")
+        self.data: Any = error.get("data")
+
+
+class RawClient:
+    """A 2025-11-25 client in plain JSON-RPC on one mcp.sock connection; requests may overlap."""
+
+    def __init__(self, stream: Any, tg: anyio.abc.TaskGroup) -> None:
+        self._stream = stream
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        tg.start_soon(self._read)
+
+    async def _read(self) -> None:
+        buffered = BufferedByteReceiveStream(self._stream)
+        while True:
+            try:
+                message = json.loads(await buffered.receive_until(b"\n", MAX_LINE))
+            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            waiter = self._waiting.pop(message.get("id"), None) if "method" not in message else None
+            if waiter is not None:
+                waiter[1].append(message)
+                waiter[0].set()
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, within: float = 10) -> Any:
+        """The result of *method*; :class:`Failed` for an error answer."""
+        request_id = next(self._ids)
+        done, box = anyio.Event(), []
+        self._waiting[request_id] = (done, box)
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
+        await self._stream.send(json.dumps(message).encode() + b"\n")
+        with anyio.fail_after(within):
+            await done.wait()
+        if "error" in box[0]:
+            raise Failed(box[0]["error"])
+        return box[0]["result"]
+
+    async def create(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        """Call *tool* as a task; the task object of its CreateTaskResult."""
+        result = await self.request(
+            "tools/call", {"name": tool, "arguments": arguments, "task": {"ttl": 60000}}
+        )
+        return result["task"]
+
+    async def wait_status(self, task_id: str, status: str, within: float = 5.0) -> dict[str, Any]:
+        """Poll ``tasks/get`` until the task has *status*; the last answer."""
+        deadline = time.monotonic() + within
+        while True:
+            task = await self.request("tasks/get", {"taskId": task_id})
+            if task["status"] == status or time.monotonic() > deadline:
+                assert task["status"] == status, task
+                return task
+            await anyio.sleep(0.02)
+
+
+@asynccontextmanager
+async def raw_client(daemon: Daemon) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
+    """An initialized :class:`RawClient`, and the gateway's initialize result."""
+    async with await anyio.connect_unix(mcp_sock(daemon)) as stream, anyio.create_task_group() as tg:
+        client = RawClient(stream, tg)
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        }
+        initialized = await client.request("initialize", hello)
+        await stream.send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        yield client, initialized
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+def start(gateway: Callable[..., Daemon]) -> Callable[..., Daemon]:  # noqa: F811
+    return gateway
+
+
+def list_all_pages(pages: list[dict[str, Any]]) -> list[str]:
+    return [task["taskId"] for page in pages for task in page["tasks"]]
+
+
+class TestRequiredTaskTool:
+    async def test_create_poll_until_completed_then_result(self, start) -> None:
+        """The capability is declared; a required-task tool answers a namespaced task, polled to a result."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, initialized):
+            assert initialized["capabilities"]["tasks"] == {
+                "list": {},
+                "cancel": {},
+                "requests": {"tools": {"call": {}}},
+            }
+            tools = {t["name"]: t for t in (await client.request("tools/list"))["tools"]}
+            assert tools["tasks__slow"]["execution"] == {"taskSupport": "required"}
+            task = await client.create("tasks__slow", seconds=0.3, text="hello")
+            match = ID.fullmatch(task["taskId"])
+            assert match and match["ext"] == "tasks" and match["child"] == "task-1", task
+            assert task["status"] == "working" and task["pollInterval"] == 50
+            done = await client.wait_status(task["taskId"], "completed")
+            assert done["taskId"] == task["taskId"]
+            result = await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert result["content"] == [{"type": "text", "text": "done: hello"}]
+            assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+
+    async def test_result_blocks_until_the_task_ends(self, start) -> None:
+        """tasks/result asked at once waits for the work (0.5 s), while tasks/get still answers."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _), anyio.create_task_group() as tg:
+            task = await client.create("tasks__slow", seconds=0.5, text="later")
+            started, results = time.monotonic(), []
+
+            async def wait_result() -> None:
+                results.append(await client.request("tasks/result", {"taskId": task["taskId"]}))
+
+            tg.start_soon(wait_result)
+            assert (await client.request("tasks/get", {"taskId": task["taskId"]}))["status"] == "working"
+        assert results[0]["content"][0]["text"] == "done: later"
+        assert time.monotonic() - started >= 0.4
+
+    async def test_without_task_the_childs_own_error_passes_through(self, start) -> None:
+        """A plain call of a task-required tool gets the child's -32601, with its message."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            for meta in ({}, {"_meta": {"test": "take the SDK's path"}}):  # the fast path, the SDK's
+                with pytest.raises(Failed) as failed:
+                    await client.request("tools/call", {"name": "tasks__slow", "arguments": {}, **meta})
+                assert failed.value.code == -32601
+                assert "Tool slow must be called as a task" in failed.value.message
+
+    async def test_optional_tool_runs_plainly_or_as_a_task(self, start) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            plain = await client.request("tools/call", {"name": "tasks__quick", "arguments": {"text": "now"}})
+            assert plain["content"] == [{"type": "text", "text": "quick: now"}]
+            task = await client.create("tasks__quick", seconds=0, text="later")
+            assert ID.fullmatch(task["taskId"])
+            result = await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert result["content"][0]["text"] == "done: later"
+
+    async def test_a_tool_without_task_support_is_refused_at_once(self, start) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            with pytest.raises(Failed) as failed:
+                params = {"name": "tasks__plain", "arguments": {}, "task": {}}
+                await client.request("tools/call", params, within=1)
+            assert failed.value.code == -32601 and "execution.taskSupport is absent" in failed.value.message
+
+
+class TestCancel:
+    async def test_cancel_then_get_says_cancelled_and_a_second_cancel_is_the_childs_error(
+        self, start
+    ) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=30)
+            cancelled = await client.request("tasks/cancel", {"taskId": task["taskId"]})
+            assert cancelled["status"] == "cancelled" and cancelled["taskId"] == task["taskId"]
+            assert (await client.request("tasks/get", {"taskId": task["taskId"]}))["status"] == "cancelled"
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/cancel", {"taskId": task["taskId"]})
+            assert failed.value.code == -32602 and "it is cancelled" in failed.value.message
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert "was cancelled" in failed.value.message
+
+
+class TestList:
+    async def test_two_extensions_with_clashing_ids_are_merged_and_namespaced(self, start) -> None:
+        """Both children call their first task task-1; clients see two ids, listed in name order."""
+        daemon = start({"beta": TASKS, "alpha": TASKS})
+        async with raw_client(daemon) as (client, _):
+            beta = await client.create("beta__slow", seconds=30)
+            alpha = await client.create("alpha__slow", seconds=30)
+            assert ID.fullmatch(alpha["taskId"])["child"] == ID.fullmatch(beta["taskId"])["child"] == "task-1"
+            assert alpha["taskId"] != beta["taskId"]
+            listed = await client.request("tasks/list")
+            assert [t["taskId"] for t in listed["tasks"]] == [alpha["taskId"], beta["taskId"]]
+            assert "nextCursor" not in listed
+            for task in (alpha, beta):  # each routes back to its own extension
+                await client.request("tasks/cancel", {"taskId": task["taskId"]})
+                assert (await client.request("tasks/get", {"taskId": task["taskId"]}))[
+                    "status"
+                ] == "cancelled"
+
+    async def test_pages_are_bounded_and_deterministic(self, start) -> None:
+        """Child pages of 1 (alpha, 9 tasks) and of 500 (beta, 101): our pages hold at most
+        MAX_LIST_REQUESTS child pages and MAX_PAGE tasks, and the cursors walk every task once."""
+        assert (MAX_LIST_REQUESTS, MAX_PAGE) == (8, 100)  # the counts below are worked out for these
+        daemon = start(
+            {"alpha": extension_settings("tasks.py", "1"), "beta": extension_settings("tasks.py", "500")}
+        )
+        async with raw_client(daemon) as (client, _):
+            created = [(await client.create("alpha__slow", seconds=30))["taskId"] for _ in range(9)]
+            created += [(await client.create("beta__slow", seconds=30))["taskId"] for _ in range(101)]
+
+            async def walk() -> list[dict[str, Any]]:
+                pages, cursor = [], None
+                while True:
+                    page = await client.request("tasks/list", {"cursor": cursor} if cursor else {})
+                    pages.append(page)
+                    if (cursor := page.get("nextCursor")) is None:
+                        return pages
+
+            pages = await walk()
+            assert [len(page["tasks"]) for page in pages] == [8, 100, 2]
+            assert list_all_pages(pages) == created
+            assert await walk() == pages
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/list", {"cursor": "not-a-cursor"})
+            assert failed.value.code == -32602 and "invalid cursor" in failed.value.message
+
+
+class TestUnknownIds:
+    @pytest.mark.parametrize(
+        ("task_id", "says"),
+        [
+            ("nonsense", "look like EXTENSION:RUN:ID"),
+            ("tasks:xyz:task-1", "look like EXTENSION:RUN:ID"),
+            ("nope:0123456789ab:task-1", "no extension 'nope'"),
+            ("tasks:0123456789ab:task-1", "extension 'tasks' restarted since the task was created"),
+        ],
+    )
+    async def test_a_clear_error_in_milliseconds(self, start, task_id: str, says: str) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            await client.request("ping")
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                started = time.monotonic()
+                with pytest.raises(Failed) as failed:
+                    await client.request(method, {"taskId": task_id}, within=1)
+                assert time.monotonic() - started < 0.5
+                assert failed.value.code == -32602 and says in failed.value.message, failed.value.message
+
+    async def test_an_id_the_child_does_not_know_gets_its_error(self, start) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=0)
+            unknown = task["taskId"].replace("task-1", "task-99")
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/get", {"taskId": unknown})
+            assert failed.value.code == -32602 and "Unknown task: task-99" in failed.value.message
+
+
+class TestRestart:
+    async def test_a_restart_loses_the_tasks_and_their_ids_say_so(self, start) -> None:
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=30)
+            restarted = await anyio.to_thread.run_sync(daemon.cli, "restart", "tasks")
+            assert restarted.returncode == 0, restarted.stderr
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                with pytest.raises(Failed) as failed:
+                    await client.request(method, {"taskId": task["taskId"]}, within=1)
+                assert failed.value.code == -32602
+                assert "extension 'tasks' restarted since the task was created" in failed.value.message
+                assert failed.value.data["reason"] == "restarted"
+            fresh = await client.create("tasks__slow", seconds=0)  # the new run numbers from 1 again
+            assert ID.fullmatch(fresh["taskId"])["child"] == "task-1" and fresh["taskId"] != task["taskId"]
+            assert [t["taskId"] for t in (await client.request("tasks/list"))["tasks"]] == [fresh["taskId"]]
+            stopped = await anyio.to_thread.run_sync(daemon.cli, "stop", "tasks")
+            assert stopped.returncode == 0, stopped.stderr
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/get", {"taskId": fresh["taskId"]}, within=1)
+            assert "extension 'tasks' is stopped" in failed.value.message
+            assert (await client.request("tasks/list")) == {"tasks": []}
+
+
+class TestSdkClients:
+    async def test_a_handshake_session_polls_with_send_request(self, start) -> None:
+        """What the SDK's ClientSession can do: tasks/get and tasks/list with a custom result type."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=0)
+        async with gateway_session(mcp_sock(daemon)) as session:
+            capabilities = session.server_capabilities
+            assert capabilities is not None and capabilities.tasks is not None
+            request = types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task["taskId"]))
+            got = await session.send_request(request, RAW)  # a task of 0 s: done once it is listed below
+            listed = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+            assert [t.task_id for t in listed.tasks] == [task["taskId"]] == [got["taskId"]]
+
+    async def test_a_2026_client_calls_plainly_and_gets_a_clear_error_for_tasks(self, start) -> None:
+        """2026-07-28: no tasks capability; the optional tool runs plainly, the required one gets the
+        child's error, and tasks/* say the tasks extension is not supported."""
+        daemon = start({"tasks": TASKS})
+        async with Client(unix_transport(mcp_sock(daemon)), mode="2026-07-28") as client:
+            assert client.protocol_version == "2026-07-28"
+            assert getattr(client.server_capabilities, "tasks", None) is None
+            assert first_text(await client.call_tool("tasks__quick", {"text": "modern"})) == "quick: modern"
+            with pytest.raises(MCPError) as failed:
+                await client.call_tool("tasks__slow", {})
+            assert failed.value.error.code == -32601
+            request = types.GetTaskRequest(
+                params=types.GetTaskRequestParams(task_id="tasks:0123456789ab:task-1")
+            )
+            started = time.monotonic()
+            with pytest.raises(MCPError) as failed:
+                await client.session.send_request(request, RAW)
+            assert time.monotonic() - started < 0.5
+            assert failed.value.error.code == -32601
+            assert "io.modelcontextprotocol/tasks" in failed.value.error.message
