@@ -146,6 +146,8 @@ class TestRequiredTaskTool:
             result = await client.request("tasks/result", {"taskId": task["taskId"]})
             assert result["content"] == [{"type": "text", "text": "done: hello"}]
             assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+        # the child's notifications/tasks/status on the way: not forwarded, and no cause for a warning
+        assert [e for e in daemon.events() if e["level"] in ("warning", "error")] == []
 
     async def test_result_blocks_until_the_task_ends(self, start) -> None:
         """tasks/result asked at once waits for the work (0.5 s), while tasks/get still answers."""
