@@ -30,6 +30,7 @@ from .conftest import extension_settings, first_text
 from .gateway_client import MAX_LINE, gateway_session, unix_transport
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 from .test_gateway import gateway, mcp_sock  # noqa: F401 - the fixture
+from .test_gateway_http import http_gateway  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -346,3 +347,19 @@ class TestSdkClients:
             assert time.monotonic() - started < 0.5
             assert failed.value.error.code == -32601
             assert "io.modelcontextprotocol/tasks" in failed.value.error.message
+
+
+class TestHttp:
+    async def test_a_task_over_streamable_http(self, http_gateway) -> None:  # noqa: F811
+        """The same routing for a handshake-era client over HTTP (the SDK client's raw requests:
+        its typed ones refuse a CreateTaskResult)."""
+        http = http_gateway({"tasks": TASKS})
+        async with Client(http.url + "/mcp", mode="legacy") as client:
+            send = client.session._dispatcher.send_raw_request
+            params = {"name": "tasks__slow", "arguments": {"seconds": 0.2, "text": "http"}, "task": {}}
+            created = await send("tools/call", params, {})
+            assert ID.fullmatch(created["task"]["taskId"])
+            result = await send("tasks/result", {"taskId": created["task"]["taskId"]}, {})
+            assert result["content"] == [{"type": "text", "text": "done: http"}]
+            listed = await send("tasks/list", {}, {})
+            assert [t["taskId"] for t in listed["tasks"]] == [created["task"]["taskId"]]
