@@ -24,7 +24,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError
 from pydantic import TypeAdapter
 
-from supervisor.gateway.tasks import MAX_LIST_REQUESTS, MAX_PAGE
+from supervisor.gateway.tasks import MAX_LIST_REQUESTS, MAX_PAGE, parse_task_id, task_id
 
 from .conftest import extension_settings, first_text
 from .gateway_client import MAX_LINE, gateway_session, unix_transport
@@ -124,6 +124,19 @@ def start(gateway: Callable[..., Daemon]) -> Callable[..., Daemon]:  # noqa: F81
 
 def list_all_pages(pages: list[dict[str, Any]]) -> list[str]:
     return [task["taskId"] for page in pages for task in page["tasks"]]
+
+
+class TestIds:
+    @pytest.mark.parametrize("child", ["task-1", "a:b:c", "786512e2-9e0d-44bd", " ", "é/字"])
+    def test_any_child_id_round_trips(self, child: str) -> None:
+        """Pure and reversible: the child's id comes back whole, colons and all."""
+        assert parse_task_id(task_id("fx-1", "0123456789ab", child)) == ("fx-1", "0123456789ab", child)
+
+    @pytest.mark.parametrize(
+        "value", ["", "fx", "fx:0123456789ab", "fx:0123456789ab:", "f x:0123456789ab:1", "fx:0123:1", "fx::1"]
+    )
+    def test_what_the_gateway_never_hands_out_is_refused(self, value: str) -> None:
+        assert parse_task_id(value) is None
 
 
 class TestRequiredTaskTool:
