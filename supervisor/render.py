@@ -114,25 +114,27 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def status_table(records: list[dict[str, Any]], now: datetime | None = None) -> str:
+def status_table(
+    records: list[dict[str, Any]], now: datetime | None = None, *, instances: bool = False
+) -> str:
+    """One row per extension; *instances*: then one per per-client instance, under its extension."""
     now = now or datetime.now(UTC)
     rows = [("NAME", "STATE", "PID", "UPTIME", "RESTARTS", "TOOLS", "DETAIL")]
     for record in records:
-        since = _when(record.get("since"))
-        uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
-        pid = record.get("pid")
         rows.append(
-            (
-                record["name"],
-                record["state"],
-                str(pid) if pid else "-",
-                uptime,
-                str(record.get("restarts", 0)),
-                str(record.get("tools", 0)),
-                _detail(record, now),
-            )
+            (record["name"], *_status_cells(record, now), str(record.get("tools", 0)), _detail(record, now))
         )
+        for n, instance in enumerate(record.get("instances") or () if instances else (), 1):
+            name = f"  {record['name']}[{n}]"
+            rows.append((name, *_status_cells(instance, now), "-", _state_detail(instance, now)))
     return table(rows)
+
+
+def _status_cells(record: dict[str, Any], now: datetime) -> tuple[str, str, str, str]:
+    since = _when(record.get("since"))
+    uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
+    pid = record.get("pid")
+    return record["state"], str(pid) if pid else "-", uptime, str(record.get("restarts", 0))
 
 
 def profiles_table(profiles: list[dict[str, Any]]) -> str | None:
