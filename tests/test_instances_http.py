@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -11,10 +12,17 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from supervisor import daemon as daemon_module
+from supervisor import process
+from supervisor.config import Settings
+from supervisor.gateway import http as http_module
+from supervisor.gateway.http import serve_http
 
 from .conftest import eventually, first_text
 from .test_daemon import alive, daemons, until  # noqa: F401 - the fixture
-from .test_gateway_http import Http, http_gateway  # noqa: F401 - the fixture
+from .test_gateway_http import Http, _Streams, http_gateway  # noqa: F401 - the fixture
 from .test_ondemand import counted, spawns
 
 pytestmark = [
@@ -142,3 +150,45 @@ async def _health(http: Http) -> dict:
     result = await anyio.to_thread.run_sync(http.daemon.cli, "health", "--json")
     assert result.returncode == 0, result.stderr
     return next(e for e in json.loads(result.stdout)["extensions"] if e["name"] == "fx")
+
+
+class TestExpiry:
+    async def test_a_session_left_unused_expires_and_takes_its_instance(
+        self, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A client that vanishes without DELETE: its session expires, and its child goes with it."""
+        monkeypatch.setattr(http_module, "SESSION_IDLE_TIMEOUT", 0.5)
+        settings = Settings.model_validate(
+            {
+                "socket": str(short_tmp / "control.sock"),
+                "spool": {"dir": str(short_tmp / "spool")},
+                "extensions": {"fx": counted(short_tmp / "pids", instances="per-client")},
+            }
+        )
+        async with anyio.create_task_group() as tg:
+            daemon = daemon_module.Daemon(settings, tg=tg, environ=os.environ)
+            await tg.start(daemon.gateway.run)
+            serve = functools.partial(
+                serve_http, daemon.gateway, host="127.0.0.1", port=0, token=None, metrics=str, health=dict
+            )
+            port = await tg.start(serve)
+            try:
+                assert (await daemon.start("fx")).state.value == "running"
+                async with (
+                    streamable_http_client(
+                        f"http://127.0.0.1:{port}/mcp", terminate_on_close=False
+                    ) as streams,
+                    Client(_Streams(streams), mode="legacy") as client,
+                ):
+                    pid = await _pid(client)
+                assert alive(pid) and _pids_in(daemon) == [pid]  # no DELETE: the session is still open
+                await eventually(lambda: not alive(pid) and _pids_in(daemon) == [], within=10)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await daemon.stop_all()
+                tg.cancel_scope.cancel()
+        assert not process.find_marked(daemon.marker_prefix)
+
+
+def _pids_in(daemon: daemon_module.Daemon) -> list[int | None]:
+    return [i.pid for i in daemon.status("fx")[0].instances]
