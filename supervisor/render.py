@@ -213,11 +213,10 @@ def health_text(report: dict[str, Any]) -> str:
         ("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES", "PROCS", "RSS", "CPU")
     ]
     for ext in report["extensions"]:
-        counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
         ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
-        tree = ext.get("resources") or {"processes": 0, "rss_bytes": 0, "cpu_seconds": 0.0}
-        usage = (str(tree["processes"]), size(tree["rss_bytes"]), f"{tree['cpu_seconds']:.1f}s")
-        rows.append((ext["name"], ext["state"], *map(str, counts), ring, *usage))
+        rows.append((ext["name"], *_health_cells(ext, ring)))
+        for n, instance in enumerate((ext.get("instances") or {}).get("each", ()), 1):  # per-client
+            rows.append((f"  {ext['name']}[{n}]", *_health_cells(instance, "-")))
     lines.append(table(rows))
     if contain := report.get("containment"):  # `--json` has each extension's own cgroup
         where = (
@@ -225,3 +224,10 @@ def health_text(report: dict[str, Any]) -> str:
         )
         lines.append(f"trees   {where}; guardian pid {contain['guardian_pid']}")
     return "\n".join(lines)
+
+
+def _health_cells(ext: dict[str, Any], ring: str) -> tuple[str, ...]:
+    counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
+    tree = ext.get("resources") or {"processes": 0, "rss_bytes": 0, "cpu_seconds": 0.0}
+    usage = (str(tree["processes"]), size(tree["rss_bytes"]), f"{tree['cpu_seconds']:.1f}s")
+    return (ext["state"], *map(str, counts), ring, *usage)

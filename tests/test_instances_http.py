@@ -125,6 +125,8 @@ class TestFigures:
                 assert (each[mine]["calls"], each[mine]["restarts"], each[mine]["in_flight"]) == (1, 0, 0)
                 assert (each[restarted]["calls"], each[restarted]["restarts"]) == (2, 1)
                 assert each[mine]["resources"]["processes"] == 1
+                text = (await anyio.to_thread.run_sync(http.daemon.cli, "health")).stdout
+                assert "\n  fx[1]  running" in text and "\n  fx[2]  running" in text, text
                 metrics = (await anyio.to_thread.run_sync(http.get, "/metrics")).text
                 assert 'mcp_supervisor_extension_instances{extension="fx"} 2.0' in metrics
                 assert 'mcp_supervisor_extension_instances_max{extension="fx"} 3.0' in metrics
