@@ -213,3 +213,30 @@ class TestBookkeeping:
         with pytest.raises(ExtensionUnavailable, match="has no session") as refused:
             instances.of(_Client(lasting=False))
         assert not refused.value.retryable and instances.all() == []
+
+
+class TestOperationsNoWait:
+    def test_stop_no_wait_still_takes_the_instances_and_a_restart_ends_the_hold(
+        self,
+        ondemand: Callable[..., StatefulDaemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """`stop --no-wait`: the watchers take the instances down; `restart` starts it all again."""
+        daemon = ondemand({"fx": counted(short_tmp / "pids", instances="per-client")})
+        daemon.wait_state("fx", "running")
+
+        async def scenario() -> None:
+            async with gateway_session(daemon.mcp_sock) as session:
+                before = int(first_text(await session.call_tool("fx__pid", {})))
+                stopped = await anyio.to_thread.run_sync(daemon.cli, "stop", "--no-wait", "fx")
+                assert stopped.returncode == 0, stopped
+                await anyio.to_thread.run_sync(lambda: until(lambda: not alive(before)))
+                health = json.loads((await anyio.to_thread.run_sync(daemon.cli, "health", "--json")).stdout)
+                instances = next(e for e in health["extensions"] if e["name"] == "fx")["instances"]
+                assert instances["held"] and instances["totals"]["calls"] == 1
+                restarted = await anyio.to_thread.run_sync(daemon.cli, "restart", "fx")
+                assert restarted.returncode == 0, restarted
+                after = int(first_text(await session.call_tool("fx__pid", {})))
+                assert after != before and alive(after)
+
+        anyio.run(scenario)
