@@ -66,7 +66,7 @@ async def _status(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
     else:
-        print(render.status_table(result["extensions"]))
+        print(render.status_table(result["extensions"], instances=bool(args.name)))
         _print_profiles(result.get("profiles"))
     return EXIT_OK
 

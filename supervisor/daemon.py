@@ -38,7 +38,7 @@ from .gateway.http import serve_http
 from .gateway.listeners import serve_unix
 from .gateway.server import Gateway
 from .health import cgroup_of, process_stats
-from .instances import Client, Instances
+from .instances import Client, Instances, figures
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
 from .process.containment import Containment
@@ -222,15 +222,21 @@ class Daemon:
 
     async def start(self, name: str, *, wait: bool = True) -> Snapshot:
         async with self._exclusive(name) as ext:
+            self._instances[name].resume()  # per-client: clients' next calls start theirs
             await ext.start(self._tg)
         return await _settled(ext) if wait else ext.snapshot()
 
     async def stop(self, name: str, *, wait: bool = True) -> Snapshot:
         async with self._exclusive(name) as ext:
+            instances = self._instances[name]  # per-client: every instance too, held until start
             if wait:
-                await ext.stop()
+                async with anyio.create_task_group() as stoppers:
+                    stoppers.start_soon(ext.stop)
+                    stoppers.start_soon(functools.partial(instances.stop_all, hold=True))
             else:
-                ext.request_stop()  # the watcher does the rest: no task per request
+                ext.request_stop()  # the watchers do the rest: no task per request
+                instances.held = True
+                instances.release_all()
         return ext.snapshot()
 
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
@@ -246,8 +252,9 @@ class Daemon:
     async def _restart(self, name: str) -> Extension | None:
         """Restart *name*; None if a reload removed it meanwhile. Never raises: may run as a task."""
         with contextlib.suppress(UnknownExtension):
-            async with self._exclusive(name) as ext:
-                await ext.restart(self._tg)
+            async with self._exclusive(name) as ext, anyio.create_task_group() as restarts:
+                restarts.start_soon(ext.restart, self._tg)
+                restarts.start_soon(self._instances[name].restart_all, self._tg)  # per-client: each
             return ext
         return None
 
@@ -285,7 +292,10 @@ class Daemon:
                 "max_bytes": self.spool.max_total_bytes,
             },
             "containment": self.containment.describe() if self.containment else None,
-            "extensions": [_health_of(ext, self.usage) for ext in self._extensions.values()],
+            "extensions": [
+                _health_of(ext, self.usage, self._instances.get(ext.name))
+                for ext in self._extensions.values()
+            ],
         }
 
     async def reload(self) -> dict[str, list[str]]:
@@ -380,23 +390,18 @@ _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 _RESTART_ONLY = ("socket", "spool", "gateway")
 
 
-def _health_of(ext: Extension, usage: resources.Sampler) -> dict[str, Any]:
+def _health_of(
+    ext: Extension, usage: resources.Sampler, instances: Instances | None = None
+) -> dict[str, Any]:
     snapshot = ext.snapshot()
+    per_client = instances if ext.config.instances == "per-client" else None
     return {
-        "name": ext.name,
-        "state": snapshot.state.value,
-        "pid": snapshot.pid,
-        "restarts": snapshot.restarts,
-        "calls": ext.calls,
-        "errors": ext.errors,
-        "in_flight": snapshot.in_flight,
+        **figures(ext, usage),
         "tools": snapshot.tools,
         "log_lines": ext.stderr_lines,
         "log_lines_max": ext.config.log_lines,
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
-        "unresponsive": snapshot.unresponsive,
-        "memory_exceeded": snapshot.memory_exceeded,
-        "resources": usage.usage(ext.name, snapshot.pid, ext.run_marker).as_dict(),
+        "instances": per_client.health(usage) if per_client is not None else None,
     }
 
 

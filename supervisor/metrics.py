@@ -78,16 +78,17 @@ class _HealthCollector(Collector):
         in_flight = GaugeMetricFamily(
             "mcp_supervisor_extension_calls_in_flight", "Tool calls in progress.", labels=["extension"]
         )
-        tree = _TreeFamilies()
+        tree, instances = _TreeFamilies(), _InstanceFamilies()
         for ext in report["extensions"]:
             tree.add(ext)
+            instances.add(ext)
             for candidate in State:
                 state.add_metric(
                     [ext["name"], candidate.value], 1.0 if ext["state"] == candidate.value else 0.0
                 )
             restarts.add_metric([ext["name"]], ext["restarts"])
             in_flight.add_metric([ext["name"]], ext["in_flight"])
-        yield from (state, restarts, in_flight, *tree.families)
+        yield from (state, restarts, in_flight, *tree.families, *instances.families)
         spool = report["spool"]
         yield GaugeMetricFamily(
             "mcp_supervisor_spool_bytes", "Bytes in the media spool.", value=spool["bytes"]
@@ -130,3 +131,43 @@ class _TreeFamilies:
         self.processes.add_metric(labels, usage["processes"])
         self.unresponsive.add_metric(labels, ext["unresponsive"])
         self.memory.add_metric(labels, ext["memory_exceeded"])
+
+
+class _InstanceFamilies:
+    """Per per-client extension: its instances, summed. The series above are its shared instance's.
+
+    Summed, not labelled per instance: an instance lives as long as one client connection, so a
+    label for it would start new series with every connection (and ``instance`` is the label
+    Prometheus gives each scrape target). The restart counter includes the instances that are
+    gone, so it never goes down.
+    """
+
+    def __init__(self) -> None:
+        def family(kind: type[Metric], name: str, help_text: str) -> Any:
+            return kind(f"mcp_supervisor_extension_instance{name}", help_text, labels=["extension"])
+
+        self.count = family(GaugeMetricFamily, "s", "Per-client instances whose child may exist.")
+        self.max = family(GaugeMetricFamily, "s_max", "Per-client instances allowed (max_instances).")
+        self.in_flight = family(
+            GaugeMetricFamily, "_calls_in_flight", "Tool calls in progress, all instances."
+        )
+        self.restarts = family(
+            CounterMetricFamily,
+            "_restarts",
+            "Automatic restarts of per-client instances, ended ones included.",
+        )
+        self.rss = family(GaugeMetricFamily, "_rss_bytes", "Resident memory of all instances' trees (sum).")
+        self.processes = family(GaugeMetricFamily, "_processes", "Processes in all instances' trees.")
+        self.families = (self.count, self.max, self.in_flight, self.restarts, self.rss, self.processes)
+
+    def add(self, ext: dict[str, Any]) -> None:
+        instances = ext.get("instances")
+        if instances is None:  # a shared extension
+            return
+        labels, each = [ext["name"]], instances["each"]
+        self.count.add_metric(labels, instances["count"])
+        self.max.add_metric(labels, instances["max"])
+        self.in_flight.add_metric(labels, sum(i["in_flight"] for i in each))
+        self.restarts.add_metric(labels, instances["totals"]["restarts"])
+        self.rss.add_metric(labels, sum(i["resources"]["rss_bytes"] for i in each))
+        self.processes.add_metric(labels, sum(i["resources"]["processes"] for i in each))

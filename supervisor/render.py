@@ -114,25 +114,27 @@ def table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def status_table(records: list[dict[str, Any]], now: datetime | None = None) -> str:
+def status_table(
+    records: list[dict[str, Any]], now: datetime | None = None, *, instances: bool = False
+) -> str:
+    """One row per extension; *instances*: then one per per-client instance, under its extension."""
     now = now or datetime.now(UTC)
     rows = [("NAME", "STATE", "PID", "UPTIME", "RESTARTS", "TOOLS", "DETAIL")]
     for record in records:
-        since = _when(record.get("since"))
-        uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
-        pid = record.get("pid")
         rows.append(
-            (
-                record["name"],
-                record["state"],
-                str(pid) if pid else "-",
-                uptime,
-                str(record.get("restarts", 0)),
-                str(record.get("tools", 0)),
-                _detail(record, now),
-            )
+            (record["name"], *_status_cells(record, now), str(record.get("tools", 0)), _detail(record, now))
         )
+        for n, instance in enumerate(record.get("instances") or () if instances else (), 1):
+            name = f"  {record['name']}[{n}]"
+            rows.append((name, *_status_cells(instance, now), "-", _state_detail(instance, now)))
     return table(rows)
+
+
+def _status_cells(record: dict[str, Any], now: datetime) -> tuple[str, str, str, str]:
+    since = _when(record.get("since"))
+    uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
+    pid = record.get("pid")
+    return record["state"], str(pid) if pid else "-", uptime, str(record.get("restarts", 0))
 
 
 def profiles_table(profiles: list[dict[str, Any]]) -> str | None:
@@ -211,11 +213,10 @@ def health_text(report: dict[str, Any]) -> str:
         ("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES", "PROCS", "RSS", "CPU")
     ]
     for ext in report["extensions"]:
-        counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
         ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
-        tree = ext.get("resources") or {"processes": 0, "rss_bytes": 0, "cpu_seconds": 0.0}
-        usage = (str(tree["processes"]), size(tree["rss_bytes"]), f"{tree['cpu_seconds']:.1f}s")
-        rows.append((ext["name"], ext["state"], *map(str, counts), ring, *usage))
+        rows.append((ext["name"], *_health_cells(ext, ring)))
+        for n, instance in enumerate((ext.get("instances") or {}).get("each", ()), 1):  # per-client
+            rows.append((f"  {ext['name']}[{n}]", *_health_cells(instance, "-")))
     lines.append(table(rows))
     if contain := report.get("containment"):  # `--json` has each extension's own cgroup
         where = (
@@ -223,3 +224,10 @@ def health_text(report: dict[str, Any]) -> str:
         )
         lines.append(f"trees   {where}; guardian pid {contain['guardian_pid']}")
     return "\n".join(lines)
+
+
+def _health_cells(ext: dict[str, Any], ring: str) -> tuple[str, ...]:
+    counts = (ext["restarts"], ext["calls"], ext["errors"], ext["in_flight"])
+    tree = ext.get("resources") or {"processes": 0, "rss_bytes": 0, "cpu_seconds": 0.0}
+    usage = (str(tree["processes"]), size(tree["rss_bytes"]), f"{tree['cpu_seconds']:.1f}s")
+    return (ext["state"], *map(str, counts), ring, *usage)

@@ -135,6 +135,7 @@ class Snapshot:
                     "state": i.state.value,
                     "since": i.since.isoformat(),
                     "in_flight": i.in_flight,
+                    "restarts": i.restarts,
                     "resources": i.resources,
                 }
                 for i in self.instances

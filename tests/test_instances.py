@@ -9,7 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import extension_settings, first_text
+from supervisor.errors import ExtensionUnavailable
+from supervisor.extension import Extension
+from supervisor.instances import Instances
+
+from .conftest import extension_settings, fast_config, first_text
 from .gateway_client import gateway_session
 from .test_daemon import alive, until
 from .test_ondemand import StatefulDaemon, counted, ondemand, spawns  # noqa: F401 - the fixture
@@ -100,3 +104,139 @@ def test_a_closed_connection_takes_its_whole_tree(
     assert len(pids) == 3  # the server, a grandchild holding stdout, a setsid great-grandchild
     until(lambda: not any(alive(pid) for pid in pids.values()))
     assert daemon.status()["tree"]["instances"] == []
+
+
+def _pids_of(result: object) -> dict[str, int]:
+    return json.loads(first_text(result))  # type: ignore[arg-type]
+
+
+class TestOperations:
+    def test_stop_takes_every_instance_tree_and_holds_until_start(
+        self,
+        ondemand: Callable[..., StatefulDaemon],  # noqa: F811
+    ) -> None:
+        """`stop NAME` kills every instance's whole tree; old and new clients' calls fail until `start`."""
+        daemon = ondemand({"tree": extension_settings("tree.py", instances="per-client")})
+        daemon.wait_state("tree", "running")
+
+        async def scenario() -> None:
+            async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
+                trees = [_pids_of(await s.call_tool("tree__pids", {})) for s in (one, two)]
+                assert trees[0]["server"] != trees[1]["server"]
+                stopped = await anyio.to_thread.run_sync(daemon.cli, "stop", "tree")
+                assert stopped.returncode == 0, stopped
+                everyone = [pid for tree in trees for pid in tree.values()]
+                await anyio.to_thread.run_sync(lambda: until(lambda: not any(map(alive, everyone))))
+                record = await anyio.to_thread.run_sync(daemon.status)
+                assert record["tree"]["state"] == "stopped" and record["tree"]["instances"] == []
+                refused = await one.call_tool("tree__pids", {})
+                assert refused.is_error and "'tree' is stopped" in first_text(refused), refused
+                async with gateway_session(daemon.mcp_sock) as three:
+                    refused = await three.call_tool("tree__pids", {})
+                    assert refused.is_error and "'tree' is stopped" in first_text(refused), refused
+                    record = await anyio.to_thread.run_sync(daemon.status)
+                    assert record["tree"]["instances"] == []
+                    started = await anyio.to_thread.run_sync(daemon.cli, "start", "tree")
+                    assert started.returncode == 0, started
+                    again = _pids_of(await one.call_tool("tree__pids", {}))
+                    assert again["server"] not in everyone  # a new child: state starts afresh
+                    assert _pids_of(await three.call_tool("tree__pids", {}))["server"] != again["server"]
+
+        anyio.run(scenario)
+
+    def test_restart_restarts_each_clients_instance(
+        self,
+        ondemand: Callable[..., StatefulDaemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """`restart NAME` restarts the shared instance and every client's: each then sees a new child."""
+        pids = short_tmp / "pids"
+        daemon = ondemand({"fx": counted(pids, instances="per-client")})
+        shared = daemon.wait_state("fx", "running")["pid"]
+
+        async def scenario() -> None:
+            async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
+                before = [int(first_text(await s.call_tool("fx__pid", {}))) for s in (one, two)]
+                restarted = await anyio.to_thread.run_sync(daemon.cli, "restart", "fx")
+                assert restarted.returncode == 0, restarted
+                await anyio.to_thread.run_sync(lambda: until(lambda: not any(map(alive, [shared, *before]))))
+                after = [int(first_text(await s.call_tool("fx__pid", {}))) for s in (one, two)]
+                assert len({*before, *after, shared}) == 5, (before, after)
+                record = await anyio.to_thread.run_sync(daemon.status)
+                assert sorted(i["pid"] for i in record["fx"]["instances"]) == sorted(after)
+                assert [i["restarts"] for i in record["fx"]["instances"]] == [0, 0]  # by hand: not counted
+                assert record["fx"]["pid"] not in (shared, None)
+                table = await anyio.to_thread.run_sync(daemon.cli, "status", "fx")
+                assert "  fx[1]  running" in table.stdout and "  fx[2]  running" in table.stdout, table
+
+        anyio.run(scenario)
+        assert len(spawns(pids)) == 6  # three, each restarted once
+
+
+class _Client:
+    """A client connection as :class:`Instances` sees one."""
+
+    def __init__(self, *, lasting: bool = True) -> None:
+        self.lasting = lasting
+        self.callbacks: list[Callable[[], None]] = []
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self.callbacks.append(callback)
+
+    def close(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
+
+class TestBookkeeping:
+    @pytest.fixture
+    def instances(self, make_extension: Callable[..., Extension]) -> Instances:
+        return Instances("fx", lambda: make_extension(fast_config("quick.py", on_demand=True)), limit=2)
+
+    @pytest.mark.anyio
+    async def test_a_hold_refuses_new_instances_until_resumed(self, instances: Instances) -> None:
+        """After stop_all(hold=True) no client gets an instance, old or new; resume() ends that."""
+        old, new = _Client(), _Client()
+        first = instances.of(old)
+        await instances.stop_all(hold=True)
+        for client in (old, new):
+            with pytest.raises(ExtensionUnavailable, match=r"'fx' is stopped$"):
+                instances.of(client)
+        instances.resume()
+        assert instances.of(old) is not first and instances.of(new) is not first
+        assert len(old.callbacks) == 1  # hooked once, however many instances it had
+        old.close()
+        assert instances.all() == [instances.of(new)]  # old's retires (never started: gone at once)
+
+    def test_a_connection_for_one_request_gets_no_instance(self, instances: Instances) -> None:
+        """A sessionless client (2026-07-28 over HTTP) is refused, not given a one-call child."""
+        with pytest.raises(ExtensionUnavailable, match="has no session") as refused:
+            instances.of(_Client(lasting=False))
+        assert not refused.value.retryable and instances.all() == []
+
+
+class TestOperationsNoWait:
+    def test_stop_no_wait_still_takes_the_instances_and_a_restart_ends_the_hold(
+        self,
+        ondemand: Callable[..., StatefulDaemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """`stop --no-wait`: the watchers take the instances down; `restart` starts it all again."""
+        daemon = ondemand({"fx": counted(short_tmp / "pids", instances="per-client")})
+        daemon.wait_state("fx", "running")
+
+        async def scenario() -> None:
+            async with gateway_session(daemon.mcp_sock) as session:
+                before = int(first_text(await session.call_tool("fx__pid", {})))
+                stopped = await anyio.to_thread.run_sync(daemon.cli, "stop", "--no-wait", "fx")
+                assert stopped.returncode == 0, stopped
+                await anyio.to_thread.run_sync(lambda: until(lambda: not alive(before)))
+                health = json.loads((await anyio.to_thread.run_sync(daemon.cli, "health", "--json")).stdout)
+                instances = next(e for e in health["extensions"] if e["name"] == "fx")["instances"]
+                assert instances["held"] and instances["totals"]["calls"] == 1
+                restarted = await anyio.to_thread.run_sync(daemon.cli, "restart", "fx")
+                assert restarted.returncode == 0, restarted
+                after = int(first_text(await session.call_tool("fx__pid", {})))
+                assert after != before and alive(after)
+
+        anyio.run(scenario)

@@ -48,9 +48,10 @@ ResultT = TypeVar("ResultT", bound=BaseModel)
 class _Client:
     """One client connection's asks in flight: at most :data:`MAX_ASKS`, failed at once when it goes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lasting: bool = True) -> None:
         self.waiting: set[anyio.CancelScope] = set()
         self.closed = False
+        self.lasting = lasting  # False: the connection serves one request (2026-07-28 over HTTP)
         self._on_close: list[Callable[[], None]] = []  # its per-client instances' stops
 
     def on_close(self, callback: Callable[[], None]) -> None:
@@ -91,7 +92,7 @@ def client_of(connection: Connection) -> _Client:
     """The object that stands for *connection*'s client (created on first use, closed with it)."""
     client = connection.state.get(_STATE_KEY)
     if client is None:
-        client = connection.state[_STATE_KEY] = _Client()
+        client = connection.state[_STATE_KEY] = _Client(lasting=connection.has_standalone_channel)
         connection.exit_stack.callback(client.close)
     return client
 
