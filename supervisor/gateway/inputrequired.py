@@ -129,8 +129,9 @@ class _Caller:
 
     @property
     def client(self) -> object:
-        # mcp.sock: one client per connection; HTTP has no sessions, so each call is its own client.
-        return self._call.client if isinstance(self._call.client, ClientLink) else self._call
+        # Each call is a client of its own: a question put to the wrong parked call would wait for
+        # a retry that may never come, and over stdio a child's request does not say which it serves.
+        return self._call
 
     def refusal(self, method: str) -> str | None:
         call = self._call
