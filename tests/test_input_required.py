@@ -130,6 +130,17 @@ class TestDriver:
             with pytest.raises(MCPError, match="issued to another client connection"):
                 await retry(other, "elicit", first.request_state, {"r1": ACCEPT}, message="where from?")
 
+    async def test_a_per_client_instance_lives_as_long_as_the_connection(self, start) -> None:
+        """A 2026-07-28 request has an SDK connection of its own; its per-client instance is the
+        mcp.sock connection's, so it outlives the request that parked its call."""
+        daemon = start({"asker": {**ASKER, "instances": "per-client"}})
+        async with modern(daemon, **ANSWERING) as client:
+            elicited = await client.call_tool("asker__elicit", {"message": "mine?"})
+            assert first_text(elicited) == 'accept {"answer": "yes to mine?"}'
+            assert first_text(await client.call_tool("asker__sample", {"prompt": "p"})) == "m1 hi"
+            assert len(daemon.status()["asker"]["instances"]) == 1  # one for the connection, still there
+        await eventually(lambda: daemon.status()["asker"]["instances"] == [])  # gone with it
+
 
 class TestRounds:
     async def test_the_retry_resumes_the_same_child_call(self, start) -> None:

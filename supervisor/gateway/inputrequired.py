@@ -206,6 +206,8 @@ class InputRequired:
         self, call: _Call, handler: Handler[Any], ctx: ServerRequestContext[Any], params: Any
     ) -> None:
         _CURRENT.set((self, call))
+        if isinstance(call.client, ClientLink):
+            passthrough.bind(call.client)  # as in its request's task: its per-client instance is found
         outcome: tuple[Any, BaseException | None] = (
             None,
             MCPError(types.INTERNAL_ERROR, "the call was cancelled"),

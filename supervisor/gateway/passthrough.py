@@ -100,11 +100,19 @@ class _Client:
 
 
 def client_of(connection: Connection) -> _Client:
-    """The object that stands for *connection*'s client (created on first use, closed with it)."""
+    """The object that stands for *connection*'s client (created on first use, closed with it).
+
+    A 2026-07-28 request has an SDK connection of its own: on mcp.sock its client is the listener
+    connection's (closed with that), so its per-client instance lives as long as the client.
+    """
     client = connection.state.get(_STATE_KEY)
     if client is None:
-        client = connection.state[_STATE_KEY] = _Client()
-        connection.exit_stack.callback(client.close)
+        link = _LINK.get()
+        if connection.protocol_version in MODERN_PROTOCOL_VERSIONS and link is not None:
+            client = connection.state[_STATE_KEY] = link.client()
+        else:
+            client = connection.state[_STATE_KEY] = _Client()
+            connection.exit_stack.callback(client.close)
     return client
 
 
@@ -174,6 +182,14 @@ class ClientLink:
         self.connection: Connection | None = None
         self.closed = False
         self._on_close: list[Callable[[], None]] = []
+        self._client: _Client | None = None
+
+    def client(self) -> _Client:
+        """The client of this connection's 2026-07-28 requests (see :func:`client_of`)."""
+        if self._client is None:
+            self._client = _Client()
+            self.on_close(self._client.close)
+        return self._client
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Call *callback* (sync) when the listener connection ends; at once if it has."""
