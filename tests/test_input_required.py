@@ -8,6 +8,7 @@ by hand (``client.session.call_tool(..., allow_input_required=True)``) to check 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Callable
@@ -140,6 +141,14 @@ class TestDriver:
             assert first_text(await client.call_tool("asker__sample", {"prompt": "p"})) == "m1 hi"
             assert len(daemon.status()["asker"]["instances"]) == 1  # one for the connection, still there
         await eventually(lambda: daemon.status()["asker"]["instances"] == [])  # gone with it
+
+    async def test_over_http_a_per_client_instance_lives_as_long_as_the_call(self, start_http) -> None:
+        """2026-07-28 HTTP has no sessions: each call has an instance of its own, for all its rounds."""
+        http = start_http({"asker": {**ASKER, "instances": "per-client"}})
+        async with Client(http.url + "/mcp", mode=MODERN, **ANSWERING) as client:
+            elicited = await client.call_tool("asker__elicit", {"message": "http?"})
+            assert first_text(elicited) == 'accept {"answer": "yes to http?"}'
+        await eventually(lambda: http.daemon.status()["asker"]["instances"] == [])
 
 
 class TestRounds:
@@ -302,6 +311,18 @@ class TestBounds:
         async with modern(daemon, **ANSWERING) as client:
             assert isinstance(await ask(client, "elicit", message="bye"), types.InputRequiredResult)
         await eventually(lambda: "asker: elicit -> cancelled" in logs(daemon), within=3)
+
+    async def test_two_calls_in_flight_on_one_shared_child_make_its_question_ambiguous(self, start) -> None:
+        """Each 2026-07-28 call is a client of its own: the child's question is refused, never put on
+        a parked call that it may not belong to."""
+        daemon = start({"asker": ASKER})
+        async with modern(daemon, **ANSWERING) as client, anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(ask, client, "wait", seconds=30))
+            await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
+            with anyio.fail_after(5):
+                result = await client.call_tool("asker__elicit", {"message": "whose?"})
+            assert result.is_error and "calls from 2 clients are in flight" in first_text(result)
+            tg.cancel_scope.cancel()
 
     async def test_a_client_without_the_capability_gets_the_child_an_error_at_once(self, start) -> None:
         daemon = start({"asker": ASKER})

@@ -206,8 +206,10 @@ class InputRequired:
         self, call: _Call, handler: Handler[Any], ctx: ServerRequestContext[Any], params: Any
     ) -> None:
         _CURRENT.set((self, call))
-        if isinstance(call.client, ClientLink):
-            passthrough.bind(call.client)  # as in its request's task: its per-client instance is found
+        # Its per-client instance: its mcp.sock connection's; over HTTP (no sessions) the call's own,
+        # which must outlive the request that parked it.
+        link = call.client if isinstance(call.client, ClientLink) else ClientLink()
+        passthrough.bind(link)
         outcome: tuple[Any, BaseException | None] = (
             None,
             MCPError(types.INTERNAL_ERROR, "the call was cancelled"),
@@ -223,6 +225,8 @@ class InputRequired:
             call.wake()
             if not call.attended:
                 self._retire(call, f"ended before the client's answers came ({_describe(outcome)})")
+            if link is not call.client:
+                link.close()
 
     async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
         call.attended, call.relay = True, LatestProgress(ctx.session.report_progress)
