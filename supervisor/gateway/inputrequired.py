@@ -116,7 +116,10 @@ def progress(ctx: ServerRequestContext[Any]) -> ProgressFnT:
 
     async def relay(value: float, total: float | None, message: str | None) -> None:
         if call.relay is not None:  # parked: nobody to tell
-            await call.relay(value, total, message)
+            try:
+                await call.relay(value, total, message)
+            except Exception as exc:  # that request was answered, or its client went, meanwhile
+                log.debug("gateway.progress_dropped", error=str(exc)[:200])
 
     return relay
 
