@@ -154,8 +154,9 @@ class Asking:
         elif len(clients) > 1:
             return self._refuse(
                 method,
-                f"calls from {len(clients)} clients are in flight and a request over stdio does not say "
-                "which call it serves; the gateway does not guess",
+                f"calls from {len(clients)} clients are in flight (each call of a 2026-07-28 client "
+                "counts as one) and a request over stdio does not say which call it serves; "
+                "the gateway does not guess",
             )
         elif caller is None:
             return self._refuse(method, "the call came from the control socket (`mcp-supervisor call`)")

@@ -80,7 +80,11 @@ class TestSessions:
                 assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
                 assert [i["pid"] for i in (await _health(http))["instances"]["each"]] == [mine]  # the bound
             await anyio.to_thread.run_sync(lambda: until(lambda: not alive(mine)))
-            assert await _pid(waits) not in (mine, None)  # the slot is free again once the tree is gone
+            # The slot is free again once the daemon has seen the tree go.
+            await anyio.to_thread.run_sync(
+                lambda: until(lambda: http.daemon.status()["fx"]["instances"] == [])
+            )
+            assert await _pid(waits) not in (mine, None)
         assert len(spawns(pids)) == 3  # the shared instance, then one per session
 
 

@@ -122,17 +122,20 @@ class _Connection:
         server = self.gateway.server
         read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
-        async with anyio.create_task_group() as tg:
-            self._scope = tg.cancel_scope
+        try:
+            async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
 
-            async def run_server() -> None:
-                passthrough.bind(self._fast.link)  # its SDK tasks tie this client's fast calls to it
-                await server.run(read_recv, write_send, server.create_initialization_options())
-                tg.cancel_scope.cancel()
+                async def run_server() -> None:
+                    passthrough.bind(self._fast.link)  # its SDK tasks tie this client's fast calls to it
+                    await server.run(read_recv, write_send, server.create_initialization_options())
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(self._read, read_send, write_send.clone(), tg)
-            tg.start_soon(self._write, write_recv)
-            tg.start_soon(run_server)
+                tg.start_soon(self._read, read_send, write_send.clone(), tg)
+                tg.start_soon(self._write, write_recv)
+                tg.start_soon(run_server)
+        finally:
+            self._fast.link.close()  # its calls left waiting for input end with it
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""

@@ -12,8 +12,9 @@ gateway client is asked, whichever path its call took.
 Either way the request goes out under an id of the SDK's own (never the child's: ids that cross
 a hop are mapped) and the answer is validated before it goes back to the child. Per client
 connection at most :data:`MAX_ASKS` requests wait at once (more are refused at once), and its
-disconnect fails those waiting at once. 2026-07-28 clients cannot be sent requests; the child
-gets an error saying so (input-required results are not built yet).
+disconnect fails those waiting at once. 2026-07-28 clients cannot be sent requests: their
+``tools/call``, ``prompts/get`` and ``resources/read`` get input-required results instead
+(:mod:`.inputrequired`); during any other request the child gets an error saying so.
 """
 
 from __future__ import annotations
@@ -33,7 +34,18 @@ from pydantic import BaseModel, ValidationError
 
 from ..callers import NOT_ANSWERABLE
 
-__all__ = ("MAX_ASKS", "ClientLink", "LinkedCaller", "SessionCaller", "bind", "client_of", "note")
+__all__ = (
+    "MAX_ASKS",
+    "ClientLink",
+    "LinkedCaller",
+    "SessionCaller",
+    "bind",
+    "capability_refusal",
+    "client_of",
+    "current_link",
+    "note",
+    "result_type",
+)
 
 MAX_ASKS = 16  # requests from extensions waiting for one client connection at once
 _STATE_KEY = "mcp-supervisor.asks"  # in the SDK connection's per-connection state
@@ -89,11 +101,19 @@ class _Client:
 
 
 def client_of(connection: Connection) -> _Client:
-    """The object that stands for *connection*'s client (created on first use, closed with it)."""
+    """The object that stands for *connection*'s client (created on first use, closed with it).
+
+    A 2026-07-28 request has an SDK connection of its own: on mcp.sock its client is the listener
+    connection's (closed with that), so its per-client instance lives as long as the client.
+    """
     client = connection.state.get(_STATE_KEY)
     if client is None:
-        client = connection.state[_STATE_KEY] = _Client(lasting=connection.has_standalone_channel)
-        connection.exit_stack.callback(client.close)
+        link = _LINK.get()
+        if connection.protocol_version in MODERN_PROTOCOL_VERSIONS and link is not None:
+            client = connection.state[_STATE_KEY] = link.client()
+        else:
+            client = connection.state[_STATE_KEY] = _Client(lasting=connection.has_standalone_channel)
+            connection.exit_stack.callback(client.close)
     return client
 
 
@@ -101,16 +121,21 @@ def _refusal(connection: Connection, method: str) -> str | None:
     if connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return (
             "the calling client speaks the 2026-07-28 protocol, which has no requests from server to "
-            "client, and the gateway does not turn them into input-required results yet"
+            "client; only its tools/call, prompts/get and resources/read can return input-required results"
         )
+    return capability_refusal(connection.client_capabilities, method)
+
+
+def capability_refusal(capabilities: types.ClientCapabilities | None, method: str) -> str | None:
+    """Why a client that declared *capabilities* cannot be asked *method*, or None. Pure."""
     capability = _CAPABILITY.get(method)
-    capabilities = connection.client_capabilities
     if capability is None or capabilities is None or getattr(capabilities, capability, None) is None:
         return f"the calling client did not declare the {capability or method} capability"
     return None
 
 
-def _result_type(request: types.ServerRequest) -> type[BaseModel]:
+def result_type(request: types.ServerRequest) -> type[BaseModel]:
+    """The model a client's answer to *request* must validate as."""
     if isinstance(request, types.CreateMessageRequest):
         params = request.params
         tools = params.tools is not None or params.tool_choice is not None
@@ -141,17 +166,45 @@ class SessionCaller:
 
     async def ask(self, request: types.ServerRequest) -> types.ClientResult:
         metadata = ServerMessageMetadata(related_request_id=self._ctx.request_id)
-        session, result_type = self._ctx.session, _result_type(request)
+        session, answer_type = self._ctx.session, result_type(request)
         return await client_of(self._connection).run(
-            lambda: session.send_request(request, result_type, metadata=metadata)
+            lambda: session.send_request(request, answer_type, metadata=metadata)
         )  # type: ignore[return-value]
 
 
 class ClientLink:
-    """A listener connection's tie to the SDK connection of the same client (for its fast calls)."""
+    """A listener connection's tie to the SDK connection of the same client (for its fast calls).
 
-    def __init__(self) -> None:
+    It also stands for that connection itself: the calls its 2026-07-28 client left waiting for
+    input end when it closes (:meth:`on_close`).
+    """
+
+    def __init__(self, *, lasting: bool = True) -> None:
         self.connection: Connection | None = None
+        self.closed = False
+        self.lasting = lasting  # False: it stands for one request (a 2026-07-28 call over HTTP)
+        self._on_close: list[Callable[[], None]] = []
+        self._client: _Client | None = None
+
+    def client(self) -> _Client:
+        """The client of this connection's 2026-07-28 requests (see :func:`client_of`)."""
+        if self._client is None:
+            self._client = _Client(lasting=self.lasting)
+            self.on_close(self._client.close)
+        return self._client
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call *callback* (sync) when the listener connection ends; at once if it has."""
+        if self.closed:
+            callback()
+        else:
+            self._on_close.append(callback)
+
+    def close(self) -> None:
+        self.closed = True
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
 
 
 _LINK: ContextVar[ClientLink | None] = ContextVar("mcp_supervisor_client_link", default=None)
@@ -160,6 +213,11 @@ _LINK: ContextVar[ClientLink | None] = ContextVar("mcp_supervisor_client_link", 
 def bind(link: ClientLink) -> None:
     """Make *link* the one :func:`note` fills in the current task and the tasks it starts."""
     _LINK.set(link)
+
+
+def current_link() -> ClientLink | None:
+    """The link of the mcp.sock connection the current request came through; None elsewhere (HTTP)."""
+    return _LINK.get()
 
 
 def note(ctx: ServerRequestContext[Any]) -> None:
@@ -188,10 +246,10 @@ class LinkedCaller:
         connection = self._link.connection
         assert connection is not None
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        result_type = _result_type(request)
+        answer_type = result_type(request)
 
         async def send() -> BaseModel:
             answer = await connection.outbound.send_raw_request(data["method"], data.get("params"))
-            return result_type.model_validate(answer, by_name=False)
+            return answer_type.model_validate(answer, by_name=False)
 
         return await client_of(connection).run(send)  # type: ignore[return-value]

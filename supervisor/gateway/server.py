@@ -20,18 +20,18 @@ from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import ListenHandler
+from mcp.shared.dispatcher import ProgressFnT
 
 from .. import __version__
 from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
 from ..state import Snapshot, State
 from . import catalog as catalogs
-from . import passthrough, spoollinks, tasks
+from . import inputrequired, passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
 from .names import expose, expose_uri, parse_uri
-from .progress import LatestProgress
 from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -104,17 +104,18 @@ class Gateway:
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
         self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
+        self.inputs = inputrequired.InputRequired()  # 2026-07-28 clients' calls that wait for input
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
             instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            on_call_tool=self.inputs.wrap(self._call_tool),
             on_list_prompts=self._list_prompts,
-            on_get_prompt=self._get_prompt,
+            on_get_prompt=self.inputs.wrap(self._get_prompt),
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
-            on_read_resource=self._read_resource,
+            on_read_resource=self.inputs.wrap(self._read_resource),
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
@@ -236,6 +237,7 @@ class Gateway:
             self._announced = self.catalog()
             self.views.warn_over_budget(self._announced)
             await tg.start(self.fanout.run)
+            await tg.start(self.inputs.run)
             task_status.started()
             try:
                 await self._announce_changes()
@@ -323,7 +325,7 @@ class Gateway:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
             ext = self._serving(ext, ctx)
-            caller = passthrough.SessionCaller(ctx)
+            caller = inputrequired.caller(ctx)
             result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx), caller=caller)
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
@@ -478,7 +480,7 @@ class Gateway:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
             ext = self._serving(ext, ctx)
-            caller = passthrough.SessionCaller(ctx)
+            caller = inputrequired.caller(ctx)
             return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
@@ -496,9 +498,9 @@ def _forwarded(params: Any, **changes: Any) -> Any:
     return params.model_copy(update={**changes, "meta": None})
 
 
-def _progress_relay(ctx: ServerRequestContext[Any]) -> LatestProgress:
+def _progress_relay(ctx: ServerRequestContext[Any]) -> ProgressFnT:
     """Progress from the child, back to the client that asked (a no-op if it sent no token)."""
-    return LatestProgress(ctx.session.report_progress)
+    return inputrequired.progress(ctx)
 
 
 def _tool_error(text: str) -> types.CallToolResult:

@@ -37,7 +37,10 @@ TOOLS = [
     _tool("roots"),
     _tool("later", delay={"type": "number"}),
     _tool("wait", seconds={"type": "number"}),
+    _tool("both", message={"type": "string"}, prompt={"type": "string"}),
+    _tool("work", message={"type": "string"}, steps={"type": "integer"}),
 ]
+PROMPTS = [types.Prompt(name="confirm", arguments=[types.PromptArgument(name="message")])]
 
 
 def say(line: str) -> None:
@@ -48,7 +51,45 @@ async def list_tools(ctx: ServerRequestContext, params: Any) -> types.ListToolsR
     return types.ListToolsResult(tools=TOOLS)
 
 
+async def list_prompts(ctx: ServerRequestContext, params: Any) -> types.ListPromptsResult:
+    return types.ListPromptsResult(prompts=PROMPTS)
+
+
+async def get_prompt(
+    ctx: ServerRequestContext, params: types.GetPromptRequestParams
+) -> types.GetPromptResult:
+    text = await _ask(ctx, "elicit", dict(params.arguments or {}))
+    say(f"confirm -> {text}")
+    message = types.PromptMessage(role="user", content=types.TextContent(text=text))
+    return types.GetPromptResult(messages=[message])
+
+
+async def _both(ctx: ServerRequestContext, args: dict[str, Any]) -> str:
+    outcomes: dict[str, str] = {}
+
+    async def one(name: str) -> None:
+        outcomes[name] = await _ask(ctx, name, args)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, "elicit")
+        tg.start_soon(one, "sample")
+    return f"{outcomes['elicit']} | {outcomes['sample']}"
+
+
+async def _work(ctx: ServerRequestContext, args: dict[str, Any]) -> str:
+    answer = await _ask(ctx, "elicit", args)
+    steps = int(args.get("steps", 3))
+    for step in range(1, steps + 1):
+        await anyio.sleep(0.05)
+        await ctx.session.report_progress(step, steps, f"step {step}")
+    return f"{answer}; worked {steps}"
+
+
 async def _ask(ctx: ServerRequestContext, name: str, args: dict[str, Any], related: bool = True) -> str:
+    if name == "both":
+        return await _both(ctx, args)
+    if name == "work":
+        return await _work(ctx, args)
     request_id = ctx.request_id if related else None
     if name == "elicit":
         elicited = await ctx.session.elicit_form(str(args.get("message", "?")), SCHEMA, request_id)
@@ -97,7 +138,12 @@ async def roots_changed(ctx: ServerRequestContext, params: Any) -> None:
 
 async def main() -> None:
     server = Server(
-        "asker", on_list_tools=list_tools, on_call_tool=call_tool, on_roots_list_changed=roots_changed
+        "asker",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+        on_roots_list_changed=roots_changed,
     )
     async with anyio.create_task_group() as tg, stdio_server() as (read, write):
         TASKS.append(tg)

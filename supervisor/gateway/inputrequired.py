@@ -1,0 +1,416 @@
+"""Input-required results: a child's questions mid-call, for 2026-07-28 clients.
+
+A 2026-07-28 client cannot be sent requests. When a child asks its client something
+(``elicitation/create``, ``sampling/createMessage``, ``roots/list``) while serving such a
+client's ``tools/call``, ``prompts/get`` or ``resources/read``, that request is answered with an
+``InputRequiredResult`` carrying the child's question(s) and a ``requestState`` naming the call,
+which stays *parked*: the child goes on waiting for its answer. The client's retry with
+``inputResponses`` and that ``requestState`` hands the answers to the child's pending requests
+and waits for the same child call again, for its result or the next input-required result.
+Nothing is sent to the child twice.
+
+- Such a call runs in a task of :class:`InputRequired` (owned by the gateway's task), so that it
+  can outlive the request that started it. The request waiting for it (the first, or a retry)
+  *attends* it and gets its progress; that request's cancellation cancels the call in the child.
+- A ``requestState`` is ``msv1.`` + base64url(handle, round, HMAC-SHA256 tag) under a key drawn
+  when the daemon starts: unforgeable, and void after a restart. It names a call in a bounded
+  table; the table, not the token, holds what it is bound to (the client connection on mcp.sock,
+  the profile on HTTP, where 2026-07-28 has no sessions; the method, name and arguments), and
+  each state is good for one retry. The state itself carries nothing a client may not read.
+- Bounds: :data:`MAX_PARKED_PER_CLIENT` calls of one client and :data:`MAX_PARKED` in all may wait
+  for input; a child's question past them gets an error at once. A parked call waits for the
+  retry as a handshake-era call waits for its client's answer: within its ``call_timeout_max``
+  (then the child gets ``notifications/cancelled``), and on mcp.sock no longer than the client's
+  connection. A call that ended meanwhile leaves a short reason (:data:`MAX_RETIRED` of them)
+  that a late retry gets as its error.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Awaitable, Callable, Hashable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from mcp import MCPError
+from mcp.server import ServerRequestContext
+from mcp.shared.dispatcher import ProgressFnT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from . import passthrough
+from .passthrough import MAX_ASKS, ClientLink, SessionCaller
+from .progress import LatestProgress
+from .views import SCOPE_KEY
+
+__all__ = ("MAX_PARKED", "MAX_PARKED_PER_CLIENT", "MAX_RETIRED", "InputRequired", "caller", "progress")
+
+log = structlog.get_logger(__name__)
+
+MAX_PARKED = 128  # calls waiting for a retry with answers, in all
+MAX_PARKED_PER_CLIENT = 16  # ... from one client (an mcp.sock connection; an HTTP profile)
+MAX_RETIRED = 1024  # reasons kept for the states of calls that ended, for late retries
+STATE_PREFIX = "msv1."
+_HANDLE, _ROUND, _TAG = 16, 4, 16
+_LABEL = b"mcp-supervisor/requestState/v1:"
+ParamsT = TypeVar("ParamsT", bound=types.InputResponseRequestParams)
+Handler = Callable[[ServerRequestContext[Any], ParamsT], Awaitable[Any]]
+
+
+@dataclass(eq=False)
+class _Pending:
+    key: str
+    request: types.InputRequest
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: types.ClientResult | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class _Call:
+    handle: bytes
+    client: Hashable  # what a retry must come from: a ClientLink, or ("http", profile)
+    identity: tuple[str, str, Any]  # method, name or URI, arguments
+    capabilities: types.ClientCapabilities | None
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    asked: int = 0  # requests from the child so far: their keys
+    round: int = 0  # of the requestState the client holds (0: none yet)
+    attended: bool = False
+    slot: bool = False  # counted in the bounds: it has been waiting for input
+    relay: ProgressFnT | None = None  # the attending request's progress
+    outcome: tuple[Any, BaseException | None] | None = None
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+_CURRENT: ContextVar[tuple[InputRequired, _Call] | None] = ContextVar("mcp_supervisor_parked", default=None)
+
+
+def caller(ctx: ServerRequestContext[Any]) -> passthrough.SessionCaller | _Caller:
+    """Who a child's questions go to during the request of *ctx*: its parked call, if it has one."""
+    current = _CURRENT.get()
+    return _Caller(*current) if current is not None else SessionCaller(ctx)
+
+
+def progress(ctx: ServerRequestContext[Any]) -> ProgressFnT:
+    """Where a child's progress goes during the request of *ctx*: whichever request attends its call."""
+    current = _CURRENT.get()
+    if current is None:
+        return LatestProgress(ctx.session.report_progress)
+    call = current[1]
+
+    async def relay(value: float, total: float | None, message: str | None) -> None:
+        if call.relay is not None:  # parked: nobody to tell
+            try:
+                await call.relay(value, total, message)
+            except Exception as exc:  # that request was answered, or its client went, meanwhile
+                log.debug("gateway.progress_dropped", error=str(exc)[:200])
+
+    return relay
+
+
+class _Caller:
+    """A parked call's client, as its child's questions see it (:class:`supervisor.callers.Caller`)."""
+
+    def __init__(self, table: InputRequired, call: _Call) -> None:
+        self._table, self._call = table, call
+
+    @property
+    def client(self) -> object:
+        # Each call is a client of its own: a question put to the wrong parked call would wait for
+        # a retry that may never come, and over stdio a child's request does not say which it serves.
+        return self._call
+
+    def refusal(self, method: str) -> str | None:
+        call = self._call
+        refusal = passthrough.capability_refusal(call.capabilities, method)
+        if refusal is None and len(call.pending) >= MAX_ASKS:
+            refusal = f"the call has {MAX_ASKS} requests waiting for the client already"
+        return refusal if refusal is not None else self._table.room_for(call)
+
+    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+        if (refusal := self.refusal(request.method)) is not None:
+            raise MCPError(passthrough.NOT_ANSWERABLE, refusal)
+        pending = self._table.ask(self._call, request)
+        try:
+            await pending.answered.wait()
+        finally:
+            self._call.pending.pop(pending.key, None)
+        if pending.answer is None:
+            raise MCPError(types.CONNECTION_CLOSED, pending.error or "the client did not answer")
+        return pending.answer
+
+
+class InputRequired:
+    """The calls of 2026-07-28 clients that may wait for input, and their tasks (:meth:`run`)."""
+
+    def __init__(self) -> None:
+        self._key = os.urandom(32)  # per daemon run: a restart voids every requestState
+        self._calls: dict[bytes, _Call] = {}
+        self._slots: dict[Hashable, set[_Call]] = {}
+        self._retired: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._watched: set[int] = set()  # id() of the links whose close we hear of
+        self._tg: TaskGroup | None = None
+
+    def __len__(self) -> int:
+        """Calls waiting for input, or for their client's retry with it."""
+        return sum(len(calls) for calls in self._slots.values())
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Own the calls' tasks until cancelled (then they are cancelled in their children)."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+
+    def wrap(self, handler: Handler[ParamsT]) -> Handler[ParamsT]:
+        """*handler*, serving 2026-07-28 clients through parked calls; others as before."""
+
+        async def serve(ctx: ServerRequestContext[Any], params: ParamsT) -> Any:
+            if self._tg is None or ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                return await handler(ctx, params)
+            if params.request_state is not None:
+                call = self._resume(ctx, params)
+            elif params.input_responses:
+                raise MCPError(
+                    types.INVALID_PARAMS, "inputResponses came without the requestState they answer"
+                )
+            else:
+                call = _Call(
+                    os.urandom(_HANDLE), _client(ctx), _identity(ctx), ctx.session.client_capabilities
+                )
+                self._calls[call.handle] = call
+                self._tg.start_soon(self._run_call, call, handler, ctx, params)
+            return await self._attend(call, ctx)
+
+        return serve
+
+    # ---- the call and who attends it -----------------------------------------------------
+
+    async def _run_call(
+        self, call: _Call, handler: Handler[Any], ctx: ServerRequestContext[Any], params: Any
+    ) -> None:
+        _CURRENT.set((self, call))
+        # Its per-client instance: its mcp.sock connection's; over HTTP (no sessions) none (a
+        # per-client extension refuses such a call: see instances.SESSIONLESS).
+        link = call.client if isinstance(call.client, ClientLink) else ClientLink(lasting=False)
+        passthrough.bind(link)
+        outcome: tuple[Any, BaseException | None] = (
+            None,
+            MCPError(types.INTERNAL_ERROR, "the call was cancelled"),
+        )
+        try:
+            with call.scope:
+                try:
+                    outcome = (await handler(ctx, params), None)
+                except Exception as exc:  # the handler's error is the request's answer
+                    outcome = (None, exc)
+        finally:
+            call.outcome = outcome
+            call.wake()
+            if not call.attended:
+                self._retire(call, f"ended before the client's answers came ({_describe(outcome)})")
+            if link is not call.client:
+                link.close()
+
+    async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
+        call.attended, call.relay = True, LatestProgress(ctx.session.report_progress)
+        parked = False
+        try:
+            while call.outcome is None:
+                if call.pending:
+                    await anyio.lowlevel.checkpoint()  # a child's questions sent together go out together
+                    if call.outcome is None:
+                        parked = True
+                        return self._input_required(call)
+                await call.changed.wait()
+            result, error = call.outcome
+            if isinstance(error, MCPError):
+                raise MCPError(error.code, error.message, error.error.data) from None
+            if error is not None:
+                raise error
+            return result
+        finally:
+            call.attended, call.relay = False, None
+            if call.outcome is not None:  # delivered, or ended as this request was cancelled
+                self._retire(
+                    call, "finished and its result was delivered (a requestState is good for one retry)"
+                )
+            elif not parked:  # its request was cancelled, or its client went: so is the call
+                call.scope.cancel()
+
+    def _input_required(self, call: _Call) -> types.InputRequiredResult:
+        call.round += 1
+        log.info("gateway.input_required", round=call.round, requests=sorted(call.pending))
+        requests = {key: pending.request for key, pending in call.pending.items()}
+        return types.InputRequiredResult(input_requests=requests, request_state=self._seal(call))
+
+    # ---- the child's questions -----------------------------------------------------------
+
+    def room_for(self, call: _Call) -> str | None:
+        """Why *call* may not wait for input (too many of its client's calls do), or None. Sync."""
+        if call.slot:
+            return None
+        if len(self) >= MAX_PARKED:
+            return f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already"
+        if len(self._slots.get(call.client, ())) >= MAX_PARKED_PER_CLIENT:
+            return f"the calling client has {MAX_PARKED_PER_CLIENT} calls waiting for input already"
+        return None
+
+    def ask(self, call: _Call, request: types.ServerRequest) -> _Pending:
+        """Record the child's *request* for the client; the attending request (or the next) sends it."""
+        if not call.slot:
+            call.slot = True
+            self._slots.setdefault(call.client, set()).add(call)
+            client = call.client
+            if isinstance(client, ClientLink) and id(client) not in self._watched:
+                self._watched.add(id(client))
+                client.on_close(lambda: self._client_gone(client))
+        call.asked += 1
+        pending = _Pending(f"r{call.asked}", request)  # type: ignore[arg-type]  # one of the three
+        call.pending[pending.key] = pending
+        call.wake()
+        return pending
+
+    def _client_gone(self, client: ClientLink) -> None:
+        self._watched.discard(id(client))
+        for call in list(self._slots.get(client, ())):
+            call.scope.cancel()
+
+    # ---- retries -------------------------------------------------------------------------
+
+    def _resume(self, ctx: ServerRequestContext[Any], params: types.InputResponseRequestParams) -> _Call:
+        """The call a retry's requestState names, its answers handed to the child's requests."""
+        handle, number = self._unseal(str(params.request_state))
+        call = self._calls.get(handle)
+        if call is None:
+            reason = self._retired.get(handle, "is no longer known")
+            _refuse(f"the call this requestState names {reason}; call again without it")
+        if call.client != _client(ctx):
+            _refuse("this requestState was issued to another client connection")
+        if call.identity != _identity(ctx):
+            _refuse(
+                f"this requestState was issued for another request ({call.identity[0]} {call.identity[1]!r})"
+            )
+        if number != call.round or call.attended:
+            _refuse(
+                "this requestState was used already (each is good for one retry); retry with the latest one"
+            )
+        answers = self._validated(call, params.input_responses or {})
+        for key, answer in answers.items():
+            pending = call.pending.pop(key)
+            pending.answer = answer
+            pending.answered.set()
+        return call
+
+    def _validated(self, call: _Call, responses: types.InputResponses) -> dict[str, types.ClientResult]:
+        answers: dict[str, types.ClientResult] = {}
+        for key, response in responses.items():
+            pending = call.pending.get(key)
+            if pending is None:
+                outstanding = ", ".join(sorted(call.pending)) or "none"
+                _refuse(
+                    f"inputResponses answers {key[:40]!r}, which is not asked (outstanding: {outstanding})"
+                )
+            data = response.model_dump(by_alias=True, mode="json", exclude_none=True)
+            try:
+                answer = passthrough.result_type(pending.request).model_validate(data, by_name=False)
+            except ValidationError as exc:
+                method = pending.request.method
+                _refuse(f"inputResponses[{key!r}] is not an answer to {method}: {exc.errors()[:1]}")
+            answers[key] = answer  # type: ignore[assignment]
+        return answers
+
+    def _retire(self, call: _Call, reason: str) -> None:
+        if self._calls.pop(call.handle, None) is None:
+            return
+        if call.slot:
+            holders = self._slots.get(call.client, set())
+            holders.discard(call)
+            if not holders:
+                self._slots.pop(call.client, None)
+        for pending in call.pending.values():  # the child stops waiting: nobody will answer now
+            pending.error = f"the call it served {reason}"
+            pending.answered.set()
+        if call.round:
+            self._retired[call.handle] = reason
+            while len(self._retired) > MAX_RETIRED:
+                self._retired.popitem(last=False)
+            log.info("gateway.parked_call_ended", reason=reason[:200])
+
+    # ---- requestState --------------------------------------------------------------------
+
+    def _tag(self, handle: bytes, number: bytes) -> bytes:
+        return hmac.new(self._key, _LABEL + handle + number, hashlib.sha256).digest()[:_TAG]
+
+    def _seal(self, call: _Call) -> str:
+        number = call.round.to_bytes(_ROUND, "big")
+        raw = call.handle + number + self._tag(call.handle, number)
+        return STATE_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    def _unseal(self, state: str) -> tuple[bytes, int]:
+        raw = b""
+        if state.startswith(STATE_PREFIX) and len(state) < 100:
+            text = state.removeprefix(STATE_PREFIX)
+            try:
+                raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            except ValueError:
+                raw = b""
+        handle, number, tag = raw[:_HANDLE], raw[_HANDLE : _HANDLE + _ROUND], raw[_HANDLE + _ROUND :]
+        if len(raw) != _HANDLE + _ROUND + _TAG or not hmac.compare_digest(tag, self._tag(handle, number)):
+            _refuse(
+                "this requestState was not issued by this daemon: it was altered, or the daemon restarted "
+                "since (which ends every call waiting for input); call again without it"
+            )
+        return handle, int.from_bytes(number, "big")
+
+
+def _refuse(message: str) -> Any:
+    log.info("gateway.request_state_refused", reason=message[:200])
+    raise MCPError(types.INVALID_PARAMS, f"mcp-supervisor: {message}")
+
+
+def _client(ctx: ServerRequestContext[Any]) -> Hashable:
+    """What a retry must come from: the mcp.sock connection, or on HTTP (no sessions) the profile."""
+    link = passthrough.current_link()
+    if link is not None:
+        return link
+    scope = getattr(ctx.request, "scope", None)
+    return ("http", scope.get(SCOPE_KEY) if isinstance(scope, dict) else None)
+
+
+def _identity(ctx: ServerRequestContext[Any]) -> tuple[str, str, Any]:
+    """The request a requestState is bound to: method, name (or URI) and arguments."""
+    params = ctx.params or {}
+    target = params.get("uri") if ctx.method == "resources/read" else params.get("name")
+    arguments = params.get("arguments") or {}
+    digest = hashlib.sha256(json.dumps(arguments, sort_keys=True, default=str).encode()).hexdigest()
+    return ctx.method, str(target), digest
+
+
+def _describe(outcome: tuple[Any, BaseException | None]) -> str:
+    result, error = outcome
+    if error is not None:
+        return str(error)[:300] or type(error).__name__
+    content = getattr(result, "content", None)
+    if getattr(result, "is_error", False) and content and isinstance(content[0], types.TextContent):
+        return f"an error: {content[0].text[:300]}"
+    return "its result came, but no retry collected it"
