@@ -12,6 +12,7 @@ and through ``uvx``, plus the HTTP listener, so the group pays for one start.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -108,12 +109,15 @@ def toolchain() -> Toolchain:
         if (why := reachable(url)) is not None:
             pytest.skip(why)
     env = {**os.environ, **NPM_ENV, **UV_ENV}
-    if any(_installed(name) != version for name, version in NPM_PACKAGES.items()):
-        NPM_PREFIX.mkdir(parents=True, exist_ok=True)  # all at once: npm prunes what it was not given
-        pinned = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
-        _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
-    # uvx installs on first use: do it here, so the daemon's start is not the download.
-    _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "install.lock", "w") as lock:  # one installer at a time (pytest -n: per worker)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if any(_installed(name) != version for name, version in NPM_PACKAGES.items()):
+            NPM_PREFIX.mkdir(parents=True, exist_ok=True)  # all at once: npm prunes what it was not given
+            pinned = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
+            _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
+        # uvx installs on first use: do it here, so the daemon's start is not the download.
+        _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
     return Toolchain(BIN, UVX, {**NPM_ENV, **UV_ENV})
 
 
