@@ -2,6 +2,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/example.yaml
+# Test workers: the suite mostly waits on real processes, so two share two cores well.
+WORKERS ?= 2
 
 .PHONY: venv run test lint bench clean
 
@@ -19,7 +21,7 @@ run: venv
 
 test: venv
 	$(BIN)/ruff check supervisor tests bench
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -n $(WORKERS) --dist worksteal
 
 lint: venv
 	$(BIN)/ruff check supervisor tests bench
