@@ -15,7 +15,8 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,13 @@ import structlog
 
 from .state import Listing
 
-__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint")
+__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint", "prune")
 
 log = structlog.get_logger(__name__)
 
 VERSION = 1
 MAX_BYTES = 8 * 1024 * 1024  # one extension's saved listing; a larger one is not written nor read
+STALE_TEMP_SECONDS = 60.0  # a temporary file this old is a crashed write's, not one in progress
 _KINDS: tuple[tuple[str, Any], ...] = (
     ("tools", types.Tool),
     ("prompts", types.Prompt),
@@ -120,6 +122,37 @@ class CatalogStore:
             log.warning("catalog.not_saved", extension=self.name, path=str(self.path), error=str(exc))
             return False
         return True
+
+
+def prune(directory: Path, keep: Collection[str]) -> list[str]:
+    """Delete the saved listings in *directory* of extensions not in *keep*. Blocking.
+
+    Those were removed from the config or no longer start on demand: left alone, the directory
+    would hold a file for every name the config ever had. A crashed write's temporary file goes
+    too, once it is old enough not to be a write in progress. Returns the names removed.
+    """
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    removed: list[str] = []
+    for entry in entries:
+        name = entry.name
+        if name.endswith(".json") and not name.startswith("."):
+            if name.removesuffix(".json") in keep:
+                continue
+        elif not (name.startswith(".") and name.endswith(".tmp")):
+            continue  # not ours
+        try:
+            if name.endswith(".tmp") and time.time() - entry.lstat().st_mtime < STALE_TEMP_SECONDS:
+                continue
+            entry.unlink()
+        except OSError:
+            continue
+        removed.append(name)
+    if removed:
+        log.info("catalog.pruned", path=str(directory), files=len(removed))
+    return removed
 
 
 def _dump(item: Any) -> Any:

@@ -29,7 +29,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
 from . import config, control, logs, process, resources
-from .catalogs import CatalogStore, default_state_root, fingerprint
+from .catalogs import CatalogStore, default_state_root, fingerprint, prune
 from .config import ExtensionConfig, Settings
 from .demand import Demand
 from .errors import ConfigError, SupervisorError, UnknownExtension
@@ -327,6 +327,7 @@ class Daemon:
             self.notifier.ready(self.summary())
             self.gateway.set_profiles(new.profiles)
             self.gateway.invalidate()
+            await self.prune_catalogs()
         report = {
             "added": added,
             "removed": gone,
@@ -336,6 +337,12 @@ class Daemon:
         }
         log.info("daemon.reloaded", **report)
         return report
+
+    async def prune_catalogs(self) -> None:
+        """Delete the saved listings of extensions the config no longer starts on demand."""
+        configs = {name: ext.config for name, ext in self._extensions.items()}
+        keep = {name for name, c in configs.items() if c.on_demand or c.idle_stop is not None}  # _demand_of's
+        await anyio.to_thread.run_sync(prune, self.catalogs, keep)
 
     def _load(self) -> Settings:
         """The config file again; whatever goes wrong reading it is a ConfigError, never the daemon's end."""
@@ -484,6 +491,7 @@ async def run(
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
         await _prepare_spool(daemon.spool)
+        await daemon.prune_catalogs()
         await daemon.autostart()
         notifier.ready(daemon.summary())
         tg.start_soon(keep_watchdog, notifier)  # on the loop: a blocked loop stops the pings

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from supervisor import process
-from supervisor.catalogs import MAX_BYTES, CatalogStore, default_state_root, fingerprint
+from supervisor.catalogs import MAX_BYTES, CatalogStore, default_state_root, fingerprint, prune
 from supervisor.config import ExtensionConfig
 from supervisor.demand import BUSY_RECHECK, idle_wait
 from supervisor.state import Listing
@@ -149,6 +150,18 @@ class TestCatalogStore:
         assert store.load() is None
         big = Listing.of(tools=[TOOL.model_copy(update={"description": "x" * MAX_BYTES})])
         assert not store.save(big)  # bounded on the way out too
+
+    def test_prune_keeps_the_named_listings_and_fresh_writes_only(self, tmp_path: Path) -> None:
+        for name in ("kept", "gone"):
+            assert CatalogStore(tmp_path, name, "print").save(Listing.of(tools=[TOOL]))
+        crashed, writing = tmp_path / ".gone.abc.tmp", tmp_path / ".kept.def.tmp"
+        crashed.write_text("{")
+        writing.write_text("{")
+        os.utime(crashed, (time.time() - 3600, time.time() - 3600))
+        (tmp_path / "notes.txt").write_text("not ours")
+        assert sorted(prune(tmp_path, {"kept"})) == [".gone.abc.tmp", "gone.json"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".kept.def.tmp", "kept.json", "notes.txt"]
+        assert prune(tmp_path / "absent", set()) == []
 
 
 # ---- the daemon ----------------------------------------------------------------------------
@@ -294,6 +307,28 @@ def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_ca
     assert daemon.cli("call", "gx", "echo", "--args", '{"text": "hi"}').returncode == 0
     assert len(spawns(others)) == 1
     assert daemon.status()["gx"]["tools"] == 4
+
+
+def test_a_listing_goes_when_its_extension_leaves_the_config(
+    ondemand: Callable[..., StatefulDaemon], short_tmp: Path
+) -> None:
+    """Saved listings do not pile up: a reload or a start drops those the config no longer names."""
+    daemon = ondemand(
+        {"fx": counted(short_tmp / "fx", on_demand=True), "gx": counted(short_tmp / "gx", on_demand=True)}
+    )
+    until(lambda: daemon.catalog_file("fx").exists() and daemon.catalog_file("gx").exists())
+    settings = json.loads(daemon.config.read_text())
+    del settings["extensions"]["gx"]
+    daemon.config.write_text(json.dumps(settings))
+    assert daemon.cli("reload").returncode == 0
+    assert not daemon.catalog_file("gx").exists() and daemon.catalog_file("fx").exists()
+    assert daemon.terminate() == 0
+
+    settings["extensions"]["fx"]["on_demand"] = False  # no longer on demand: nothing to serve it from
+    daemon.config.write_text(json.dumps(settings))
+    daemon.start()
+    until(lambda: not daemon.catalog_file("fx").exists())
+    assert daemon.terminate() == 0
 
 
 def test_clients_hear_no_list_change_when_it_starts_and_idles_out(
