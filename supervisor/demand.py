@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
@@ -19,24 +19,66 @@ from .state import Listing
 
 if TYPE_CHECKING:
     from .extension import Extension
+    from .transport import Connection
 
-__all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait")
+__all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait", "tasks_working")
 
 log = structlog.get_logger(__name__)
 
 StartHook = Callable[["Extension"], Awaitable[None]]  # starts the extension in the daemon's task group
 BUSY_RECHECK = 1.0  # a busy extension is looked at again after max(idle_stop, this) seconds
+TASKS_QUESTION_TIMEOUT = 5.0  # seconds for a child to say whether a task of its works
+MAX_TASK_PAGES = 8  # of its tasks/list, read for that
+WORKING = ("working", "input_required")  # a task in these states is not finished
 
 
 def idle_wait(now: float, last_active: float, idle: float, busy: bool) -> float | None:
     """Seconds until the idle timer should look again, or None: stop now. Pure.
 
-    *busy*: a call or a subscription is in flight, so the extension is not idle whatever the clock.
+    *busy*: a call, a subscription or a task is in flight, so it is not idle whatever the clock.
     """
     if busy:
         return max(idle, BUSY_RECHECK)
     remaining = last_active + idle - now
     return remaining if remaining > 0 else None
+
+
+async def _none_working() -> bool:
+    return False
+
+
+async def tasks_working(connection: Connection) -> bool:
+    """Whether the child says a task of its own still works (2025-11-25 ``tasks/list``).
+
+    An idle stop would lose it: a server's tasks live in its process. The question is not a
+    call (it neither counts in flight nor renews the idle period). A child that cannot say (no
+    ``tasks.list`` capability, an error, no answer within :data:`TASKS_QUESTION_TIMEOUT`) is
+    taken to have none, as before tasks existed; at most :data:`MAX_TASK_PAGES` pages are read.
+    """
+    tasks = connection.capabilities.tasks
+    if tasks is None or tasks.list is None:
+        return False
+    params: dict[str, Any] = {}
+    try:
+        with anyio.fail_after(TASKS_QUESTION_TIMEOUT):
+            for _ in range(MAX_TASK_PAGES):
+                page = await connection.request_raw("tasks/list", params, progress=_ignore_progress)
+                listed = page.get("tasks")
+                if isinstance(listed, list) and any(
+                    isinstance(task, dict) and task.get("status") in WORKING for task in listed
+                ):
+                    return True
+                cursor = page.get("nextCursor")
+                if not isinstance(cursor, str) or not cursor:
+                    return False
+                params = {"cursor": cursor}
+    except Exception as exc:  # TimeoutError, the child's error, a broken pipe: it cannot say
+        log.info("extension.tasks_unknown", error=str(exc)[:200] or type(exc).__name__)
+    return False
+
+
+async def _ignore_progress(progress: float, total: float | None, message: str | None) -> None:
+    return None
 
 
 class Demand:
@@ -86,18 +128,34 @@ class Demand:
         if self.store is not None:
             await anyio.to_thread.run_sync(self.store.save, listing)
 
-    async def serve(self, listing: Listing, in_flight: Callable[[], int], stop: Callable[[], None]) -> None:
-        """For one run: save its listing, then call *stop* once idle (never while busy)."""
+    async def serve(
+        self,
+        listing: Listing,
+        in_flight: Callable[[], int],
+        stop: Callable[[], None],
+        tasks_working: Callable[[], Awaitable[bool]] = _none_working,
+    ) -> None:
+        """For one run: save its listing, then call *stop* once idle (never while busy).
+
+        *tasks_working* asks the child whether a task of its own still works (it would be lost):
+        asked only once the run looks idle otherwise, and then that look is taken again.
+        """
         self.touch()
         await self.save(listing)
         idle = self.idle_after
         if idle is None:
             return
-        while True:
+
+        def wait() -> float | None:
             busy = in_flight() > 0 or self.holds()
-            wait = idle_wait(time.monotonic(), self.last_active, idle, busy)
-            if wait is None:
-                log.info("extension.idle_stop", idle=idle, learning=self.learning)
-                stop()  # sync, right after the check: no call can slip in between
-                return
-            await anyio.sleep(wait)
+            return idle_wait(time.monotonic(), self.last_active, idle, busy)
+
+        while True:
+            if (seconds := wait()) is None:
+                if await tasks_working():
+                    seconds = max(idle, BUSY_RECHECK)
+                elif (seconds := wait()) is None:  # again: a call may have come during the question
+                    log.info("extension.idle_stop", idle=idle, learning=self.learning)
+                    stop()  # sync, right after the check: no call can slip in between
+                    return
+            await anyio.sleep(seconds)

@@ -27,7 +27,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from . import liveness, resources, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
-from .demand import Demand
+from .demand import Demand, tasks_working
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
 from .process import ChildProcess
 from .spool import ExtensionSpool
@@ -531,7 +531,9 @@ class Extension:
         async with anyio.create_task_group() as helpers:  # owned by this run: gone before teardown
             helpers.start_soon(self._keep_listings_fresh, connection)
             if self._demand is not None:  # saves the listing, then stops the child once idle
-                helpers.start_soon(self._demand.serve, listing, lambda: self._in_flight, self._stop_idle)
+                working = functools.partial(tasks_working, connection)  # a task in it holds it too
+                in_flight = lambda: self._in_flight  # noqa: E731
+                helpers.start_soon(self._demand.serve, listing, in_flight, self._stop_idle, working)
             self._answered_at = started
             self._start_guards(helpers, connection)
             await connection.ended.wait()

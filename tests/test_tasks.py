@@ -376,3 +376,18 @@ class TestHttp:
             assert result["content"] == [{"type": "text", "text": "done: http"}]
             listed = await send("tasks/list", {}, {})
             assert [t["taskId"] for t in listed["tasks"]] == [created["task"]["taskId"]]
+
+
+class TestIdleStop:
+    async def test_a_working_task_holds_off_idle_stop_until_it_ends(self, start) -> None:
+        """idle_stop never ends a task: the child is asked (tasks/list) before it is stopped as idle.
+        The client does not poll here, so no call renews the idle period meanwhile."""
+        daemon = start({"tasks": {**TASKS, "idle_stop": 0.3}})
+        async with raw_client(daemon) as (client, _):
+            created = time.monotonic()
+            await client.create("tasks__slow", seconds=2.0)
+            with anyio.fail_after(20):
+                while (await anyio.to_thread.run_sync(daemon.status))["tasks"]["state"] == "running":  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            assert time.monotonic() - created >= 2.0  # not before the task ended
+        assert "extension.idle_stop" in [e.get("event") for e in daemon.events()]
