@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import anyio
 import pydantic
@@ -15,11 +17,11 @@ from anyio.abc import TaskGroup
 from supervisor import render
 from supervisor.config import ExtensionConfig
 from supervisor.extension import Extension
-from supervisor.resources import CACHE_SECONDS, Sampler, run_usage
+from supervisor.resources import CACHE_SECONDS, Sampler, cgroup_memory_limit, enforce_memory_max, run_usage
 from supervisor.state import State
 
 from . import test_operations
-from .conftest import extension_settings, fast_config, first_text, running
+from .conftest import eventually, extension_settings, fast_config, first_text, running
 from .test_operations import Daemon
 
 daemon = test_operations.daemon  # the same fixture, its leftover check included
@@ -153,3 +155,39 @@ class TestMemoryMax:
             0,
         )
         await ext.stop()
+
+
+class TestMemoryMaxWithACgroup:
+    """The cgroup branch: the kernel enforces ``memory.max``; the daemon writes the limit and reads
+    ``memory.events``. This machine delegates no memory controller (cgroup v1 memory), so a
+    directory with the cgroup's files stands in for one; the kernel's side is not exercised."""
+
+    async def test_the_limit_is_written_and_an_oom_kill_is_reported(self, tmp_path: Path) -> None:
+        (tmp_path / "memory.max").write_text("max\n")
+        (tmp_path / "memory.oom.group").write_text("0\n")
+        (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 0\n")
+        errors: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                functools.partial(
+                    enforce_memory_max,
+                    os.getpid(),
+                    "no-marker",
+                    tmp_path,
+                    64 << 20,
+                    errors.append,
+                    interval=0.01,
+                )
+            )
+            await eventually(lambda: (tmp_path / "memory.max").read_text() == str(64 << 20))
+            assert (tmp_path / "memory.oom.group").read_text() == "1"  # the whole tree at once
+            with anyio.move_on_after(0.1):  # several reads of memory.events: no kill yet, no error
+                await eventually(lambda: bool(errors), within=1)
+            assert errors == []  # and not the RSS check: this test process is far over 64 MiB
+            (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 1\n")
+            await eventually(lambda: bool(errors))
+        assert errors == ["memory_max 64 MiB exceeded: killed by the kernel's OOM killer"]
+
+    def test_without_the_controller_it_says_so(self, tmp_path: Path) -> None:
+        missing = tmp_path / "not-a-cgroup"  # writing memory.max fails, as in a cgroup without it
+        assert cgroup_memory_limit(missing, 1 << 30) is False
