@@ -369,3 +369,46 @@ class TestTable:
         assert f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already" in str(
             table.room_for(stranger)
         )
+
+    async def test_at_a_bound_the_call_left_unanswered_longest_makes_room(self) -> None:
+        """A client that walked away never starves one still answering: the oldest unattended
+        parked call is ended (its child's question fails) to make room; attended ones never are."""
+        table = inputrequired.InputRequired()
+        question = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(
+                message="?", requested_schema={"type": "object", "properties": {}}
+            )
+        )
+        calls = []
+        for n in range(MAX_PARKED_PER_CLIENT):
+            call = inputrequired._Call(os.urandom(16), "http", ("tools/call", "t", ""), None)
+            table._calls[call.handle] = call
+            assert table.room_for(call) is None
+            waiting = table.ask(call, question)
+            call.parked_at = float(n)  # its input-required result went out at n, unanswered since
+            calls.append((call, waiting))
+        calls[0][0].attended = True  # its client is retrying right now: not to be ended
+        newcomer = inputrequired._Call(os.urandom(16), "http", ("tools/call", "t", ""), None)
+        assert table.room_for(newcomer) is None
+        (kept, _), (ended, its_question) = calls[0], calls[1]
+        assert ended.scope.cancel_called and ended.handle not in table._calls
+        assert its_question.answered.is_set() and "to make room" in str(its_question.error)
+        assert kept.handle in table._calls and not kept.scope.cancel_called
+        assert len(table) == MAX_PARKED_PER_CLIENT - 1  # the newcomer takes the slot when it asks
+
+    async def test_an_answer_to_a_question_withdrawn_meanwhile_is_dropped_not_refused(self) -> None:
+        table = inputrequired.InputRequired()
+        call = inputrequired._Call(os.urandom(16), "c", ("tools/call", "t", ""), None)
+        question = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(
+                message="?", requested_schema={"type": "object", "properties": {}}
+            )
+        )
+        table._calls[call.handle] = call
+        table.ask(call, question)  # r1: put to the client, then withdrawn by the child
+        call.pending.pop("r1")
+        table.ask(call, question)  # r2: still waiting
+        answers = table._validated(call, {"r1": ACCEPT, "r2": ACCEPT})
+        assert list(answers) == ["r2"]
+        with pytest.raises(MCPError, match="which is not asked"):
+            table._validated(call, {"r3": ACCEPT})  # never put to the client

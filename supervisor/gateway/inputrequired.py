@@ -18,7 +18,8 @@ Nothing is sent to the child twice.
   the profile on HTTP, where 2026-07-28 has no sessions; the method, name and arguments), and
   each state is good for one retry. The state itself carries nothing a client may not read.
 - Bounds: :data:`MAX_PARKED_PER_CLIENT` calls of one client and :data:`MAX_PARKED` in all may wait
-  for input; a child's question past them gets an error at once. A parked call waits for the
+  for input. At a bound, the call left unanswered longest (its result went out, no retry came) is
+  ended to make room; with none such, a child's question past them gets an error at once. A parked call waits for the
   retry as a handshake-era call waits for its client's answer: within its ``call_timeout_max``
   (then the child gets ``notifications/cancelled``), and on mcp.sock no longer than the client's
   connection. A call that ended meanwhile leaves a short reason (:data:`MAX_RETIRED` of them)
@@ -33,7 +34,8 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Awaitable, Callable, Hashable
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -92,6 +94,7 @@ class _Call:
     slot: bool = False  # counted in the bounds: it has been waiting for input
     relay: ProgressFnT | None = None  # the attending request's progress
     outcome: tuple[Any, BaseException | None] | None = None
+    parked_at: float | None = None  # when its last input-required result went out, unanswered since
 
     def wake(self) -> None:
         self.changed.set()
@@ -185,7 +188,11 @@ class InputRequired:
         """*handler*, serving 2026-07-28 clients through parked calls; others as before."""
 
         async def serve(ctx: ServerRequestContext[Any], params: ParamsT) -> Any:
-            if self._tg is None or ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                return await handler(ctx, params)
+            if self._tg is None:  # starting or shutting down: a retry must not run as a new call
+                if params.request_state is not None or params.input_responses:
+                    _refuse("the gateway is not serving calls that wait for input now; call again without it")
                 return await handler(ctx, params)
             if params.request_state is not None:
                 call = self._resume(ctx, params)
@@ -232,15 +239,16 @@ class InputRequired:
                 link.close()
 
     async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
-        call.attended, call.relay = True, LatestProgress(ctx.session.report_progress)
+        call.attended, call.relay, call.parked_at = True, LatestProgress(ctx.session.report_progress), None
         parked = False
         try:
             while call.outcome is None:
                 if call.pending:
                     await anyio.lowlevel.checkpoint()  # a child's questions sent together go out together
-                    if call.outcome is None:
-                        parked = True
+                    if call.outcome is None and call.pending:  # (a question may be withdrawn meanwhile)
+                        parked, call.parked_at = True, time.monotonic()
                         return self._input_required(call)
+                    continue
                 await call.changed.wait()
             result, error = call.outcome
             if isinstance(error, MCPError):
@@ -266,14 +274,31 @@ class InputRequired:
     # ---- the child's questions -----------------------------------------------------------
 
     def room_for(self, call: _Call) -> str | None:
-        """Why *call* may not wait for input (too many of its client's calls do), or None. Sync."""
+        """Why *call* may not wait for input (too many of its client's calls do), or None. Sync.
+
+        At a bound, the call whose client has left it unanswered longest makes room (as the
+        idlest control connection does): a client that walked away from its calls (over HTTP a
+        profile's clients share one bound) never starves the clients still answering.
+        """
         if call.slot:
             return None
-        if len(self) >= MAX_PARKED:
-            return f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already"
-        if len(self._slots.get(call.client, ())) >= MAX_PARKED_PER_CLIENT:
+        own = self._slots.get(call.client, set())
+        if len(own) >= MAX_PARKED_PER_CLIENT and not self._make_room(own):
             return f"the calling client has {MAX_PARKED_PER_CLIENT} calls waiting for input already"
+        if len(self) >= MAX_PARKED and not self._make_room(
+            c for calls in self._slots.values() for c in calls
+        ):
+            return f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already"
         return None
+
+    def _make_room(self, calls: Iterable[_Call]) -> bool:
+        waiting = [c for c in calls if not c.attended and c.parked_at is not None]
+        if not waiting:
+            return False
+        oldest = min(waiting, key=lambda c: c.parked_at or 0.0)
+        self._retire(oldest, "was ended to make room: its client left it unanswered the longest")
+        oldest.scope.cancel()
+        return True
 
     def ask(self, call: _Call, request: types.ServerRequest) -> _Pending:
         """Record the child's *request* for the client; the attending request (or the next) sends it."""
@@ -325,6 +350,8 @@ class InputRequired:
         answers: dict[str, types.ClientResult] = {}
         for key, response in responses.items():
             pending = call.pending.get(key)
+            if pending is None and _issued(key, call):
+                continue  # the child withdrew that question meanwhile (it stopped waiting)
             if pending is None:
                 outstanding = ", ".join(sorted(call.pending)) or "none"
                 _refuse(
@@ -386,6 +413,11 @@ class InputRequired:
 def _refuse(message: str) -> Any:
     log.info("gateway.request_state_refused", reason=message[:200])
     raise MCPError(types.INVALID_PARAMS, f"mcp-supervisor: {message}")
+
+
+def _issued(key: str, call: _Call) -> bool:
+    """Whether *key* names a question of *call* put to the client in an earlier round."""
+    return key.startswith("r") and key[1:].isdigit() and 0 < int(key[1:]) <= call.asked
 
 
 def _client(ctx: ServerRequestContext[Any]) -> Hashable:
