@@ -19,11 +19,11 @@ Nothing is sent to the child twice.
   each state is good for one retry. The state itself carries nothing a client may not read.
 - Bounds: :data:`MAX_PARKED_PER_CLIENT` calls of one client and :data:`MAX_PARKED` in all may wait
   for input. At a bound, the call left unanswered longest (its result went out, no retry came) is
-  ended to make room; with none such, a child's question past them gets an error at once. A parked call waits for the
-  retry as a handshake-era call waits for its client's answer: within its ``call_timeout_max``
-  (then the child gets ``notifications/cancelled``), and on mcp.sock no longer than the client's
-  connection. A call that ended meanwhile leaves a short reason (:data:`MAX_RETIRED` of them)
-  that a late retry gets as its error.
+  ended to make room; with none such, a child's question past them gets an error at once. A
+  parked call waits for the retry as a handshake-era call waits for its client's answer: within
+  its ``call_timeout_max`` (then the child gets ``notifications/cancelled``), and on mcp.sock no
+  longer than the client's connection. A call that ended meanwhile leaves a short reason
+  (:data:`MAX_RETIRED` of them) that a late retry gets as its error.
 """
 
 from __future__ import annotations
