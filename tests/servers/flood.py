@@ -25,18 +25,31 @@ import threading
 import time
 
 _lock = threading.Lock()
+_urgent = threading.Event()  # an answer waits for the lock: floods step aside (locks are not fair)
 _out = sys.stdout.buffer
 TOOLS = [{"name": "echo", "description": "echo", "inputSchema": {"type": "object"}}]
 
 
+def encode(message: dict[str, object]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
 def send(message: dict[str, object]) -> None:
-    line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-    with _lock:
-        _out.write(line)
-        _out.flush()
+    """Write an answer ahead of any flood: a flood thread that re-takes the lock at once would
+    otherwise starve it on a loaded machine."""
+    _urgent.set()
+    try:
+        with _lock:
+            _out.write(encode(message))
+            _out.flush()
+    finally:
+        _urgent.clear()
 
 
 def raw(data: bytes) -> None:
+    """Write flood data, after any answer that waits."""
+    while _urgent.is_set():
+        time.sleep(0.001)
     with _lock:
         _out.write(data)
         _out.flush()
@@ -76,7 +89,7 @@ def misbehave(mode: str) -> bool:
     sys.stderr.write(f"flood: {mode}\n")
     sys.stderr.flush()
     if mode == "list_changed":
-        forever(lambda: send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+        forever(lambda: raw(encode({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})))
     elif mode == "stderr":
         forever(lambda: (sys.stderr.write("flood " * 20 + "\n"), sys.stderr.flush()))
     elif mode == "junk":
