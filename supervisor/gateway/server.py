@@ -19,7 +19,6 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import ListenHandler
 from mcp.shared.dispatcher import ProgressFnT
 
 from .. import __version__
@@ -31,6 +30,7 @@ from . import inputrequired, passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
+from .listen import Listen
 from .names import expose, expose_uri, parse_uri
 from .views import View, Views, call_meta, hidden_reason
 
@@ -119,7 +119,7 @@ class Gateway:
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
-            on_subscriptions_listen=ListenHandler(self.fanout.bus),
+            on_subscriptions_listen=Listen(self.fanout, self._take_subscription),
         )
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.add_notification_handler(
@@ -265,13 +265,13 @@ class Gateway:
             log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self.fanout))
             await self.fanout.lists_changed(kinds)
 
-    def notify(self, extension: str, notification: types.ServerNotification) -> None:
-        """Route a child's log message or resource update to the clients that asked. Sync."""
+    def notify(self, extension: str, notification: types.ServerNotification, source: object = None) -> None:
+        """Route a child's log message or resource update (from Extension *source*) to the clients
+        that asked. Sync."""
         if isinstance(notification, types.LoggingMessageNotification):
             params = notification.params
-            self.fanout.log(
-                params.level, params.data, f"{extension}/{params.logger}" if params.logger else extension
-            )
+            logger = f"{extension}/{params.logger}" if params.logger else extension
+            self.fanout.log(params.level, params.data, logger, source)
         elif isinstance(notification, types.ResourceUpdatedNotification):
             self.fanout.resource_updated(expose_uri(extension, notification.params.uri))
 
@@ -326,7 +326,10 @@ class Gateway:
         try:
             ext = self._serving(ext, ctx)
             caller = inputrequired.caller(ctx)
-            result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx), caller=caller)
+            async with self.fanout.request_logs(ctx, ext):
+                result = await ext.call_tool(
+                    tool, params.arguments, progress=_progress_relay(ctx), caller=caller
+                )
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
@@ -422,17 +425,21 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         client = self.fanout.client(ctx)
-        target = parse_uri(params.uri) if len(params.uri) <= MAX_URI_LENGTH else None
-        if target is None:
-            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {params.uri[:200]!r}")
         if client is not None and len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
-        self._check_sees(ctx, target[0])
-        request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
-        result = await self._forward(target[0], ctx, request, types.EmptyResult)
+        await self._take_subscription(ctx, params.uri)
         if client is not None:  # recorded once the extension took it: a failure leaves nothing behind
             self.fanout.subscribe(client, params.uri)
-        return result
+        return types.EmptyResult()
+
+    async def _take_subscription(self, ctx: ServerRequestContext[Any], uri: str) -> None:
+        """Subscribe to exposed *uri* in its extension (for ``resources/subscribe`` and listen streams)."""
+        target = parse_uri(uri) if len(uri) <= MAX_URI_LENGTH else None
+        if target is None:
+            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri[:200]!r}")
+        self._check_sees(ctx, target[0])
+        request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=target[1]))
+        await self._forward(target[0], ctx, request, types.EmptyResult)
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
@@ -481,7 +488,8 @@ class Gateway:
         try:
             ext = self._serving(ext, ctx)
             caller = inputrequired.caller(ctx)
-            return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
+            async with self.fanout.request_logs(ctx, ext):
+                return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
         except CallFailed as exc:
