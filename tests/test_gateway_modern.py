@@ -15,7 +15,7 @@ from supervisor.gateway.clients import MAX_LOG_DATA, MAX_PENDING_LOGS, MAX_SUBSC
 from supervisor.gateway.requestlogs import RequestLog
 
 from .conftest import eventually, first_text
-from .gateway_client import unix_transport
+from .gateway_client import gateway_session, unix_transport
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 from .test_gateway import RICH, gateway, mcp_sock  # noqa: F401 - the fixture
 from .test_gateway_http import http_gateway  # noqa: F401 - the fixture
@@ -42,9 +42,9 @@ def collector() -> tuple[list[types.LoggingMessageNotificationParams], Any]:
     return got, on_log
 
 
-def subscribed(daemon: Daemon, uri: str) -> int:
-    """How many times rich's runs were subscribed to *uri* (they write it to stderr)."""
-    return daemon.cli("logs", "rich").stdout.count(f"rich: subscribed {uri}\n")
+def subscribed(daemon: Daemon, uri: str, what: str = "subscribed") -> int:
+    """How many times rich's runs were subscribed (or unsubscribed) to *uri* (they say so on stderr)."""
+    return daemon.cli("logs", "rich").stdout.count(f"rich: {what} {uri}\n")
 
 
 class TestLogMessages:
@@ -148,6 +148,32 @@ class TestSubscriptions:
             async with client.listen(resource_subscriptions=[NOTE_B]):  # after any resubscription
                 assert subscribed(daemon, "note://b") == 1
         assert subscribed(daemon, "note://a") == 1  # nobody held it: the new run was not subscribed
+
+    async def test_the_child_is_unsubscribed_once_nobody_holds_the_uri(self, gateway) -> None:  # noqa: F811
+        """A handshake-era subscriber and a listen stream share the child's subscription."""
+        daemon = gateway({"rich": RICH})
+        updated = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updated.set()
+
+        async with (
+            gateway_session(mcp_sock(daemon), message_handler=on_message) as session,
+            modern(daemon) as client,
+        ):
+            await session.subscribe_resource(NOTE_A)
+            async with client.listen(resource_subscriptions=[NOTE_A]):
+                pass
+            await session.call_tool("rich__touch", {"uri": "note://a"})  # the child is still subscribed
+            with anyio.fail_after(5):
+                await updated.wait()
+            assert subscribed(daemon, "note://a", "unsubscribed") == 0
+            await session.unsubscribe_resource(NOTE_A)
+            await eventually(lambda: subscribed(daemon, "note://a", "unsubscribed") == 1, within=10)
+            async with client.listen(resource_subscriptions=[NOTE_A]):  # taken again
+                assert subscribed(daemon, "note://a") == 3
+            await eventually(lambda: subscribed(daemon, "note://a", "unsubscribed") == 2, within=10)
 
     async def test_a_refused_subscription_refuses_the_stream(self, gateway) -> None:  # noqa: F811
         daemon = gateway({"rich": RICH})

@@ -50,6 +50,7 @@ class Fanout:
         self._held: dict[object, int] = {}  # a 2026-07-28 client -> URIs its listen streams hold
         self._request_logs: dict[int, set[RequestLog]] = {}  # id() of an Extension -> requests in it
         self._updated: dict[str, None] = {}  # URIs updated, not yet published to the bus
+        self.on_released: Callable[[str], None] | None = None  # nobody holds this URI any more (sync)
         self._updates_waiting = anyio.Event()
         self._tg: TaskGroup | None = None
 
@@ -143,12 +144,16 @@ class Fanout:
         """Every URI some client is subscribed to."""
         return list(self._subscribers)
 
+    def held(self, uri: str) -> bool:
+        """Whether some client is subscribed to *uri*."""
+        return uri in self._subscribers
+
     def _unref(self, uri: str) -> None:
         remaining = self._subscribers.get(uri, 0) - 1
         if remaining > 0:
             self._subscribers[uri] = remaining
-        else:
-            self._subscribers.pop(uri, None)
+        elif self._subscribers.pop(uri, None) is not None and self.on_released is not None:
+            self.on_released(uri)
 
     # ---- what they hear ------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
 from .listen import Listen
 from .names import expose, expose_uri, parse_uri
+from .releases import Releases
 from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -99,6 +100,8 @@ class Gateway:
         self._announced = Catalog()
         self._changed = anyio.Event()
         self.fanout = Fanout()
+        self.releases = Releases(self._extension, self.fanout.held)
+        self.fanout.on_released = self.releases.released
         self._resubscribing: dict[str, anyio.CancelScope] = {}  # extension -> its resubscribe task
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
@@ -237,6 +240,7 @@ class Gateway:
             self._announced = self.catalog()
             self.views.warn_over_budget(self._announced)
             await tg.start(self.fanout.run)
+            await tg.start(self.releases.run)
             await tg.start(self.inputs.run)
             task_status.started()
             try:
@@ -427,9 +431,15 @@ class Gateway:
         client = self.fanout.client(ctx)
         if client is not None and len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
-        await self._take_subscription(ctx, params.uri)
-        if client is not None:  # recorded once the extension took it: a failure leaves nothing behind
-            self.fanout.subscribe(client, params.uri)
+        new = client if client is not None and params.uri not in client.subscriptions else None
+        if new is not None:  # counted before the child is asked, so no release overtakes it (.releases)
+            self.fanout.subscribe(new, params.uri)
+        try:
+            await self._take_subscription(ctx, params.uri)
+        except BaseException:  # a failure leaves nothing behind
+            if new is not None:
+                self.fanout.unsubscribe(new, params.uri)
+            raise
         return types.EmptyResult()
 
     async def _take_subscription(self, ctx: ServerRequestContext[Any], uri: str) -> None:
@@ -439,7 +449,8 @@ class Gateway:
             raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri[:200]!r}")
         self._check_sees(ctx, target[0])
         request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=target[1]))
-        await self._forward(target[0], ctx, request, types.EmptyResult)
+        async with self.releases.lock(target[0]):
+            await self._forward(target[0], ctx, request, types.EmptyResult)
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
@@ -447,7 +458,7 @@ class Gateway:
         client = self.fanout.client(ctx)
         if client is not None:
             self.fanout.unsubscribe(client, params.uri)
-        return types.EmptyResult()  # the child keeps sending; nobody is routed its updates
+        return types.EmptyResult()  # the last holder's release reaches the child (.releases)
 
     async def _set_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams

@@ -6,7 +6,7 @@ many log notifications, then "logged"), ``touch(uri)`` (sends resources/updated 
 ``image(bytes)`` (one PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
 resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with).
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b`` (each subscription is written to
-stderr as "rich: subscribed URI"); template ``note://{id}``;
+stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"); template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
 """
@@ -154,6 +154,13 @@ async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestPar
     return types.EmptyResult()
 
 
+async def unsubscribe(ctx: ServerRequestContext, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    SUBSCRIBED.discard(str(params.uri))
+    sys.stderr.write(f"rich: unsubscribed {params.uri}\n")
+    sys.stderr.flush()
+    return types.EmptyResult()
+
+
 async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> types.CompleteResult:
     prefix = params.argument.value
     names = [n for n in ("alice", "albert", "bob") if n.startswith(prefix)]
@@ -171,6 +178,7 @@ server = Server(
     on_list_resource_templates=list_templates,
     on_read_resource=read_resource,
     on_subscribe_resource=subscribe,
+    on_unsubscribe_resource=unsubscribe,
     on_completion=complete,
 )
 
