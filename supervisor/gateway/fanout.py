@@ -164,7 +164,7 @@ class Fanout:
             await self.bus.publish(_EVENTS[kind])
 
     def log(self, level: str, data: Any, logger: str, source: object = None) -> None:
-        """A log message of extension run *source*: to the clients and the requests in it that asked."""
+        """A log message of Extension *source*: to the clients, and the requests in it, that asked."""
         clients = [client for client in self._clients.values() if client.wants(level)]
         requests = [request for request in self._request_logs.get(id(source), ()) if level in request.levels]
         if not clients and not requests:
