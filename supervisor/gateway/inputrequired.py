@@ -56,7 +56,15 @@ from .passthrough import MAX_ASKS, ClientLink, SessionCaller
 from .progress import LatestProgress
 from .views import SCOPE_KEY
 
-__all__ = ("MAX_PARKED", "MAX_PARKED_PER_CLIENT", "MAX_RETIRED", "InputRequired", "caller", "progress")
+__all__ = (
+    "MAX_PARKED",
+    "MAX_PARKED_PER_CLIENT",
+    "MAX_RETIRED",
+    "InputRequired",
+    "attending",
+    "caller",
+    "progress",
+)
 
 log = structlog.get_logger(__name__)
 
@@ -93,6 +101,7 @@ class _Call:
     attended: bool = False
     slot: bool = False  # counted in the bounds: it has been waiting for input
     relay: ProgressFnT | None = None  # the attending request's progress
+    attendant: ServerRequestContext[Any] | None = None  # the attending request (its log messages)
     outcome: tuple[Any, BaseException | None] | None = None
     parked_at: float | None = None  # when its last input-required result went out, unanswered since
 
@@ -108,6 +117,16 @@ def caller(ctx: ServerRequestContext[Any]) -> passthrough.SessionCaller | _Calle
     """Who a child's questions go to during the request of *ctx*: its parked call, if it has one."""
     current = _CURRENT.get()
     return _Caller(*current) if current is not None else SessionCaller(ctx)
+
+
+def attending(ctx: ServerRequestContext[Any]) -> Callable[[], ServerRequestContext[Any] | None]:
+    """Which request serves the client of the request of *ctx* at a given moment: that request, or
+    whichever attends its parked call (None while nobody does)."""
+    current = _CURRENT.get()
+    if current is None:
+        return lambda: ctx
+    call = current[1]
+    return lambda: call.attendant
 
 
 def progress(ctx: ServerRequestContext[Any]) -> ProgressFnT:
@@ -240,6 +259,7 @@ class InputRequired:
 
     async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
         call.attended, call.relay, call.parked_at = True, LatestProgress(ctx.session.report_progress), None
+        call.attendant = ctx
         parked = False
         try:
             while call.outcome is None:
@@ -257,7 +277,7 @@ class InputRequired:
                 raise error
             return result
         finally:
-            call.attended, call.relay = False, None
+            call.attended, call.relay, call.attendant = False, None, None
             if call.outcome is not None:  # delivered, or ended as this request was cancelled
                 self._retire(
                     call, "finished and its result was delivered (a requestState is good for one retry)"
