@@ -19,7 +19,7 @@ PREFIX = "msv1."
 HANDLE_BYTES = 16
 _ROUND, _TAG = 4, 16
 _LABEL = b"mcp-supervisor/requestState/v1:"
-_MAX_LENGTH = 100  # a sealed state is 59 characters; anything much longer is not ours
+_MAX_LENGTH = 100  # a sealed state is 53 characters; anything much longer is not ours
 
 
 class Seal:
