@@ -42,7 +42,7 @@ log = structlog.get_logger(__name__)
 
 ChangeHook = Callable[[Snapshot], None]
 CallHook = Callable[[str, float, bool], None]  # tool, seconds, succeeded
-NotificationHook = Callable[[str, types.ServerNotification], None]  # extension, log message or update
+NotificationHook = Callable[[str, types.ServerNotification, "Extension"], None]  # name, message, whose
 ResultT = TypeVar("ResultT")
 
 REFRESH_DELAY = 0.05  # a burst of list_changed from a child becomes one re-listing
@@ -624,7 +624,7 @@ class Extension:
 
     def _notified(self, notification: types.ServerNotification) -> None:
         if self._on_notification is not None:
-            self._on_notification(self.name, notification)
+            self._on_notification(self.name, notification, self)
 
     async def _keep_listings_fresh(self, connection: transport.Connection) -> None:
         """Re-list what the child says changed: one listing in flight, a burst coalesced."""

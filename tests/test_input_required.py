@@ -22,6 +22,7 @@ from mcp import Client, MCPError
 
 from supervisor.gateway import inputrequired
 from supervisor.gateway.inputrequired import MAX_PARKED, MAX_PARKED_PER_CLIENT
+from supervisor.gateway.requeststate import HANDLE_BYTES, Seal
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import unix_transport
@@ -412,3 +413,14 @@ class TestTable:
         assert list(answers) == ["r2"]
         with pytest.raises(MCPError, match="which is not asked"):
             table._validated(call, {"r3": ACCEPT})  # never put to the client
+
+
+class TestSeal:
+    def test_a_state_opens_only_unaltered_and_under_its_own_key(self) -> None:
+        seal, handle = Seal(), os.urandom(HANDLE_BYTES)
+        state = seal.seal(handle, 3)
+        assert state.startswith("msv1.") and seal.open(state) == (handle, 3)
+        assert Seal().open(state) is None  # another daemon run
+        flipped = state[:-1] + ("A" if state[-1] != "A" else "B")
+        for bad in (flipped, state + "x", "msv1.", "", "v2." + state[5:], "msv1." + "A" * 200):
+            assert seal.open(bad) is None, bad

@@ -2,13 +2,17 @@
 
 :class:`Fanout` keeps a :class:`~.clients.Downstream` for each handshake-era client, from its
 first request until its connection closes, each served by a task of its own, and feeds
-2026-07-28 clients through the SDK's subscription bus (``subscriptions/listen``). Producers call
-it synchronously; everything it holds is bounded by the number of connections.
+2026-07-28 clients through the SDK's subscription bus (``subscriptions/listen``, whose resource
+subscriptions it counts with the others: :meth:`Fanout.hold`) and, for log messages, through the
+:class:`~.requestlogs.RequestLog` of each request that asked. Producers call it synchronously;
+everything it holds is bounded by the number of connections and requests.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,7 +29,9 @@ from mcp.shared.subscriptions import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from . import inputrequired
 from .clients import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
+from .requestlogs import FLUSH_SECONDS, RequestLog, asked_levels
 
 __all__ = ("Fanout",)
 
@@ -40,8 +46,11 @@ class Fanout:
     def __init__(self) -> None:
         self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
         self._clients: dict[int, Downstream] = {}  # by id() of the SDK connection
-        self._subscribers: dict[str, int] = {}  # exposed URI -> clients subscribed to it
+        self._subscribers: dict[str, int] = {}  # exposed URI -> clients and listen streams holding it
+        self._held: dict[object, int] = {}  # a 2026-07-28 client -> URIs its listen streams hold
+        self._request_logs: dict[int, set[RequestLog]] = {}  # id() of an Extension -> requests in it
         self._updated: dict[str, None] = {}  # URIs updated, not yet published to the bus
+        self.on_released: Callable[[str], None] | None = None  # nobody holds this URI any more (sync)
         self._updates_waiting = anyio.Event()
         self._tg: TaskGroup | None = None
 
@@ -102,6 +111,30 @@ class Fanout:
         self._subscribers[uri] = self._subscribers.get(uri, 0) + 1
         return True
 
+    def hold(self, key: object, uris: list[str]) -> Callable[[], None] | None:
+        """Count a listen stream's subscriptions (client *key*'s); None if that makes more than
+        :data:`MAX_SUBSCRIPTIONS` for it. Returns the (idempotent) release, for when the stream ends.
+        """
+        held = self._held.get(key, 0) + len(uris)
+        if held > MAX_SUBSCRIPTIONS:
+            return None
+        self._held[key] = held
+        for uri in uris:
+            self._subscribers[uri] = self._subscribers.get(uri, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            if (left := self._held.pop(key, 0) - len(uris)) > 0:
+                self._held[key] = left
+            for uri in uris:
+                self._unref(uri)
+
+        return release
+
     def unsubscribe(self, client: Downstream, uri: str) -> None:
         if uri in client.subscriptions:
             client.subscriptions.discard(uri)
@@ -111,12 +144,16 @@ class Fanout:
         """Every URI some client is subscribed to."""
         return list(self._subscribers)
 
+    def held(self, uri: str) -> bool:
+        """Whether some client is subscribed to *uri*."""
+        return uri in self._subscribers
+
     def _unref(self, uri: str) -> None:
         remaining = self._subscribers.get(uri, 0) - 1
         if remaining > 0:
             self._subscribers[uri] = remaining
-        else:
-            self._subscribers.pop(uri, None)
+        elif self._subscribers.pop(uri, None) is not None and self.on_released is not None:
+            self.on_released(uri)
 
     # ---- what they hear ------------------------------------------------------------------
 
@@ -126,13 +163,43 @@ class Fanout:
         for kind in sorted(kinds):
             await self.bus.publish(_EVENTS[kind])
 
-    def log(self, level: str, data: Any, logger: str) -> None:
-        listeners = [client for client in self._clients.values() if client.wants(level)]
-        if not listeners:
+    def log(self, level: str, data: Any, logger: str, source: object = None) -> None:
+        """A log message of Extension *source*: to the clients, and the requests in it, that asked."""
+        clients = [client for client in self._clients.values() if client.wants(level)]
+        requests = [request for request in self._request_logs.get(id(source), ()) if level in request.levels]
+        if not clients and not requests:
             return
         data = _bounded(data)
-        for client in listeners:
+        for client in clients:
             client.log(level, data, logger)
+        for request in requests:
+            request.offer(level, data, logger)
+
+    @asynccontextmanager
+    async def request_logs(self, ctx: ServerRequestContext[Any], source: object) -> AsyncIterator[None]:
+        """While in this context, *source*'s log messages go to the 2026-07-28 request of *ctx* if it
+        asked for them; on exit those already queued go out first (within :data:`FLUSH_SECONDS`).
+        """
+        levels = asked_levels(ctx)
+        if not levels or self._tg is None:
+            yield
+            return
+        sink = RequestLog(levels, inputrequired.attending(ctx))
+        sinks = self._request_logs.setdefault(id(source), set())
+        sinks.add(sink)
+        self._tg.start_soon(sink.run)
+        try:
+            yield
+        finally:
+            sinks.discard(sink)
+            if not sinks and self._request_logs.get(id(source)) is sinks:
+                del self._request_logs[id(source)]
+            sink.close()
+            try:
+                with anyio.move_on_after(FLUSH_SECONDS):  # its log messages before its result
+                    await sink.done.wait()
+            finally:
+                sink.scope.cancel()
 
     def resource_updated(self, uri: str) -> None:
         if uri in self._subscribers:

@@ -12,11 +12,11 @@ Nothing is sent to the child twice.
 - Such a call runs in a task of :class:`InputRequired` (owned by the gateway's task), so that it
   can outlive the request that started it. The request waiting for it (the first, or a retry)
   *attends* it and gets its progress; that request's cancellation cancels the call in the child.
-- A ``requestState`` is ``msv1.`` + base64url(handle, round, HMAC-SHA256 tag) under a key drawn
-  when the daemon starts: unforgeable, and void after a restart. It names a call in a bounded
-  table; the table, not the token, holds what it is bound to (the client connection on mcp.sock,
-  the profile on HTTP, where 2026-07-28 has no sessions; the method, name and arguments), and
-  each state is good for one retry. The state itself carries nothing a client may not read.
+- A ``requestState`` (:mod:`.requeststate`) is sealed under a key drawn when the daemon starts:
+  unforgeable, and void after a restart. It names a call in a bounded table; the table, not the
+  token, holds what it is bound to (the client connection on mcp.sock, the profile on HTTP, where
+  2026-07-28 has no sessions; the method, name and arguments), and each state is good for one
+  retry. The state itself carries nothing a client may not read.
 - Bounds: :data:`MAX_PARKED_PER_CLIENT` calls of one client and :data:`MAX_PARKED` in all may wait
   for input. At a bound, the call left unanswered longest (its result went out, no retry came) is
   ended to make room; with none such, a child's question past them gets an error at once. A
@@ -28,10 +28,8 @@ Nothing is sent to the child twice.
 
 from __future__ import annotations
 
-import base64
 import collections
 import hashlib
-import hmac
 import json
 import os
 import time
@@ -54,18 +52,24 @@ from pydantic import ValidationError
 from . import passthrough
 from .passthrough import MAX_ASKS, ClientLink, SessionCaller
 from .progress import LatestProgress
+from .requeststate import HANDLE_BYTES, Seal
 from .views import SCOPE_KEY
 
-__all__ = ("MAX_PARKED", "MAX_PARKED_PER_CLIENT", "MAX_RETIRED", "InputRequired", "caller", "progress")
+__all__ = (
+    "MAX_PARKED",
+    "MAX_PARKED_PER_CLIENT",
+    "MAX_RETIRED",
+    "InputRequired",
+    "attending",
+    "caller",
+    "progress",
+)
 
 log = structlog.get_logger(__name__)
 
 MAX_PARKED = 128  # calls waiting for a retry with answers, in all
 MAX_PARKED_PER_CLIENT = 16  # ... from one client (an mcp.sock connection; an HTTP profile)
 MAX_RETIRED = 1024  # reasons kept for the states of calls that ended, for late retries
-STATE_PREFIX = "msv1."
-_HANDLE, _ROUND, _TAG = 16, 4, 16
-_LABEL = b"mcp-supervisor/requestState/v1:"
 ParamsT = TypeVar("ParamsT", bound=types.InputResponseRequestParams)
 Handler = Callable[[ServerRequestContext[Any], ParamsT], Awaitable[Any]]
 
@@ -93,6 +97,7 @@ class _Call:
     attended: bool = False
     slot: bool = False  # counted in the bounds: it has been waiting for input
     relay: ProgressFnT | None = None  # the attending request's progress
+    attendant: ServerRequestContext[Any] | None = None  # the attending request (its log messages)
     outcome: tuple[Any, BaseException | None] | None = None
     parked_at: float | None = None  # when its last input-required result went out, unanswered since
 
@@ -108,6 +113,16 @@ def caller(ctx: ServerRequestContext[Any]) -> passthrough.SessionCaller | _Calle
     """Who a child's questions go to during the request of *ctx*: its parked call, if it has one."""
     current = _CURRENT.get()
     return _Caller(*current) if current is not None else SessionCaller(ctx)
+
+
+def attending(ctx: ServerRequestContext[Any]) -> Callable[[], ServerRequestContext[Any] | None]:
+    """Which request serves the client of the request of *ctx* at a given moment: that request, or
+    whichever attends its parked call (None while nobody does)."""
+    current = _CURRENT.get()
+    if current is None:
+        return lambda: ctx
+    call = current[1]
+    return lambda: call.attendant
 
 
 def progress(ctx: ServerRequestContext[Any]) -> ProgressFnT:
@@ -163,7 +178,7 @@ class InputRequired:
     """The calls of 2026-07-28 clients that may wait for input, and their tasks (:meth:`run`)."""
 
     def __init__(self) -> None:
-        self._key = os.urandom(32)  # per daemon run: a restart voids every requestState
+        self._seal = Seal()  # a key per daemon run: a restart voids every requestState
         self._calls: dict[bytes, _Call] = {}
         self._slots: dict[Hashable, set[_Call]] = {}
         self._retired: collections.OrderedDict[bytes, str] = collections.OrderedDict()
@@ -202,7 +217,7 @@ class InputRequired:
                 )
             else:
                 call = _Call(
-                    os.urandom(_HANDLE), _client(ctx), _identity(ctx), ctx.session.client_capabilities
+                    os.urandom(HANDLE_BYTES), _client(ctx), _identity(ctx), ctx.session.client_capabilities
                 )
                 self._calls[call.handle] = call
                 self._tg.start_soon(self._run_call, call, handler, ctx, params)
@@ -240,6 +255,7 @@ class InputRequired:
 
     async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
         call.attended, call.relay, call.parked_at = True, LatestProgress(ctx.session.report_progress), None
+        call.attendant = ctx
         parked = False
         try:
             while call.outcome is None:
@@ -257,7 +273,7 @@ class InputRequired:
                 raise error
             return result
         finally:
-            call.attended, call.relay = False, None
+            call.attended, call.relay, call.attendant = False, None, None
             if call.outcome is not None:  # delivered, or ended as this request was cancelled
                 self._retire(
                     call, "finished and its result was delivered (a requestState is good for one retry)"
@@ -269,7 +285,8 @@ class InputRequired:
         call.round += 1
         log.info("gateway.input_required", round=call.round, requests=sorted(call.pending))
         requests = {key: pending.request for key, pending in call.pending.items()}
-        return types.InputRequiredResult(input_requests=requests, request_state=self._seal(call))
+        state = self._seal.seal(call.handle, call.round)
+        return types.InputRequiredResult(input_requests=requests, request_state=state)
 
     # ---- the child's questions -----------------------------------------------------------
 
@@ -383,31 +400,14 @@ class InputRequired:
                 self._retired.popitem(last=False)
             log.info("gateway.parked_call_ended", reason=reason[:200])
 
-    # ---- requestState --------------------------------------------------------------------
-
-    def _tag(self, handle: bytes, number: bytes) -> bytes:
-        return hmac.new(self._key, _LABEL + handle + number, hashlib.sha256).digest()[:_TAG]
-
-    def _seal(self, call: _Call) -> str:
-        number = call.round.to_bytes(_ROUND, "big")
-        raw = call.handle + number + self._tag(call.handle, number)
-        return STATE_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
     def _unseal(self, state: str) -> tuple[bytes, int]:
-        raw = b""
-        if state.startswith(STATE_PREFIX) and len(state) < 100:
-            text = state.removeprefix(STATE_PREFIX)
-            try:
-                raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-            except ValueError:
-                raw = b""
-        handle, number, tag = raw[:_HANDLE], raw[_HANDLE : _HANDLE + _ROUND], raw[_HANDLE + _ROUND :]
-        if len(raw) != _HANDLE + _ROUND + _TAG or not hmac.compare_digest(tag, self._tag(handle, number)):
+        opened = self._seal.open(state)
+        if opened is None:
             _refuse(
                 "this requestState was not issued by this daemon: it was altered, or the daemon restarted "
                 "since (which ends every call waiting for input); call again without it"
             )
-        return handle, int.from_bytes(number, "big")
+        return opened
 
 
 def _refuse(message: str) -> Any:

@@ -19,7 +19,6 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import ListenHandler
 from mcp.shared.dispatcher import ProgressFnT
 
 from .. import __version__
@@ -31,7 +30,9 @@ from . import inputrequired, passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
 from .clients import MAX_SUBSCRIPTIONS
 from .fanout import Fanout
+from .listen import Listen
 from .names import expose, expose_uri, parse_uri
+from .releases import Releases
 from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -99,6 +100,8 @@ class Gateway:
         self._announced = Catalog()
         self._changed = anyio.Event()
         self.fanout = Fanout()
+        self.releases = Releases(self._extension, self.fanout.held)
+        self.fanout.on_released = self.releases.released
         self._resubscribing: dict[str, anyio.CancelScope] = {}  # extension -> its resubscribe task
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
@@ -119,7 +122,7 @@ class Gateway:
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_completion=self._complete,
-            on_subscriptions_listen=ListenHandler(self.fanout.bus),
+            on_subscriptions_listen=Listen(self.fanout, self._take_subscription),
         )
         self.server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         self.server.add_notification_handler(
@@ -237,6 +240,7 @@ class Gateway:
             self._announced = self.catalog()
             self.views.warn_over_budget(self._announced)
             await tg.start(self.fanout.run)
+            await tg.start(self.releases.run)
             await tg.start(self.inputs.run)
             task_status.started()
             try:
@@ -265,13 +269,13 @@ class Gateway:
             log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self.fanout))
             await self.fanout.lists_changed(kinds)
 
-    def notify(self, extension: str, notification: types.ServerNotification) -> None:
-        """Route a child's log message or resource update to the clients that asked. Sync."""
+    def notify(self, extension: str, notification: types.ServerNotification, source: object = None) -> None:
+        """Route a child's log message or resource update (from Extension *source*) to the clients
+        that asked. Sync."""
         if isinstance(notification, types.LoggingMessageNotification):
             params = notification.params
-            self.fanout.log(
-                params.level, params.data, f"{extension}/{params.logger}" if params.logger else extension
-            )
+            logger = f"{extension}/{params.logger}" if params.logger else extension
+            self.fanout.log(params.level, params.data, logger, source)
         elif isinstance(notification, types.ResourceUpdatedNotification):
             self.fanout.resource_updated(expose_uri(extension, notification.params.uri))
 
@@ -326,7 +330,10 @@ class Gateway:
         try:
             ext = self._serving(ext, ctx)
             caller = inputrequired.caller(ctx)
-            result = await ext.call_tool(tool, params.arguments, progress=_progress_relay(ctx), caller=caller)
+            async with self.fanout.request_logs(ctx, ext):
+                result = await ext.call_tool(
+                    tool, params.arguments, progress=_progress_relay(ctx), caller=caller
+                )
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
         except ExtensionUnavailable as exc:
             return _tool_error(str(exc))
@@ -422,17 +429,28 @@ class Gateway:
         self, ctx: ServerRequestContext[Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
         client = self.fanout.client(ctx)
-        target = parse_uri(params.uri) if len(params.uri) <= MAX_URI_LENGTH else None
-        if target is None:
-            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {params.uri[:200]!r}")
         if client is not None and len(client.subscriptions) >= MAX_SUBSCRIPTIONS:
             raise MCPError(types.INVALID_PARAMS, f"at most {MAX_SUBSCRIPTIONS} subscriptions per client")
+        new = client if client is not None and params.uri not in client.subscriptions else None
+        if new is not None:  # counted before the child is asked, so no release overtakes it (.releases)
+            self.fanout.subscribe(new, params.uri)
+        try:
+            await self._take_subscription(ctx, params.uri)
+        except BaseException:  # a failure leaves nothing behind
+            if new is not None:
+                self.fanout.unsubscribe(new, params.uri)
+            raise
+        return types.EmptyResult()
+
+    async def _take_subscription(self, ctx: ServerRequestContext[Any], uri: str) -> None:
+        """Subscribe to exposed *uri* in its extension (for ``resources/subscribe`` and listen streams)."""
+        target = parse_uri(uri) if len(uri) <= MAX_URI_LENGTH else None
+        if target is None:
+            raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri[:200]!r}")
         self._check_sees(ctx, target[0])
-        request = types.SubscribeRequest(params=_forwarded(params, uri=target[1]))
-        result = await self._forward(target[0], ctx, request, types.EmptyResult)
-        if client is not None:  # recorded once the extension took it: a failure leaves nothing behind
-            self.fanout.subscribe(client, params.uri)
-        return result
+        request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=target[1]))
+        async with self.releases.lock(target[0]):
+            await self._forward(target[0], ctx, request, types.EmptyResult)
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any], params: types.UnsubscribeRequestParams
@@ -440,7 +458,7 @@ class Gateway:
         client = self.fanout.client(ctx)
         if client is not None:
             self.fanout.unsubscribe(client, params.uri)
-        return types.EmptyResult()  # the child keeps sending; nobody is routed its updates
+        return types.EmptyResult()  # the last holder's release reaches the child (.releases)
 
     async def _set_level(
         self, ctx: ServerRequestContext[Any], params: types.SetLevelRequestParams
@@ -481,7 +499,8 @@ class Gateway:
         try:
             ext = self._serving(ext, ctx)
             caller = inputrequired.caller(ctx)
-            return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
+            async with self.fanout.request_logs(ctx, ext):
+                return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
             raise MCPError(UNAVAILABLE, str(exc), {"state": exc.state, "retryable": exc.retryable}) from None
         except CallFailed as exc:

@@ -1,11 +1,12 @@
 """Fixture: a real SDK server offering every kind of thing the gateway forwards.
 
 Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then answers), ``wait(seconds)``
-(sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message)`` (a log
-notification, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed), ``image(bytes)`` (one
-PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
+(sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message, count=1)`` (that
+many log notifications, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed),
+``image(bytes)`` (one PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
 resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with).
-Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b``; template ``note://{id}``;
+Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b`` (each subscription is written to
+stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"); template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
 """
@@ -43,7 +44,7 @@ TOOLS = [
     ),
     _tool("progress", {"steps": {"type": "integer"}, "interval": {"type": "number"}}),
     _tool("wait", {"seconds": {"type": "number"}}),
-    _tool("log", {"level": {"type": "string"}, "message": {"type": "string"}}),
+    _tool("log", {"level": {"type": "string"}, "message": {"type": "string"}, "count": {"type": "integer"}}),
     _tool("touch", {"uri": {"type": "string"}}),
     _tool("image", {"bytes": {"type": "integer"}}),
     _tool("link"),
@@ -83,9 +84,10 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             raise
         return _text("waited")
     if name == "log":
-        await ctx.session.send_log_message(
-            args.get("level", "info"), args.get("message", ""), logger="fixture"
-        )
+        for _ in range(int(args.get("count", 1))):
+            await ctx.session.send_log_message(
+                args.get("level", "info"), args.get("message", ""), logger="fixture"
+            )
         return _text("logged")
     if name == "touch":
         if str(args["uri"]) in SUBSCRIBED:  # like a real server: updates only for subscriptions
@@ -147,6 +149,15 @@ async def read_resource(
 
 async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
     SUBSCRIBED.add(str(params.uri))
+    sys.stderr.write(f"rich: subscribed {params.uri}\n")
+    sys.stderr.flush()
+    return types.EmptyResult()
+
+
+async def unsubscribe(ctx: ServerRequestContext, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+    SUBSCRIBED.discard(str(params.uri))
+    sys.stderr.write(f"rich: unsubscribed {params.uri}\n")
+    sys.stderr.flush()
     return types.EmptyResult()
 
 
@@ -167,6 +178,7 @@ server = Server(
     on_list_resource_templates=list_templates,
     on_read_resource=read_resource,
     on_subscribe_resource=subscribe,
+    on_unsubscribe_resource=unsubscribe,
     on_completion=complete,
 )
 

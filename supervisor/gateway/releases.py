@@ -1,0 +1,87 @@
+"""Resource subscriptions nobody holds any more: the child is sent ``resources/unsubscribe``.
+
+Clients of both eras hold exposed URIs (:class:`~.fanout.Fanout` counts them); when the last
+holder lets go (a ``resources/unsubscribe``, a disconnect, a listen stream's end), the owning
+extension's running child is told, from one task per extension (:class:`Releases`), so that
+it stops sending updates nobody is routed. Taking a subscription in a child and releasing it
+there are serialised per extension (:meth:`Releases.lock`), and a release is sent only if
+nobody holds the URI by then: a child never ends unsubscribed from a URI a client holds.
+Per-client instances are left alone (theirs end with their client).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from ..state import State
+from .names import parse_uri
+
+if TYPE_CHECKING:
+    from ..extension import Extension
+
+__all__ = ("Releases",)
+
+log = structlog.get_logger(__name__)
+
+TIMEOUT = 10.0  # seconds one unsubscribe may take; then the next
+
+
+class Releases:
+    """The children's subscriptions to let go of. *find* an extension by name; *held*: whether a
+    client holds an exposed URI."""
+
+    def __init__(self, find: Callable[[str], Extension | None], held: Callable[[str], bool]) -> None:
+        self._find, self._held = find, held
+        self._locks: dict[str, anyio.Lock] = {}  # extension -> taking or releasing in its child
+        self._pending: dict[str, dict[str, str]] = {}  # extension -> exposed URI -> the child's
+        self._tg: TaskGroup | None = None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+
+    def lock(self, extension: str) -> anyio.Lock:
+        """Held while a subscription of *extension* is taken or released in its child."""
+        return self._locks.setdefault(extension, anyio.Lock())
+
+    def released(self, uri: str) -> None:
+        """Nobody holds exposed *uri* any more. Sync."""
+        target = parse_uri(uri)
+        ext = self._find(target[0]) if target is not None else None
+        if target is None or ext is None or self._tg is None or ext.config.instances == "per-client":
+            return
+        if ext.snapshot().state is not State.RUNNING:
+            return  # a new run takes only what is held
+        pending = self._pending.get(ext.name)
+        if pending is None:
+            pending = self._pending[ext.name] = {}
+            self._tg.start_soon(self._release, ext)
+        pending[uri] = target[1]
+
+    async def _release(self, ext: Extension) -> None:
+        try:
+            while pending := self._pending.get(ext.name):
+                uri, original = next(iter(pending.items()))
+                del pending[uri]
+                async with self.lock(ext.name):
+                    if self._held(uri) or ext.snapshot().state is not State.RUNNING:
+                        continue
+                    request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=original))
+                    try:
+                        with anyio.fail_after(TIMEOUT):
+                            await ext.request(request, types.EmptyResult)
+                    except Exception as exc:  # TimeoutError, an MCP error, the extension gone
+                        log.info("gateway.unsubscribe_failed", extension=ext.name, error=str(exc)[:300])
+        finally:
+            self._pending.pop(ext.name, None)
