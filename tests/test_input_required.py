@@ -29,6 +29,7 @@ from .gateway_client import unix_transport
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture
 from .test_gateway import gateway, mcp_sock  # noqa: F401 - the fixture
 from .test_gateway_http import Http, http_gateway  # noqa: F401 - the fixture
+from .test_passthrough import ANSWERING, logs
 
 pytestmark = [
     pytest.mark.anyio,
@@ -50,29 +51,6 @@ def start(gateway: Callable[..., Daemon]) -> Callable[..., Daemon]:  # noqa: F81
 def start_http(http_gateway: Callable[..., Http]) -> Callable[..., Http]:  # noqa: F811
     """A daemon on the given extensions with its HTTP listener."""
     return http_gateway
-
-
-async def elicit_yes(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-    return types.ElicitResult(action="accept", content={"answer": f"yes to {params.message}"})
-
-
-async def sample_hi(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-    return types.CreateMessageResult(role="assistant", content=types.TextContent(text="hi"), model="m1")
-
-
-async def list_home(context: Any) -> types.ListRootsResult:
-    return types.ListRootsResult(roots=[types.Root(uri="file:///home/client", name="client")])
-
-
-ANSWERING = {
-    "elicitation_callback": elicit_yes,
-    "sampling_callback": sample_hi,
-    "list_roots_callback": list_home,
-}
-
-
-def logs(daemon: Daemon) -> str:
-    return daemon.cli("logs", "asker").stdout
 
 
 @asynccontextmanager

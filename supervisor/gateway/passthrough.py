@@ -57,17 +57,15 @@ _CAPABILITY = {
 ResultT = TypeVar("ResultT", bound=BaseModel)
 
 
-class _Client:
-    """One client connection's asks in flight: at most :data:`MAX_ASKS`, failed at once when it goes."""
+class _Closing:
+    """Something that ends once, calling back whoever asked to hear of it (sync callbacks)."""
 
-    def __init__(self, *, lasting: bool = True) -> None:
-        self.waiting: set[anyio.CancelScope] = set()
+    def __init__(self) -> None:
         self.closed = False
-        self.lasting = lasting  # False: the connection serves one request (2026-07-28 over HTTP)
-        self._on_close: list[Callable[[], None]] = []  # its per-client instances' stops
+        self._on_close: list[Callable[[], None]] = []
 
     def on_close(self, callback: Callable[[], None]) -> None:
-        """Call *callback* (sync) when the connection closes; at once if it has."""
+        """Call *callback* (sync) when it closes; at once if it has."""
         if self.closed:
             callback()
         else:
@@ -75,11 +73,26 @@ class _Client:
 
     def close(self) -> None:
         self.closed = True
-        for scope in self.waiting:
-            scope.cancel()
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
             callback()
+
+
+class _Client(_Closing):
+    """One client connection's asks in flight: at most :data:`MAX_ASKS`, failed at once when it goes.
+
+    Its close callbacks stop its per-client instances.
+    """
+
+    def __init__(self, *, lasting: bool = True) -> None:
+        super().__init__()
+        self.waiting: set[anyio.CancelScope] = set()
+        self.lasting = lasting  # False: the connection serves one request (2026-07-28 over HTTP)
+
+    def close(self) -> None:
+        for scope in self.waiting:
+            scope.cancel()
+        super().close()
 
     async def run(self, send: Callable[[], Awaitable[ResultT]]) -> ResultT:
         if self.closed:
@@ -172,7 +185,7 @@ class SessionCaller:
         )  # type: ignore[return-value]
 
 
-class ClientLink:
+class ClientLink(_Closing):
     """A listener connection's tie to the SDK connection of the same client (for its fast calls).
 
     It also stands for that connection itself: the calls its 2026-07-28 client left waiting for
@@ -180,10 +193,9 @@ class ClientLink:
     """
 
     def __init__(self, *, lasting: bool = True) -> None:
+        super().__init__()
         self.connection: Connection | None = None
-        self.closed = False
         self.lasting = lasting  # False: it stands for one request (a 2026-07-28 call over HTTP)
-        self._on_close: list[Callable[[], None]] = []
         self._client: _Client | None = None
 
     def client(self) -> _Client:
@@ -192,19 +204,6 @@ class ClientLink:
             self._client = _Client(lasting=self.lasting)
             self.on_close(self._client.close)
         return self._client
-
-    def on_close(self, callback: Callable[[], None]) -> None:
-        """Call *callback* (sync) when the listener connection ends; at once if it has."""
-        if self.closed:
-            callback()
-        else:
-            self._on_close.append(callback)
-
-    def close(self) -> None:
-        self.closed = True
-        callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            callback()
 
 
 _LINK: ContextVar[ClientLink | None] = ContextVar("mcp_supervisor_client_link", default=None)
