@@ -58,6 +58,7 @@ class RawClient:
         self._stream = stream
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        self.asked: list[dict[str, Any]] = []  # the gateway's requests to us, answered "accept"
         tg.start_soon(self._read)
 
     async def _read(self) -> None:
@@ -67,6 +68,14 @@ class RawClient:
                 message = json.loads(await buffered.receive_until(b"\n", MAX_LINE))
             except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
+            if "method" in message and "id" in message:
+                self.asked.append(message)
+                answer = {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": {"action": "accept", "content": {}},
+                }
+                await self._stream.send(json.dumps(answer).encode() + b"\n")
             waiter = self._waiting.pop(message.get("id"), None) if "method" not in message else None
             if waiter is not None:
                 waiter[1].append(message)
@@ -104,13 +113,15 @@ class RawClient:
 
 
 @asynccontextmanager
-async def raw_client(daemon: Daemon) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
-    """An initialized :class:`RawClient`, and the gateway's initialize result."""
+async def raw_client(
+    daemon: Daemon, capabilities: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
+    """An initialized :class:`RawClient` declaring *capabilities*, and the gateway's initialize result."""
     async with await anyio.connect_unix(mcp_sock(daemon)) as stream, anyio.create_task_group() as tg:
         client = RawClient(stream, tg)
         hello = {
             "protocolVersion": "2025-11-25",
-            "capabilities": {},
+            "capabilities": capabilities or {},
             "clientInfo": {"name": "t", "version": "0"},
         }
         initialized = await client.request("initialize", hello)
@@ -474,6 +485,21 @@ class TestOwnership:
         assert len(a.closes) == len(b.closes) == 1  # hooked once each
         a.closes[0]()
         assert len(owners) == 3 and owners.of(a) == [] and owners.of(b) == ["b0", "b1", "b2"]
+
+
+class TestQuestionsDuringResult:
+    async def test_the_related_task_id_is_the_one_the_client_knows(self, start) -> None:
+        """A child asking its client during tasks/result names the task: by our id, not its own."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon, {"elicitation": {"form": {}}}) as (client, _):
+            task = await client.create("tasks__ask")
+            result = await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert result["content"] == [{"type": "text", "text": "answered: accept"}]
+            [asked] = client.asked
+            assert asked["method"] == "elicitation/create"
+            assert asked["params"]["_meta"]["io.modelcontextprotocol/related-task"] == {
+                "taskId": task["taskId"]
+            }
 
 
 class TestBlockingResult:

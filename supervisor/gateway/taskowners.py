@@ -12,14 +12,24 @@ child has made the task by the time we see its id, a long-lived client creates t
 the oldest task is the one most likely expired at the child already. A forgotten task is
 unknown to every client from then on (fail closed: nobody else gains it). A client's entries
 go when its connection closes.
+
+:class:`TaskCaller`: what a child asks its client during ``tasks/result`` names the task by the
+child's own id (``_meta`` ``related-task``); the client gets the id it knows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ("MAX_PER_CLIENT", "MAX_TASKS", "Owners")
+import mcp_types as types
+
+if TYPE_CHECKING:
+    from ..callers import Caller
+
+__all__ = ("MAX_PER_CLIENT", "MAX_TASKS", "RELATED_TASK", "Owners", "TaskCaller")
+
+RELATED_TASK = "io.modelcontextprotocol/related-task"
 
 MAX_PER_CLIENT = 256
 MAX_TASKS = 4096
@@ -75,3 +85,28 @@ class Owners:
         self._hooked.discard(client)
         for task_id in self._of.pop(client, {}):
             del self._owner[task_id]
+
+
+class TaskCaller:
+    """*caller* (the client of a ``tasks/*`` request), with the child's related-task id in what
+    the child asks it mapped by *rename* (child's id -> the id the client knows)."""
+
+    def __init__(self, caller: Caller, rename: Callable[[str], str]) -> None:
+        self._caller, self._rename = caller, rename
+
+    @property
+    def client(self) -> object:
+        return self._caller.client
+
+    def refusal(self, method: str) -> str | None:
+        return self._caller.refusal(method)
+
+    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+        params = request.params
+        meta = params.meta if params is not None else None
+        related = meta.get(RELATED_TASK) if isinstance(meta, dict) else None
+        if params is not None and isinstance(related, dict) and isinstance(related.get("taskId"), str):
+            renamed = {**related, "taskId": self._rename(related["taskId"])}
+            params = params.model_copy(update={"meta": {**meta, RELATED_TASK: renamed}})  # type: ignore[dict-item]
+            request = request.model_copy(update={"params": params})
+        return await self._caller.ask(request)

@@ -44,7 +44,7 @@ from ..state import State
 from . import passthrough
 from .fastpath import expose_links
 from .progress import LatestProgress
-from .taskowners import Owners
+from .taskowners import RELATED_TASK, Owners, TaskCaller
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -58,7 +58,6 @@ MAX_PAGE = 100  # tasks in one tasks/list page
 MAX_LIST_REQUESTS = 8  # children's tasks/list pages fetched for one page of ours
 LIST_TIMEOUT = 5.0  # seconds for one child's tasks/list page; a slow child is left out
 MAX_ID_LENGTH = 4096  # a task id or cursor from a client, in characters
-RELATED_TASK = "io.modelcontextprotocol/related-task"
 Context = ServerRequestContext[Any]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # extension names (config.py), which never hold ":"
 _RUN = re.compile(r"[0-9a-f]{12}")  # the tail of a run marker (Extension._run_once)
@@ -256,7 +255,10 @@ class TaskRouter:
         bounds it, as nothing renews ``call_timeout`` (the task's progress goes to its creating call).
         """
         try:
-            caller = passthrough.SessionCaller(ctx)
+            run = _run_of(ext.run_marker) or ""
+            caller = TaskCaller(
+                passthrough.SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id)
+            )
             result, _ = await ext.request_raw(
                 method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
             )
