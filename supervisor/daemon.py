@@ -149,6 +149,11 @@ class Daemon:
         """*client*'s own instance of per-client extension *name* (see :mod:`supervisor.instances`)."""
         return self._instances[name].of(client)
 
+    def existing_instance(self, name: str, client: Client) -> Extension | None:
+        """*client*'s instance of per-client *name* if it has one; never makes one."""
+        instances = self._instances.get(name)
+        return instances.existing(client) if instances is not None else None
+
     async def _start_on_demand(self, ext: Extension) -> None:
         """A call's start of a dormant extension; nothing if a reload replaced or removed it."""
         with contextlib.suppress(UnknownExtension):

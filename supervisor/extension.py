@@ -339,12 +339,16 @@ class Extension:
         run: str | None = None,
         progress: ProgressFnT | None = None,
         caller: Caller | None = None,
+        blocking: bool = False,
+        touch: bool = True,
     ) -> tuple[dict[str, Any], str]:
         """Forward any request as plain JSON (see :meth:`transport.Connection.request_raw`);
         returns the child's result and the :attr:`run_marker` of the run that answered.
 
         With *run* (a :attr:`run_marker`), only that run of the child may answer: another one
         fails with :class:`CallFailed` (``INVALID_PARAMS``) saying the extension restarted.
+        *blocking*: the request waits for work done elsewhere (``tasks/result``), so only
+        ``call_timeout_max`` bounds it. *touch* False: it does not renew ``idle_stop``'s period.
         """
 
         async def send(connection: transport.Connection, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
@@ -354,7 +358,7 @@ class Extension:
                 raise CallFailed(message, code=types.INVALID_PARAMS)
             return await connection.request_raw(method, params, progress=progress), marker
 
-        return await self._forward(repr(method), send, progress, caller)
+        return await self._forward(repr(method), send, progress, caller, blocking=blocking, touch=touch)
 
     @property
     def capabilities(self) -> types.ServerCapabilities | None:
@@ -371,14 +375,20 @@ class Extension:
         send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
         progress: ProgressFnT | None,
         caller: Caller | None,
+        *,
+        blocking: bool = False,
+        touch: bool = True,
     ) -> ResultT:
         timeout, cap = self.config.call_timeout, self.config.call_timeout_max
         started = time.monotonic()
         connection: transport.Connection | None = None
-        if self._demand is not None:
-            self._demand.touch()
+        demand = self._demand if touch else None  # a tasks/list poll must not keep it alive
+        if demand is not None:
+            demand.touch()
         with anyio.CancelScope() as scope:
             budget = Budget(scope, timeout, cap)
+            if blocking:
+                budget.hold()  # never released: nothing renews it (the task's progress goes elsewhere)
 
             async def renew(value: float, total: float | None, message: str | None) -> None:
                 budget.renew()
@@ -403,8 +413,8 @@ class Extension:
                 raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
             finally:
                 self._in_flight -= 1
-                if self._demand is not None:
-                    self._demand.touch()
+                if demand is not None:
+                    demand.touch()
         if connection is None:
             state = self._snapshot.state
             raise ExtensionUnavailable(

@@ -84,6 +84,10 @@ class Instances:
             client.on_close(lambda: self._closed(client))
         return ext
 
+    def existing(self, client: object) -> Extension | None:
+        """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""
+        return self._by_client.get(client)  # type: ignore[call-overload]
+
     def _closed(self, client: Client) -> None:
         self._hooked.discard(client)
         self._release(client)

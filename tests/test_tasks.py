@@ -9,6 +9,7 @@ plain JSON-RPC on mcp.sock; the SDK's session is used where it can be (``tasks/g
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -24,7 +25,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError
 from pydantic import TypeAdapter
 
-from supervisor.gateway.tasks import MAX_LIST_REQUESTS, MAX_PAGE, parse_task_id, task_id
+from supervisor.gateway.taskowners import Owners
+from supervisor.gateway.tasks import MAX_ID_LENGTH, MAX_LIST_REQUESTS, MAX_PAGE, parse_task_id, task_id
 
 from .conftest import extension_settings, first_text
 from .gateway_client import MAX_LINE, gateway_session, unix_transport
@@ -56,6 +58,7 @@ class RawClient:
         self._stream = stream
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[anyio.Event, list[dict[str, Any]]]] = {}
+        self.asked: list[dict[str, Any]] = []  # the gateway's requests to us, answered "accept"
         tg.start_soon(self._read)
 
     async def _read(self) -> None:
@@ -65,6 +68,14 @@ class RawClient:
                 message = json.loads(await buffered.receive_until(b"\n", MAX_LINE))
             except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError):
                 return
+            if "method" in message and "id" in message:
+                self.asked.append(message)
+                answer = {
+                    "jsonrpc": "2.0",
+                    "id": message["id"],
+                    "result": {"action": "accept", "content": {}},
+                }
+                await self._stream.send(json.dumps(answer).encode() + b"\n")
             waiter = self._waiting.pop(message.get("id"), None) if "method" not in message else None
             if waiter is not None:
                 waiter[1].append(message)
@@ -102,13 +113,15 @@ class RawClient:
 
 
 @asynccontextmanager
-async def raw_client(daemon: Daemon) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
-    """An initialized :class:`RawClient`, and the gateway's initialize result."""
+async def raw_client(
+    daemon: Daemon, capabilities: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
+    """An initialized :class:`RawClient` declaring *capabilities*, and the gateway's initialize result."""
     async with await anyio.connect_unix(mcp_sock(daemon)) as stream, anyio.create_task_group() as tg:
         client = RawClient(stream, tg)
         hello = {
             "protocolVersion": "2025-11-25",
-            "capabilities": {},
+            "capabilities": capabilities or {},
             "clientInfo": {"name": "t", "version": "0"},
         }
         initialized = await client.request("initialize", hello)
@@ -277,8 +290,8 @@ class TestUnknownIds:
         [
             ("nonsense", "look like EXTENSION:RUN:ID"),
             ("tasks:xyz:task-1", "look like EXTENSION:RUN:ID"),
-            ("nope:0123456789ab:task-1", "no extension 'nope'"),
-            ("tasks:0123456789ab:task-1", "extension 'tasks' restarted since the task was created"),
+            ("nope:0123456789ab:task-1", "unknown task id 'nope:0123456789ab:task-1'"),
+            ("tasks:0123456789ab:task-1", "unknown task id 'tasks:0123456789ab:task-1'"),
         ],
     )
     async def test_a_clear_error_in_milliseconds(self, start, task_id: str, says: str) -> None:
@@ -292,14 +305,15 @@ class TestUnknownIds:
                 assert time.monotonic() - started < 0.5
                 assert failed.value.code == -32602 and says in failed.value.message, failed.value.message
 
-    async def test_an_id_the_child_does_not_know_gets_its_error(self, start) -> None:
+    async def test_a_deeply_nested_cursor_is_invalid_params(self, start) -> None:
+        """json.loads of '[' * 3000 raises RecursionError: still the client's mistake, -32602."""
         daemon = start({"tasks": TASKS})
         async with raw_client(daemon) as (client, _):
-            task = await client.create("tasks__slow", seconds=0)
-            unknown = task["taskId"].replace("task-1", "task-99")
+            cursor = base64.urlsafe_b64encode(b"[" * 3000).decode()
+            assert len(cursor) <= MAX_ID_LENGTH
             with pytest.raises(Failed) as failed:
-                await client.request("tasks/get", {"taskId": unknown})
-            assert failed.value.code == -32602 and "Unknown task: task-99" in failed.value.message
+                await client.request("tasks/list", {"cursor": cursor})
+            assert failed.value.code == -32602 and "invalid cursor" in failed.value.message
 
 
 class TestRestart:
@@ -328,13 +342,16 @@ class TestRestart:
 
 class TestSdkClients:
     async def test_a_handshake_session_polls_with_send_request(self, start) -> None:
-        """What the SDK's ClientSession can do: tasks/get and tasks/list with a custom result type."""
+        """What the SDK's ClientSession can do: tasks/get and tasks/list with a custom result type
+        (of a task it made: another connection's are not its own)."""
         daemon = start({"tasks": TASKS})
-        async with raw_client(daemon) as (client, _):
-            task = await client.create("tasks__slow", seconds=0)
         async with gateway_session(mcp_sock(daemon)) as session:
             capabilities = session.server_capabilities
             assert capabilities is not None and capabilities.tasks is not None
+            params = {"name": "tasks__slow", "arguments": {"seconds": 0}, "task": {}}
+            task = (await session._dispatcher.send_raw_request("tools/call", params, {}))[
+                "task"
+            ]  # typed: refused
             request = types.GetTaskRequest(params=types.GetTaskRequestParams(task_id=task["taskId"]))
             got = await session.send_request(request, RAW)  # a task of 0 s: done once it is listed below
             listed = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
@@ -391,3 +408,117 @@ class TestIdleStop:
                     await anyio.sleep(0.05)
             assert time.monotonic() - created >= 2.0  # not before the task ended
         assert "extension.idle_stop" in [e.get("event") for e in daemon.events()]
+
+    async def test_polling_tasks_list_does_not_keep_it_alive(self, start) -> None:
+        """A client polling tasks/list every 0.1 s (its ended task listed) lets idle_stop (0.5 s) act."""
+        daemon = start({"tasks": {**TASKS, "idle_stop": 0.5}})
+        async with raw_client(daemon) as (client, _), anyio.create_task_group() as tg:
+            task = await client.create("tasks__slow", seconds=0)
+            await client.wait_status(task["taskId"], "completed")
+            listed: list[dict[str, Any]] = []
+
+            async def poll() -> None:
+                while True:
+                    listed.append(await client.request("tasks/list"))
+                    await anyio.sleep(0.1)
+
+            tg.start_soon(poll)
+            with anyio.fail_after(6):
+                while (await anyio.to_thread.run_sync(daemon.status))["tasks"]["state"] == "running":  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+        assert {"taskId": task["taskId"]}.items() <= listed[0]["tasks"][0].items()
+        assert len(listed) >= 5
+        assert "extension.idle_stop" in [e.get("event") for e in daemon.events()]
+
+
+class TestOwnership:
+    async def test_another_clients_task_is_unknown_and_unlisted(self, start) -> None:
+        """Bound to its creator: to another client a task is as unknown as a made-up id."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon) as (alice, _), raw_client(daemon) as (bob, _):
+            mine = await alice.create("tasks__slow", seconds=30, text="alice-secret")
+            made_up = mine["taskId"].replace("task-1", "task-99")
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                for task in (mine["taskId"], made_up):
+                    with pytest.raises(Failed) as failed:
+                        await bob.request(method, {"taskId": task}, within=1)
+                    assert failed.value.code == -32602
+                    assert failed.value.message == f"unknown task id {task!r}"  # nothing tells them apart
+            assert await bob.request("tasks/list") == {"tasks": []}
+            his = await bob.create("tasks__slow", seconds=30)
+            assert [t["taskId"] for t in (await bob.request("tasks/list"))["tasks"]] == [his["taskId"]]
+            assert [t["taskId"] for t in (await alice.request("tasks/list"))["tasks"]] == [mine["taskId"]]
+            assert (await alice.request("tasks/get", {"taskId": mine["taskId"]}))["status"] == "working"
+
+    async def test_tasks_requests_make_no_per_client_instance(self, start) -> None:
+        """tasks/list and tasks/get of a client with no instance take none of max_instances."""
+        daemon = start({"tasks": {**TASKS, "instances": "per-client", "max_instances": 1}})
+        async with raw_client(daemon) as (alice, _), raw_client(daemon) as (bob, _):
+            assert await alice.request("tasks/list") == {"tasks": []}
+            with pytest.raises(Failed) as failed:
+                await alice.request("tasks/get", {"taskId": "tasks:0123456789ab:task-1"})
+            assert failed.value.code == -32602
+            result = await bob.request("tools/call", {"name": "tasks__quick", "arguments": {"text": "b"}})
+            assert result["content"] == [{"type": "text", "text": "quick: b"}], result
+            task = await bob.create("tasks__slow", seconds=0)
+            assert (await bob.request("tasks/result", {"taskId": task["taskId"]}))["content"]
+
+    def test_the_table_is_bounded_and_forgets_a_closed_client(self) -> None:
+        """Oldest first over a client's bound and over the total; all of a client's when it closes."""
+
+        class Client:
+            def __init__(self) -> None:
+                self.closes: list[Callable[[], None]] = []
+
+            def on_close(self, callback: Callable[[], None]) -> None:
+                self.closes.append(callback)
+
+        owners, a, b = Owners(per_client=3, total=5), Client(), Client()
+        for n in range(4):
+            owners.add(a, f"a{n}")
+        assert owners.of(a) == ["a1", "a2", "a3"] and not owners.owns(a, "a0")
+        for n in range(3):
+            owners.add(b, f"b{n}")
+        assert len(owners) == 5 and owners.of(a) == ["a2", "a3"]  # the total's oldest went: a1
+        assert owners.owns(b, "b0") and not owners.owns(b, "a2") and not owners.owns(a, "b0")
+        assert len(a.closes) == len(b.closes) == 1  # hooked once each
+        a.closes[0]()
+        assert len(owners) == 3 and owners.of(a) == [] and owners.of(b) == ["b0", "b1", "b2"]
+
+
+class TestQuestionsDuringResult:
+    async def test_the_related_task_id_is_the_one_the_client_knows(self, start) -> None:
+        """A child asking its client during tasks/result names the task: by our id, not its own."""
+        daemon = start({"tasks": TASKS})
+        async with raw_client(daemon, {"elicitation": {"form": {}}}) as (client, _):
+            task = await client.create("tasks__ask")
+            result = await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert result["content"] == [{"type": "text", "text": "answered: accept"}]
+            [asked] = client.asked
+            assert asked["method"] == "elicitation/create"
+            assert asked["params"]["_meta"]["io.modelcontextprotocol/related-task"] == {
+                "taskId": task["taskId"]
+            }
+
+
+class TestBlockingResult:
+    async def test_result_outlasts_call_timeout(self, start) -> None:
+        """tasks/result waits for the task (2.5 s) past call_timeout (1 s): nothing renews it."""
+        daemon = start({"tasks": {**TASKS, "call_timeout": 1}})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=2.5, text="long")
+            started = time.monotonic()
+            result = await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert result["content"] == [{"type": "text", "text": "done: long"}]
+            assert time.monotonic() - started >= 2.0
+
+    async def test_call_timeout_max_still_ends_it(self, start) -> None:
+        daemon = start({"tasks": {**TASKS, "call_timeout": 0.5, "call_timeout_max": 1.5}})
+        async with raw_client(daemon) as (client, _):
+            task = await client.create("tasks__slow", seconds=30)
+            started = time.monotonic()
+            with pytest.raises(Failed) as failed:
+                await client.request("tasks/result", {"taskId": task["taskId"]})
+            assert 1.4 <= time.monotonic() - started < 5
+            assert "call_timeout_max" in failed.value.message, failed.value.message

@@ -56,6 +56,8 @@ class Extensions(Protocol):
 
     def instance_of(self, name: str, client: Any) -> Extension: ...
 
+    def existing_instance(self, name: str, client: Any) -> Extension | None: ...
+
 
 class _Server(Server[Any]):
     """Advertise list_changed on every transport (streamable HTTP asks with no arguments)."""
@@ -128,8 +130,14 @@ class Gateway:
         self.server.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
-        every, find, serving = backend.extensions, self._extension, self._serving
-        self.tasks = tasks.TaskRouter(self, every=every, find=find, serving=serving, unavailable=UNAVAILABLE)
+        self.tasks = tasks.TaskRouter(
+            self,
+            every=backend.extensions,
+            find=self._extension,
+            serving=self._serving,
+            existing=self._existing,
+            unavailable=UNAVAILABLE,
+        )
         self.tasks.install(self.server)
 
     # ---- the view ------------------------------------------------------------------------
@@ -486,6 +494,12 @@ class Gateway:
         if ext.config.instances != "per-client":
             return ext
         return self._backend.instance_of(ext.name, passthrough.client_of(ctx.session._connection))
+
+    def _existing(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension | None:
+        """:meth:`_serving` without making an instance: None when this client has none."""
+        if ext.config.instances != "per-client":
+            return ext
+        return self._backend.existing_instance(ext.name, passthrough.client_of(ctx.session._connection))
 
     def _extension(self, name: str) -> Extension | None:
         return next((ext for ext in self._backend.extensions() if ext.name == name), None)

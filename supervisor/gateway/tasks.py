@@ -9,6 +9,9 @@ two extensions can clash. ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` r
 that id; an id whose run is no longer the extension's running child fails at once, naming the
 restart (a server's tasks live in its process). ``tasks/list`` merges the lists of every
 running extension that declares it, in name order, paged by the gateway's own cursor.
+Each task is bound to the client that created it (:mod:`.taskowners`): another client's id is
+as unknown as a made-up one, and ``tasks/list`` shows a client only its own tasks. None of
+``tasks/*`` makes a per-client instance, and ``tasks/list`` does not renew ``idle_stop``.
 
 The SDK 2.3 has the types but no task machinery: its lowlevel server validates a ``tools/call``
 result as a ``CallToolResult`` (so the task-augmented call is answered here, in a middleware,
@@ -41,6 +44,7 @@ from ..state import State
 from . import passthrough
 from .fastpath import expose_links
 from .progress import LatestProgress
+from .taskowners import RELATED_TASK, Owners, TaskCaller
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -54,7 +58,6 @@ MAX_PAGE = 100  # tasks in one tasks/list page
 MAX_LIST_REQUESTS = 8  # children's tasks/list pages fetched for one page of ours
 LIST_TIMEOUT = 5.0  # seconds for one child's tasks/list page; a slow child is left out
 MAX_ID_LENGTH = 4096  # a task id or cursor from a client, in characters
-RELATED_TASK = "io.modelcontextprotocol/related-task"
 Context = ServerRequestContext[Any]
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # extension names (config.py), which never hold ":"
 _RUN = re.compile(r"[0-9a-f]{12}")  # the tail of a run marker (Extension._run_once)
@@ -115,12 +118,15 @@ class TaskRouter:
         every: Callable[[], Sequence[Extension]],
         find: Callable[[str], Extension | None],
         serving: Callable[[Extension, Context], Extension],
+        existing: Callable[[Extension, Context], Extension | None],
         unavailable: int,
     ) -> None:
         self._gateway = gateway
         self._every = every  # the configured extensions
         self._find = find  # one of them by name
         self._serving = serving  # the instance that serves a client (its own one when per-client)
+        self._existing = existing  # the same, but None rather than a new instance
+        self.owners = Owners()  # task id -> the client that created it
         self._unavailable = unavailable  # the JSON-RPC code for "the extension is not running"
 
     def install(self, server: Any) -> None:
@@ -175,7 +181,9 @@ class TaskRouter:
             raise MCPError(exc.code, str(exc), exc.data) from None
         run = _run_of(marker) or ""  # the run that answered: the task is in its process
         if isinstance(result.get("task"), dict):
-            return {**result, "task": self._renamed(result["task"], ext.name, run)}
+            task = self._renamed(result["task"], ext.name, run)
+            self.owners.add(_client(ctx), task["taskId"])
+            return {**result, "task": task}
         return self._payload(result, ext.name, run)  # the child ran it plainly (it ignored `task`)
 
     # ---- tasks/get, tasks/result, tasks/cancel ---------------------------------------------
@@ -192,7 +200,7 @@ class TaskRouter:
 
     async def _result(self, ctx: Context, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         ext, run, child_id = self._owner(ctx, "tasks/result", params.task_id)
-        result = await self._send(ext, ctx, "tasks/result", {"taskId": child_id})
+        result = await self._send(ext, ctx, "tasks/result", {"taskId": child_id}, blocking=True)
         return self._payload(result, ext.name, run)
 
     def _owner(self, ctx: Context, method: str, value: str) -> tuple[Extension, str, str]:
@@ -205,6 +213,8 @@ class TaskRouter:
                 f"unknown task id {value[:200]!r}: task ids from this gateway look like EXTENSION:RUN:ID",
                 taskId=value[:200],
             )
+        if not self.owners.owns(_client(ctx), value):  # another client's task: as if it did not exist
+            raise _invalid(f"unknown task id {value[:200]!r}", taskId=value[:200])
         extension, run, child_id = parsed
         ext = self._find(extension)
         if ext is None:
@@ -212,10 +222,15 @@ class TaskRouter:
         view = self._gateway.views.of(ctx.request)
         if not view.sees(extension):
             raise _invalid(f"extension {extension!r} is not in profile {view.label!r}", taskId=value[:200])
-        try:
-            ext = self._serving(ext, ctx)
-        except ExtensionUnavailable as exc:
-            raise MCPError(self._unavailable, str(exc)) from None
+        serving = self._existing(ext, ctx)
+        if serving is None:  # its own instance is gone (stopped by hand): so are its tasks
+            raise _invalid(
+                f"task {value[:200]!r} is gone: extension {extension!r} stopped its instance for this client",
+                taskId=value[:200],
+                extension=extension,
+                reason="stopped",
+            )
+        ext = serving
         now = _run_of(ext.run_marker)
         if now != run:
             state = ext.snapshot().state
@@ -232,13 +247,20 @@ class TaskRouter:
         return ext, run, child_id
 
     async def _send(
-        self, ext: Extension, ctx: Context, method: str, params: dict[str, Any]
+        self, ext: Extension, ctx: Context, method: str, params: dict[str, Any], *, blocking: bool = False
     ) -> dict[str, Any]:
-        """One request to the run that holds the task; a restart meanwhile fails it, never a newer run."""
+        """One request to the run that holds the task; a restart meanwhile fails it, never a newer run.
+
+        *blocking* (``tasks/result``, which waits until the task ends): only ``call_timeout_max``
+        bounds it, as nothing renews ``call_timeout`` (the task's progress goes to its creating call).
+        """
         try:
-            caller = passthrough.SessionCaller(ctx)
+            run = _run_of(ext.run_marker) or ""
+            caller = TaskCaller(
+                passthrough.SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id)
+            )
             result, _ = await ext.request_raw(
-                method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller
+                method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
             )
             return result
         except ExtensionUnavailable as exc:
@@ -260,7 +282,8 @@ class TaskRouter:
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method="tasks/list"))
         start = _decode_cursor(params.cursor) if params.cursor else ("", "", None, 0)
-        sources = self._listing_sources(ctx)
+        client = _client(ctx)
+        sources = self._listing_sources(ctx, {tuple(t.split(":", 2)[:2]) for t in self.owners.of(client)})
         names = [ext.name for ext, _ in sources]
         position = next((i for i, name in enumerate(names) if name >= start[0]), len(names))
         child_cursor, offset = None, 0
@@ -274,12 +297,16 @@ class TaskRouter:
             page = await self._child_page(ext, ctx, child_cursor)
             items = page.get("tasks") if page is not None else None
             items = [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
-            room = MAX_PAGE - len(found)
-            if len(items) - offset > room:
-                found += [self._renamed(item, ext.name, run) for item in items[offset : offset + room]]
-                offset += room
+            full = False
+            for index in range(offset, len(items)):
+                if len(found) >= MAX_PAGE:
+                    offset, full = index, True  # the next page starts at this item of this child page
+                    break
+                task = self._renamed(items[index], ext.name, run)
+                if self.owners.owns(client, task["taskId"]):  # only the client's own tasks
+                    found.append(task)
+            if full:
                 break
-            found += [self._renamed(item, ext.name, run) for item in items[offset:]]
             following = page.get("nextCursor") if page is not None else None
             if isinstance(following, str) and following and following != child_cursor:
                 child_cursor, offset = following, 0
@@ -291,20 +318,24 @@ class TaskRouter:
             result["nextCursor"] = _encode_cursor(ext.name, run, child_cursor, offset)
         return result
 
-    def _listing_sources(self, ctx: Context) -> list[tuple[Extension, str]]:
-        """(extension serving this client, its run) for each running one that lists tasks, by name."""
+    def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Extension, str]]:
+        """(extension serving this client, its run) for each running one that lists tasks and where
+        the client has tasks (*runs*: its (extension, run) pairs), by name. Never makes an instance."""
         view = self._gateway.views.of(ctx.request)
         sources = []
         for shared in sorted(self._every(), key=lambda e: e.name):
-            if not view.sees(shared.name):
-                continue
-            try:
-                ext = self._serving(shared, ctx)
-            except ExtensionUnavailable:
+            ext = self._existing(shared, ctx) if view.sees(shared.name) else None
+            if ext is None:
                 continue
             capabilities, run = ext.capabilities, _run_of(ext.run_marker)
             tasks = capabilities.tasks if capabilities is not None else None
-            if tasks is not None and tasks.list is not None and run and ext.snapshot().state is State.RUNNING:
+            if (
+                tasks is not None
+                and tasks.list is not None
+                and run
+                and (ext.name, run) in runs
+                and ext.snapshot().state is State.RUNNING
+            ):
                 sources.append((ext, run))
         return sources
 
@@ -312,7 +343,7 @@ class TaskRouter:
         params = {"cursor": cursor} if cursor else {}
         try:
             with anyio.fail_after(LIST_TIMEOUT):
-                page, _ = await ext.request_raw("tasks/list", params, run=ext.run_marker)
+                page, _ = await ext.request_raw("tasks/list", params, run=ext.run_marker, touch=False)
                 return page
         except (TimeoutError, SupervisorError) as exc:
             log.warning("gateway.tasks_list_failed", extension=ext.name, error=str(exc)[:300])
@@ -347,6 +378,11 @@ def _task_support(ext: Extension, tool: str) -> str | None:
     return None
 
 
+def _client(ctx: Context) -> object:
+    """The object that stands for the calling client (the same one its per-client instances use)."""
+    return passthrough.client_of(ctx.session._connection)  # the SDK has no public accessor (2.3)
+
+
 def _relay(ctx: Context) -> LatestProgress:
     return LatestProgress(ctx.session.report_progress)
 
@@ -366,7 +402,7 @@ def _decode_cursor(cursor: str) -> tuple[str, str, str | None, int]:
         if len(cursor) > MAX_ID_LENGTH:
             raise ValueError("too long")
         value = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):  # RecursionError: '[[[[...' nested deeply
         value = None
     if not (
         isinstance(value, list)

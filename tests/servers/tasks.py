@@ -9,6 +9,9 @@ Tools:
 - ``quick(seconds=0.3, text="")``, ``"optional"``: as ``slow`` when called as a task; a plain
   call answers ``quick: TEXT`` at once.
 - ``plain(text="")``, no ``execution``: echoes; called as a task, error -32601.
+- ``ask()``, ``"required"``: a task that works until ``tasks/result`` is asked for it; then it
+  asks the client (``elicitation/create``, its ``_meta`` naming the task by the server's own id
+  as ``related-task``) and completes with ``answered: ACTION`` once the client answers.
 
 Task ids are ``task-1``, ``task-2``, ... in every process, so two of these servers clash.
 ``tools/call`` with ``task`` answers a ``CreateTaskResult`` at once; the work finishes on a
@@ -29,7 +32,7 @@ from typing import Any
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 RELATED_TASK = "io.modelcontextprotocol/related-task"
-SUPPORT = {"slow": "required", "quick": "optional", "plain": None}
+SUPPORT = {"slow": "required", "quick": "optional", "plain": None, "ask": "required"}
 TERMINAL = ("completed", "failed", "cancelled")
 
 _out = sys.stdout.buffer
@@ -37,6 +40,7 @@ _write_lock = threading.Lock()
 _state_lock = threading.Lock()
 _tasks: dict[str, Task] = {}  # in creation order
 _page_size = int(sys.argv[1]) if len(sys.argv) > 1 else 50
+_answers: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}  # our requests' answers, by id
 
 
 def _now() -> str:
@@ -58,6 +62,7 @@ class Task:
         self.ttl = ttl
         self.result: dict[str, Any] | None = None
         self.done = threading.Event()
+        self.asks = False  # an ask() task: tasks/result asks the client first
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -87,10 +92,13 @@ def _tool(name: str) -> dict[str, Any]:
     return tool
 
 
-def _create(arguments: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
+def _create(name: str, arguments: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
     with _state_lock:
         created = Task(f"task-{len(_tasks) + 1}", task.get("ttl"))
         _tasks[created.task_id] = created
+    if name == "ask":
+        created.asks = True
+        return {"task": created.describe()}  # it works until tasks/result asks the client
     text = {"content": [{"type": "text", "text": f"done: {arguments.get('text', '')}"}], "isError": False}
     timer = threading.Timer(float(arguments.get("seconds", 0.3)), created.end, ("completed", text))
     timer.daemon = True
@@ -98,7 +106,23 @@ def _create(arguments: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
     return {"task": created.describe()}
 
 
+def _ask_client(task: Task) -> None:
+    ask_id, waiter = f"ask-{task.task_id}", (threading.Event(), [])
+    _answers[ask_id] = waiter
+    params = {
+        "message": "go on?",
+        "requestedSchema": {"type": "object", "properties": {}},
+        "_meta": {RELATED_TASK: {"taskId": task.task_id}},
+    }
+    send({"jsonrpc": "2.0", "id": ask_id, "method": "elicitation/create", "params": params})
+    waiter[0].wait()
+    action = waiter[1][0].get("result", {}).get("action", "error")
+    task.end("completed", {"content": [{"type": "text", "text": f"answered: {action}"}], "isError": False})
+
+
 def _result_later(msg_id: Any, task: Task) -> None:
+    if task.asks and task.status == "working":
+        _ask_client(task)
     task.done.wait()
     if task.status == "completed" and task.result is not None:
         related = {RELATED_TASK: {"taskId": task.task_id}}
@@ -130,7 +154,7 @@ def _handle(msg_id: Any, method: str, params: dict[str, Any]) -> dict[str, Any] 
         if task is not None:
             if SUPPORT[name] is None:
                 return _error(msg_id, METHOD_NOT_FOUND, f"Tool {name} does not support tasks")
-            result = _create(arguments, task)
+            result = _create(name, arguments, task)
         elif SUPPORT[name] == "required":
             return _error(msg_id, METHOD_NOT_FOUND, f"Tool {name} must be called as a task")
         else:
@@ -162,7 +186,11 @@ def main() -> None:
         if not line.strip():
             continue
         msg = json.loads(line)
-        if isinstance(msg, dict) and "id" in msg and "method" in msg:
+        if isinstance(msg, dict) and "method" not in msg and msg.get("id") in _answers:
+            waiter = _answers.pop(msg["id"])
+            waiter[1].append(msg)
+            waiter[0].set()
+        elif isinstance(msg, dict) and "id" in msg and "method" in msg:
             answer = _handle(msg["id"], msg["method"], msg.get("params") or {})
             if answer is not None:
                 send(answer)
