@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
 from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.server.subscriptions import InMemorySubscriptionBus
@@ -31,6 +30,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from . import inputrequired
 from .clients import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
+from .owner import TaskOwner
 from .requestlogs import FLUSH_SECONDS, RequestLog, asked_levels
 
 __all__ = ("Fanout",)
@@ -40,7 +40,7 @@ log = structlog.get_logger(__name__)
 _EVENTS = {"tools": ToolsListChanged(), "prompts": PromptsListChanged(), "resources": ResourcesListChanged()}
 
 
-class Fanout:
+class Fanout(TaskOwner):
     """The gateway's clients, as one audience. :meth:`run` owns every per-client task."""
 
     def __init__(self) -> None:
@@ -52,19 +52,12 @@ class Fanout:
         self._updated: dict[str, None] = {}  # URIs updated, not yet published to the bus
         self.on_released: Callable[[str], None] | None = None  # nobody holds this URI any more (sync)
         self._updates_waiting = anyio.Event()
-        self._tg: TaskGroup | None = None
 
     def __len__(self) -> int:
         return len(self._clients)
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            task_status.started()
-            try:
-                await self._publish_updates()
-            finally:
-                self._tg = None
+    async def _serve(self) -> None:
+        await self._publish_updates()
 
     # ---- who is listening ----------------------------------------------------------------
 

@@ -42,7 +42,6 @@ import anyio
 import anyio.lowlevel
 import mcp_types as types
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.shared.dispatcher import ProgressFnT
@@ -50,6 +49,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from . import passthrough
+from .owner import TaskOwner
 from .passthrough import MAX_ASKS, ClientLink, SessionCaller
 from .progress import LatestProgress
 from .requeststate import HANDLE_BYTES, Seal
@@ -174,7 +174,7 @@ class _Caller:
         return pending.answer
 
 
-class InputRequired:
+class InputRequired(TaskOwner):
     """The calls of 2026-07-28 clients that may wait for input, and their tasks (:meth:`run`)."""
 
     def __init__(self) -> None:
@@ -183,21 +183,10 @@ class InputRequired:
         self._slots: dict[Hashable, set[_Call]] = {}
         self._retired: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._watched: set[int] = set()  # id() of the links whose close we hear of
-        self._tg: TaskGroup | None = None
 
     def __len__(self) -> int:
         """Calls waiting for input, or for their client's retry with it."""
         return sum(len(calls) for calls in self._slots.values())
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Own the calls' tasks until cancelled (then they are cancelled in their children)."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._tg = None
 
     def wrap(self, handler: Handler[ParamsT]) -> Handler[ParamsT]:
         """*handler*, serving 2026-07-28 clients through parked calls; others as before."""

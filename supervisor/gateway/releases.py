@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import anyio
 import mcp_types as types
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
 
 from ..state import State
 from .names import parse_uri
+from .owner import TaskOwner
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -32,7 +32,7 @@ log = structlog.get_logger(__name__)
 TIMEOUT = 10.0  # seconds one unsubscribe may take; then the next
 
 
-class Releases:
+class Releases(TaskOwner):
     """The children's subscriptions to let go of. *find* an extension by name; *held*: whether a
     client holds an exposed URI."""
 
@@ -40,16 +40,6 @@ class Releases:
         self._find, self._held = find, held
         self._locks: dict[str, anyio.Lock] = {}  # extension -> taking or releasing in its child
         self._pending: dict[str, dict[str, str]] = {}  # extension -> exposed URI -> the child's
-        self._tg: TaskGroup | None = None
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            task_status.started()
-            try:
-                await anyio.sleep_forever()
-            finally:
-                self._tg = None
 
     def lock(self, extension: str) -> anyio.Lock:
         """Held while a subscription of *extension* is taken or released in its child."""
