@@ -206,7 +206,6 @@ class Daemon:
         return [self._with_instances(ext) for ext in chosen]
 
     def _with_instances(self, ext: Extension) -> Snapshot:
-        snapshot = ext.snapshot()
         snapshot = self._with_usage(ext)
         instances = self._instances.get(ext.name)
         if instances is None or ext.config.instances != "per-client":

@@ -30,6 +30,7 @@ from ..rawcalls import encode
 from .names import expose_uri
 from .passthrough import ClientLink, LinkedCaller
 from .progress import LatestProgress
+from .toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -168,11 +169,9 @@ class FastCalls:
             result = await ext.call_tool_raw(
                 tool, call.arguments, progress=relay, caller=LinkedCaller(self.link)
             )
-        except ExtensionUnavailable as exc:
-            return _response(call.id, _tool_error(str(exc)))
-        except CallFailed as exc:
-            if exc.code in (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT):
-                return _response(call.id, _tool_error(str(exc)))
+        except (ExtensionUnavailable, CallFailed) as exc:
+            if is_tool_error(exc):
+                return _response(call.id, raw_tool_error(str(exc)))
             return _error(call.id, exc.code, str(exc), exc.data)
         content = result.get("content")
         if isinstance(content, list):
@@ -243,7 +242,3 @@ def _error(request_id: RequestId, code: int, message: str, data: Any = None) -> 
         return encode({"jsonrpc": "2.0", "id": request_id, "error": error})
     except (ValueError, RecursionError):
         return encode({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
-
-
-def _tool_error(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}

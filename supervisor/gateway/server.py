@@ -33,6 +33,7 @@ from .fanout import Fanout
 from .listen import Listen
 from .names import expose, expose_uri, parse_uri
 from .releases import Releases
+from .toolerrors import is_tool_error
 from .views import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -343,10 +344,8 @@ class Gateway:
                     tool, params.arguments, progress=_progress_relay(ctx), caller=caller
                 )
             return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
-        except ExtensionUnavailable as exc:
-            return _tool_error(str(exc))
-        except CallFailed as exc:
-            if exc.code in (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT):
+        except (ExtensionUnavailable, CallFailed) as exc:
+            if is_tool_error(exc):
                 return _tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
 

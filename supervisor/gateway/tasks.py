@@ -45,6 +45,7 @@ from . import passthrough
 from .fastpath import expose_links
 from .progress import LatestProgress
 from .taskowners import RELATED_TASK, Owners, TaskCaller
+from .toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
     from ..extension import Extension
@@ -173,11 +174,9 @@ class TaskRouter:
             result, marker = await ext.request_raw(
                 "tools/call", forwarded, progress=_relay(ctx), caller=passthrough.SessionCaller(ctx)
             )
-        except ExtensionUnavailable as exc:
-            return _tool_error(str(exc))
-        except CallFailed as exc:
-            if exc.code in (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT):
-                return _tool_error(str(exc))
+        except (ExtensionUnavailable, CallFailed) as exc:
+            if is_tool_error(exc):
+                return raw_tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
         run = _run_of(marker) or ""  # the run that answered: the task is in its process
         if isinstance(result.get("task"), dict):
@@ -385,10 +384,6 @@ def _client(ctx: Context) -> object:
 
 def _relay(ctx: Context) -> LatestProgress:
     return LatestProgress(ctx.session.report_progress)
-
-
-def _tool_error(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
 
 
 def _encode_cursor(extension: str, run: str, child_cursor: str | None, offset: int) -> str:

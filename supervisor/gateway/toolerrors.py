@@ -1,0 +1,25 @@
+"""How a failed tool call answers its client, on every path (SDK, fast path, task calls). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+
+from ..errors import CallFailed, ExtensionUnavailable
+
+__all__ = ("is_tool_error", "raw_tool_error")
+
+# A model can act on these (retry, start the extension): a tool result with isError. Any other
+# code is the child's own JSON-RPC error and passes through as one.
+_AS_TOOL_ERROR = (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+
+
+def is_tool_error(exc: ExtensionUnavailable | CallFailed) -> bool:
+    """Whether *exc* answers as a tool error (``isError``) rather than a JSON-RPC error."""
+    return isinstance(exc, ExtensionUnavailable) or exc.code in _AS_TOOL_ERROR
+
+
+def raw_tool_error(text: str) -> dict[str, Any]:
+    """A ``CallToolResult`` with ``isError``, as plain JSON."""
+    return {"content": [{"type": "text", "text": text}], "isError": True}
