@@ -1,21 +1,27 @@
 """Gateway overhead: echo-call latency and throughput through the daemon against a direct session.
 
-Four ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
+Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
 
   direct   the SDK's stdio_client + ClientSession spawning the fixture (what a client does today)
+  floor1   the same client spawning a bare byte relay that spawns the fixture (``_relay.py hop``):
+           the least one extra process on the path costs
+  floor2   the same client spawning a bare pump to a bare relay server that spawns a fixture per
+           connection (``_relay.py pump`` / ``serve``): the least any ``connect`` + daemon path costs
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
   http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
   proxy    the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture, installed for this
            benchmark only, in bench/.venv-mcp-proxy
 
-Latency: median and p99 of N sequential calls on one session (after a warm-up), and the CPU
-time each process on the path spent per call meanwhile (``cpu_us``: this client, ``connect``, the
-daemon, the fixture). Throughput: 8 clients calling at once (direct: 8 sessions, 8 fixture
-processes; the others: 8 sessions sharing one supervised fixture). Prints JSON, with each
-figure's ratio to ``direct``.
+Latency: N sequential calls per way on one session each, in interleaved rounds (every way once
+per round, in a rotating order), so that the machine's slow spells fall on every way alike:
+the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
+(and their range), and the CPU time each process on the path spent per call (``cpu_us``).
+Throughput: 8 clients calling at once, once per round (direct and floor*: 8 sessions, 8 fixture
+processes; through the daemon: 8 sessions sharing one supervised fixture; mcp-proxy: one
+fixture). Prints JSON.
 
-    python bench/gateway.py [--calls 2000] [--clients 8] [--skip-proxy]
+    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--skip-proxy]
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,48 +89,62 @@ async def _unix(path: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def _path_processes(daemon_pid: int | None) -> dict[str, psutil.Process]:
-    """The processes on a call's path: this client, its connect (if any), the daemon, the fixture."""
-    me = psutil.Process()
-    found = {"client": me}
-    for child in me.children(recursive=True):
-        line = " ".join(child.cmdline())
-        if " connect " in f"{line} ":
-            found["connect"] = child
-        elif FIXTURE in line and daemon_pid is None:
-            found["fixture"] = child
-    if daemon_pid is not None:
-        found["daemon"] = supervisor = psutil.Process(daemon_pid)
-        found.update(
-            ("fixture", child)
-            for child in supervisor.children(recursive=True)
-            if FIXTURE in " ".join(child.cmdline())
-        )
-    return found
+_LABELS = (("relay", "_relay.py"), ("proxy", "mcp-proxy"), ("connect", " connect "), ("fixture", FIXTURE))
 
 
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    return {name: sum(process.cpu_times()[:2]) for name, process in processes.items()}
+def _label(process: psutil.Process) -> str:
+    line = f"{' '.join(process.cmdline())} "
+    return next((label for label, mark in _LABELS if mark in line), "other")
 
 
-async def _latency(open_session: Opener, tool: str, calls: int, daemon_pid: int | None) -> dict[str, Any]:
-    async with open_session() as session:
-        for _ in range(50):
-            await session.call_tool(tool, {"text": "warm"})
-        processes = _path_processes(daemon_pid)
-        before = _cpu(processes)
-        times = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            await session.call_tool(tool, {"text": "ping"})
-            times.append(time.perf_counter() - started)
-        after = _cpu(processes)
-    times.sort()
-    return {
-        "median_ms": round(statistics.median(times) * 1000, 3),
-        "p99_ms": round(times[int(len(times) * 0.99) - 1] * 1000, 3),
-        "cpu_us": {name: round((after[name] - before[name]) / calls * 1e6) for name in processes},
-    }
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+@dataclass
+class Route:
+    """One way to reach the fixture: how to open a session, the tool's name, the server behind it."""
+
+    name: str
+    open_session: Opener
+    tool: str
+    server_pid: int | None = None  # the daemon, the relay server, mcp-proxy: a process the session uses
+    processes: dict[str, list[psutil.Process]] = field(default_factory=dict)
+    times: list[list[float]] = field(default_factory=list)  # per round
+    cpu: dict[str, float] = field(default_factory=dict)  # seconds, summed over the rounds
+    throughput: list[float] = field(default_factory=list)  # per round
+
+    def find_processes(self, before: set[int]) -> None:
+        """The processes on this way's calls: this client, what its session spawned, the server's tree."""
+        spawned = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+        served = _tree(self.server_pid) if self.server_pid is not None else []
+        self.processes = {"client": [psutil.Process()]}
+        unique = {process.pid: process for process in spawned + served}
+        for process in unique.values():
+            label = _label(process)
+            if label == "other" and process in served:  # the daemon, or a helper of its own
+                label = "daemon"
+            self.processes.setdefault(label, []).append(process)
+
+    def cpu_now(self) -> dict[str, float]:
+        return {
+            label: sum(sum(process.cpu_times()[:2]) for process in processes)
+            for label, processes in self.processes.items()
+        }
+
+
+async def _latency_round(path: Route, session: ClientSession, calls: int) -> None:
+    before = path.cpu_now()
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        await session.call_tool(path.tool, {"text": "ping"})
+        times.append(time.perf_counter() - started)
+    after = path.cpu_now()
+    path.times.append(times)
+    for label, seconds in after.items():
+        path.cpu[label] = path.cpu.get(label, 0.0) + seconds - before[label]
 
 
 async def _throughput(open_session: Opener, tool: str, clients: int, calls_each: int) -> float:
@@ -155,7 +177,21 @@ def _install_proxy() -> Path:
 
 
 @contextlib.contextmanager
-def _proxy() -> Any:
+def _relay_server(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[str, int]]:
+    """``_relay.py serve``: its socket and pid."""
+    with tempfile.TemporaryDirectory(prefix="mcps-relay-", dir="/tmp") as tmp:
+        path = str(Path(tmp) / "relay.sock")
+        proc = subprocess.Popen([*command, path, *fixture_cmd], stderr=_QUIET)
+        try:
+            wait_for(lambda: os.path.exists(path), "the relay server to listen")
+            yield path, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def _proxy() -> Iterator[tuple[str, int]]:
     exe = _install_proxy()
     port = free_port()
     with open(os.devnull, "wb") as quiet:
@@ -164,42 +200,81 @@ def _proxy() -> Any:
         )
     try:
         wait_for(lambda: _listening(port), "mcp-proxy to listen")
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-async def _measure(
-    name: str, open_session: Opener, tool: str, args: argparse.Namespace, daemon_pid: int | None = None
-) -> dict[str, Any]:
-    latency = await _latency(open_session, tool, args.calls, daemon_pid)
-    throughput = await _throughput(open_session, tool, args.clients, args.calls // args.clients)
-    print(f"bench: {name}: {latency} {throughput} calls/s", file=sys.stderr)
-    return {**latency, "throughput_cps": throughput}
+def _summary(path: Route, base: Route, calls: int) -> dict[str, Any]:
+    pooled = sorted(t for times in path.times for t in times)
+    round_ratios = [
+        statistics.median(mine) / statistics.median(theirs)
+        for mine, theirs in zip(path.times, base.times, strict=True)
+    ]
+    throughput_ratios = [mine / theirs for mine, theirs in zip(path.throughput, base.throughput, strict=True)]
+    return {
+        "median_ms": round(statistics.median(pooled) * 1000, 3),
+        "p99_ms": round(pooled[int(len(pooled) * 0.99) - 1] * 1000, 3),
+        "median_ratio": round(statistics.median(round_ratios), 2),
+        "median_ratio_range": [round(min(round_ratios), 2), round(max(round_ratios), 2)],
+        "cpu_us": {label: round(seconds / calls * 1e6) for label, seconds in path.cpu.items()},
+        "throughput_cps": round(statistics.median(path.throughput), 1),
+        "throughput_ratio": round(statistics.median(throughput_ratios), 2),
+    }
+
+
+async def _run(paths: list[Route], args: argparse.Namespace) -> None:
+    """Every path in every round, in a rotating order, so that a slow spell of the machine is shared."""
+    per_round = args.calls // args.rounds
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = {}
+        for path in paths:
+            before = {child.pid for child in psutil.Process().children(recursive=True)}
+            sessions[path.name] = session = await stack.enter_async_context(path.open_session())
+            for _ in range(50):
+                await session.call_tool(path.tool, {"text": "warm"})
+            path.find_processes(before)
+        for round_ in range(args.rounds):
+            for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
+                await _latency_round(path, sessions[path.name], per_round)
+    for round_ in range(args.rounds):
+        for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
+            path.throughput.append(
+                await _throughput(path.open_session, path.tool, args.clients, per_round // args.clients)
+            )
+        print(f"bench: round {round_ + 1} of {args.rounds} done", file=sys.stderr)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    results["direct"] = await _measure("direct", lambda: _stdio(sys.executable, FIXTURE), "echo", args)
-    with daemon({"fx": fixture("echo.py")}, http=True) as running:
+    fixture_cmd = [sys.executable, FIXTURE]
+    relay = [sys.executable, str(ROOT / "bench" / "_relay.py")]
+    with contextlib.ExitStack() as stack:
+        running = stack.enter_context(daemon({"fx": fixture("echo.py")}, http=True))
+        relay_sock, relay_pid = stack.enter_context(_relay_server([*relay, "serve"], fixture_cmd))
+        proxy_url, proxy_pid = stack.enter_context(_proxy()) if not args.skip_proxy else (None, None)
         wait_for(lambda: running.all_running(["fx"]), "the daemon's fixture to run")
         connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
         sock = str(Path(running.socket).parent / "mcp.sock")
-        url = running.http_url or ""
         pid = running.proc.pid
-        results["socket"] = await _measure("socket", lambda: _unix(sock), "fx__echo", args, pid)
-        results["connect"] = await _measure("connect", lambda: _stdio(*connect), "fx__echo", args, pid)
-        results["http"] = await _measure("http", lambda: _http(url), "fx__echo", args, pid)
-    if not args.skip_proxy:
-        with _proxy() as url:
-            results["proxy"] = await _measure("proxy", lambda: _http(url), "echo", args)
-    base = results["direct"]
-    for figures in results.values():
-        figures["median_ratio"] = round(figures["median_ms"] / base["median_ms"], 2)
-        figures["throughput_ratio"] = round(figures["throughput_cps"] / base["throughput_cps"], 2)
+        paths = [
+            Route("direct", lambda: _stdio(*fixture_cmd), "echo"),
+            Route("floor1", lambda: _stdio(*relay, "hop", *fixture_cmd), "echo"),
+            Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
+            Route("socket", lambda: _unix(sock), "fx__echo", pid),
+            Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
+            Route("http", lambda: _http(running.http_url or ""), "fx__echo", pid),
+        ]
+        if proxy_url is not None:
+            paths.append(Route("proxy", lambda: _http(proxy_url), "echo", proxy_pid))
+        await _run(paths, args)
+    per_path_calls = args.calls // args.rounds * args.rounds
+    results = {path.name: _summary(path, paths[0], per_path_calls) for path in paths}
+    for name, figures in results.items():
+        print(f"bench: {name}: {figures}", file=sys.stderr)
     return {
-        "calls": args.calls,
+        "calls": per_path_calls,
+        "rounds": args.rounds,
         "clients": args.clients,
         "python": sys.version.split()[0],
         "results": results,
@@ -210,6 +285,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratios: their median)")
     parser.add_argument("--skip-proxy", action="store_true", help="do not install and measure mcp-proxy")
     report = anyio.run(main, parser.parse_args())
     print(json.dumps(report, indent=2))
