@@ -12,6 +12,7 @@ from mcp import Client, MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 
 from supervisor.gateway.clients import MAX_LOG_DATA, MAX_PENDING_LOGS, MAX_SUBSCRIPTIONS
+from supervisor.gateway.listen import MAX_LISTENS
 from supervisor.gateway.requestlogs import RequestLog
 
 from .conftest import eventually, first_text
@@ -204,3 +205,44 @@ class TestSubscriptions:
                     pass
             async with client.listen(resource_subscriptions=uris[half:-1]):  # the first one's were released
                 pass
+
+
+class TestFairness:
+    async def test_a_child_that_never_answers_a_subscribe_delays_no_other_uri(self, gateway) -> None:  # noqa: F811
+        """Subscribes to one extension used to queue behind each other, each for its call_timeout."""
+        daemon = gateway({"rich": {**RICH, "call_timeout": 5}})
+        async with (
+            gateway_session(mcp_sock(daemon)) as stuck,
+            gateway_session(mcp_sock(daemon)) as other,
+            anyio.create_task_group() as tg,
+        ):
+            for n in range(3):
+                tg.start_soon(_subscribe_quietly, stuck, f"mcp-supervisor://rich/note://hang{n}")
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 3, within=10)
+            with anyio.fail_after(3):  # well inside one call_timeout
+                await other.subscribe_resource(NOTE_A)
+            assert subscribed(daemon, "note://a") == 1
+            with anyio.fail_after(3):  # an unknown extension answers at once too, and leaves nothing
+                with pytest.raises(MCPError):
+                    await other.subscribe_resource("mcp-supervisor://nobody/note://a")
+            tg.cancel_scope.cancel()
+
+    async def test_at_most_max_listens_streams_per_client_and_the_others_still_listen(self, gateway) -> None:  # noqa: F811
+        daemon = gateway({"rich": RICH})
+        async with modern(daemon) as client, modern(daemon) as other, contextlib.AsyncExitStack() as stack:
+            for _ in range(MAX_LISTENS):
+                await stack.enter_async_context(client.listen(tools_list_changed=True))
+            with pytest.raises(MCPError, match=f"at most {MAX_LISTENS} listen streams at once per client"):
+                async with client.listen(tools_list_changed=True):
+                    pass
+            async with other.listen(resource_subscriptions=[NOTE_B]) as on_b:  # another client is not refused
+                await other.call_tool("rich__touch", {"uri": "note://b"})
+                assert await next_event(on_b) == ResourceUpdated(uri=NOTE_B)
+            await stack.aclose()
+            async with client.listen(tools_list_changed=True):  # its slots came back with its streams
+                pass
+
+
+async def _subscribe_quietly(session: Any, uri: str) -> None:
+    with contextlib.suppress(MCPError):
+        await session.subscribe_resource(uri)

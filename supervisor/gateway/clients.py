@@ -15,11 +15,19 @@ import anyio
 import structlog
 from mcp.server.connection import Connection
 
-__all__ = ("LOG_LEVELS", "MAX_LOG_DATA", "MAX_PENDING_LOGS", "MAX_SUBSCRIPTIONS", "Downstream")
+__all__ = (
+    "LOG_LEVELS",
+    "MAX_CONNECTIONS",
+    "MAX_LOG_DATA",
+    "MAX_PENDING_LOGS",
+    "MAX_SUBSCRIPTIONS",
+    "Downstream",
+)
 
 log = structlog.get_logger(__name__)
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+MAX_CONNECTIONS = 256  # clients at once on mcp.sock (and HTTP sessions); one more is turned away
 MAX_PENDING_LOGS = 256  # per client; past it the oldest are dropped and counted
 MAX_SUBSCRIPTIONS = 1_000  # resource URIs one client may subscribe to
 MAX_LOG_DATA = 16 << 10  # characters of one log message's data kept for clients; the rest is cut

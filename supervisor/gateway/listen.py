@@ -7,6 +7,10 @@ and counted with every other client's (:meth:`.fanout.Fanout.hold`), so that a r
 is subscribed again and an extension holding one does not idle-stop; the stream's end releases
 them. At most :data:`~.clients.MAX_SUBSCRIPTIONS` URIs per client (an mcp.sock connection; over
 HTTP, where 2026-07-28 has no sessions, a stream), over all its streams.
+
+Streams are counted per client too (:data:`MAX_LISTENS`), so that no client can take the slots
+of the others; over HTTP, where a stream has no client to count it by, all streams share
+:data:`MAX_HTTP_LISTENS`, and mcp.sock clients never wait for those.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ from mcp.server import ServerRequestContext
 from mcp.server.subscriptions import ListenHandler
 
 from . import passthrough
-from .clients import MAX_SUBSCRIPTIONS
+from .clients import MAX_CONNECTIONS, MAX_SUBSCRIPTIONS
 from .fanout import Fanout
 
-__all__ = ("Listen",)
+__all__ = ("MAX_HTTP_LISTENS", "MAX_LISTENS", "Listen")
+
+MAX_LISTENS = 16  # listen streams open at once per mcp.sock client
+MAX_HTTP_LISTENS = 256  # ... and over HTTP, all together
+_HTTP = object()  # the pool HTTP streams are counted in
 
 Subscribe = Callable[[ServerRequestContext[Any], str], Awaitable[None]]  # (ctx, exposed URI); raises
 
@@ -34,16 +42,36 @@ class Listen:
     def __init__(self, fanout: Fanout, subscribe: Subscribe) -> None:
         self._fanout = fanout
         self._subscribe = subscribe
-        self._handler = ListenHandler(fanout.bus)
+        self._handler = ListenHandler(
+            fanout.bus, max_subscriptions=MAX_LISTENS * MAX_CONNECTIONS + MAX_HTTP_LISTENS
+        )
+        self._open: dict[object, int] = {}  # mcp.sock client link, or _HTTP -> its streams open
 
     async def __call__(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
+        link = passthrough.current_link()
+        pool = link if link is not None else _HTTP
+        limit = MAX_LISTENS if link is not None else MAX_HTTP_LISTENS
+        if self._open.get(pool, 0) >= limit:
+            whose = "per client" if link is not None else "over HTTP in all"
+            raise MCPError(types.INVALID_REQUEST, f"at most {limit} listen streams at once {whose}")
+        self._open[pool] = self._open.get(pool, 0) + 1
+        try:
+            # The client: its mcp.sock connection; over HTTP (no sessions at 2026-07-28) the stream.
+            return await self._serve(ctx, params, link or ctx.session._connection)  # no public accessor
+        finally:
+            if left := self._open[pool] - 1:
+                self._open[pool] = left
+            else:
+                del self._open[pool]
+
+    async def _serve(
+        self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams, client: object
+    ) -> types.SubscriptionsListenResult:
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
         if not uris:
             return await self._handler(ctx, params)
-        # The client: its mcp.sock connection; over HTTP (no sessions at 2026-07-28) the stream itself.
-        client = passthrough.current_link() or ctx.session._connection  # no public accessor (SDK 2.3)
         release = self._fanout.hold(client, uris)
         if release is None:
             raise MCPError(

@@ -25,6 +25,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
 from . import fastpath, passthrough
+from .clients import MAX_CONNECTIONS
 from .fastpath import FastCalls, RequestId
 from .server import Gateway
 from .views import HELLO_METHOD, Chosen
@@ -33,7 +34,6 @@ __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "s
 
 log = structlog.get_logger(__name__)
 
-MAX_CONNECTIONS = 256  # clients at once on mcp.sock; one more is turned away with an error
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
 MAX_IN_FLIGHT = 64  # unanswered requests per connection before we stop reading it
 LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client

@@ -3,15 +3,18 @@
 Clients of both eras hold exposed URIs (:class:`~.fanout.Fanout` counts them); when the last
 holder lets go (a ``resources/unsubscribe``, a disconnect, a listen stream's end), the owning
 extension's running child is told, from one task per extension (:class:`Releases`), so that
-it stops sending updates nobody is routed. Taking a subscription in a child and releasing it
-there are serialised per extension (:meth:`Releases.lock`), and a release is sent only if
-nobody holds the URI by then: a child never ends unsubscribed from a URI a client holds.
-Per-client instances are left alone (theirs end with their client).
+it stops sending updates nobody is routed. A release is sent only if nobody holds the URI by
+then, and taking that URI waits for a release of it in progress (:meth:`Releases.taking`): a
+child never ends unsubscribed from a URI a client holds. Nothing else waits: takes of one URI
+run side by side (a take is counted as held before it starts, so no release begins during it),
+and other URIs never wait for it, however slowly the child answers. Per-client instances are
+left alone (theirs end with their client).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
@@ -38,12 +41,16 @@ class Releases(TaskOwner):
 
     def __init__(self, find: Callable[[str], Extension | None], held: Callable[[str], bool]) -> None:
         self._find, self._held = find, held
-        self._locks: dict[str, anyio.Lock] = {}  # extension -> taking or releasing in its child
         self._pending: dict[str, dict[str, str]] = {}  # extension -> exposed URI -> the child's
+        self._releasing: dict[str, anyio.Event] = {}  # exposed URI -> set once its release ended
 
-    def lock(self, extension: str) -> anyio.Lock:
-        """Held while a subscription of *extension* is taken or released in its child."""
-        return self._locks.setdefault(extension, anyio.Lock())
+    @asynccontextmanager
+    async def taking(self, uri: str) -> AsyncIterator[None]:
+        """Around taking exposed *uri* in its child, once held: after a release of it in progress
+        (at most :data:`TIMEOUT`), so that the release cannot land after the take."""
+        while (releasing := self._releasing.get(uri)) is not None:
+            await releasing.wait()
+        yield
 
     def released(self, uri: str) -> None:
         """Nobody holds exposed *uri* any more. Sync."""
@@ -64,14 +71,17 @@ class Releases(TaskOwner):
             while pending := self._pending.get(ext.name):
                 uri, original = next(iter(pending.items()))
                 del pending[uri]
-                async with self.lock(ext.name):
-                    if self._held(uri) or ext.snapshot().state is not State.RUNNING:
-                        continue
-                    request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=original))
-                    try:
-                        with anyio.fail_after(TIMEOUT):
-                            await ext.request(request, types.EmptyResult)
-                    except Exception as exc:  # TimeoutError, an MCP error, the extension gone
-                        log.info("gateway.unsubscribe_failed", extension=ext.name, error=str(exc)[:300])
+                if self._held(uri) or ext.snapshot().state is not State.RUNNING:
+                    continue
+                done = self._releasing[uri] = anyio.Event()  # no await since the check: nobody took it
+                request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=original))
+                try:
+                    with anyio.fail_after(TIMEOUT):
+                        await ext.request(request, types.EmptyResult)
+                except Exception as exc:  # TimeoutError, an MCP error, the extension gone
+                    log.info("gateway.unsubscribe_failed", extension=ext.name, error=str(exc)[:300])
+                finally:
+                    del self._releasing[uri]
+                    done.set()
         finally:
             self._pending.pop(ext.name, None)

@@ -456,7 +456,7 @@ class Gateway:
             raise MCPError(spoollinks.RESOURCE_NOT_FOUND, f"unknown resource {uri[:200]!r}")
         self._check_sees(ctx, target[0])
         request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=target[1]))
-        async with self.releases.lock(target[0]):
+        async with self.releases.taking(uri):
             await self._forward(target[0], ctx, request, types.EmptyResult)
 
     async def _unsubscribe(

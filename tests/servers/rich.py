@@ -6,7 +6,8 @@ many log notifications, then "logged"), ``touch(uri)`` (sends resources/updated 
 ``image(bytes)`` (one PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
 resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with).
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b`` (each subscription is written to
-stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"); template ``note://{id}``;
+stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"; a subscribe to
+``note://hang...`` is never answered); template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
 """
@@ -148,6 +149,8 @@ async def read_resource(
 
 
 async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
+    if str(params.uri).startswith("note://hang"):
+        await anyio.sleep_forever()  # a child that never answers this subscribe
     SUBSCRIBED.add(str(params.uri))
     sys.stderr.write(f"rich: subscribed {params.uri}\n")
     sys.stderr.flush()
