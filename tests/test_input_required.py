@@ -391,6 +391,10 @@ class TestTable:
         assert list(answers) == ["r2"]
         with pytest.raises(MCPError, match="which is not asked"):
             table._validated(call, {"r3": ACCEPT})  # never put to the client
+        for odd in ("r²", "r" + "9" * 5000, "r", "x1"):  # an invalid-params error, never an internal one
+            with pytest.raises(MCPError, match="which is not asked") as refused:
+                table._validated(call, {odd: ACCEPT})
+            assert refused.value.code == types.INVALID_PARAMS
 
 
 class TestSeal:

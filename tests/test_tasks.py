@@ -220,6 +220,17 @@ class TestRequiredTaskTool:
             assert failed.value.code == -32601 and "execution.taskSupport is absent" in failed.value.message
 
 
+class TestHostileChild:
+    async def test_a_task_id_no_client_could_name_back_is_refused_not_kept(self, start) -> None:
+        daemon = start({"tasks": {**TASKS, "env": {"TASK_ID_PAD": str(MAX_ID_LENGTH)}}})
+        async with raw_client(daemon) as (client, _):
+            with pytest.raises(Failed) as failed:
+                await client.request("tools/call", {"name": "tasks__slow", "arguments": {}, "task": {}})
+            assert failed.value.code == -32603
+            assert f"task id over {MAX_ID_LENGTH} characters" in failed.value.message
+            assert (await client.request("tasks/list", {}))["tasks"] == []
+
+
 class TestCancel:
     async def test_cancel_then_get_says_cancelled_and_a_second_cancel_is_the_childs_error(
         self, start

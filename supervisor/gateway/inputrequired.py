@@ -406,7 +406,10 @@ def _refuse(message: str) -> Any:
 
 def _issued(key: str, call: _Call) -> bool:
     """Whether *key* names a question of *call* put to the client in an earlier round."""
-    return key.startswith("r") and key[1:].isdigit() and 0 < int(key[1:]) <= call.asked
+    number = key[1:]
+    if not (key.startswith("r") and number.isascii() and number.isdigit() and len(number) <= 9):
+        return False  # isdigit() alone takes "²", which int() refuses
+    return 0 < int(number) <= call.asked
 
 
 def _client(ctx: ServerRequestContext[Any]) -> Hashable:

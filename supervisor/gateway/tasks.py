@@ -181,6 +181,9 @@ class TaskRouter:
         run = _run_of(marker) or ""  # the run that answered: the task is in its process
         if isinstance(result.get("task"), dict):
             task = self._renamed(result["task"], ext.name, run)
+            if len(task["taskId"]) > MAX_ID_LENGTH:  # no client could name it back: never kept
+                message = f"extension {ext.name!r} answered with a task id over {MAX_ID_LENGTH} characters"
+                raise MCPError(types.INTERNAL_ERROR, message)
             self.owners.add(_client(ctx), task["taskId"])
             return {**result, "task": task}
         return self._payload(result, ext.name, run)  # the child ran it plainly (it ignored `task`)

@@ -13,7 +13,8 @@ Tools:
   asks the client (``elicitation/create``, its ``_meta`` naming the task by the server's own id
   as ``related-task``) and completes with ``answered: ACTION`` once the client answers.
 
-Task ids are ``task-1``, ``task-2``, ... in every process, so two of these servers clash.
+Task ids are ``task-1``, ``task-2``, ... in every process, so two of these servers clash
+(``TASK_ID_PAD=N`` in the environment appends N ``x`` to each: a child with absurd ids).
 ``tools/call`` with ``task`` answers a ``CreateTaskResult`` at once; the work finishes on a
 timer. ``tasks/result`` blocks (in a thread of its own) until the task ends. When a task ends
 the server sends ``notifications/tasks/status``. Requests are read one at a time; answers are
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
 from datetime import UTC, datetime
@@ -94,7 +96,8 @@ def _tool(name: str) -> dict[str, Any]:
 
 def _create(name: str, arguments: dict[str, Any], task: dict[str, Any]) -> dict[str, Any]:
     with _state_lock:
-        created = Task(f"task-{len(_tasks) + 1}", task.get("ttl"))
+        pad = "x" * int(os.environ.get("TASK_ID_PAD", "0"))
+        created = Task(f"task-{len(_tasks) + 1}{pad}", task.get("ttl"))
         _tasks[created.task_id] = created
     if name == "ask":
         created.asks = True
