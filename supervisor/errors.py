@@ -40,10 +40,13 @@ class ExtensionUnavailable(SupervisorError):
 class CallFailed(SupervisorError):
     """A tool call reached the extension but did not produce a result."""
 
-    def __init__(self, message: str, *, code: int | None = None, data: object = None) -> None:
+    def __init__(
+        self, message: str, *, code: int | None = None, data: object = None, from_child: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.data = data  # the child's JSON-RPC error data, passed on as is
+        self.from_child = from_child  # the child's own JSON-RPC error, whatever its code
 
 
 class SpawnError(SupervisorError):

@@ -447,13 +447,16 @@ class Extension:
             await changed.wait()
 
     def _call_failed(self, what: str, exc: MCPError, connection: transport.Connection) -> CallFailed:
-        if exc.code == types.CONNECTION_CLOSED:
+        # Only a connection that ended (or that a stop cut) is ours to report: -32000 is also the
+        # code many servers give their own errors ("database is locked"), from a live child.
+        ours = connection.ended.is_set() or self._cut[0] is connection
+        if exc.code == types.CONNECTION_CLOSED and ours:
             failure = connection.failure
             ended = f"failed ({failure})" if failure else "exited"
             ended = self._cut[1] if self._cut[0] is connection else ended
             message = f"extension {self.name!r} {ended} during the call to {what}; it may or may not have run"
             return CallFailed(message, code=exc.code)
-        return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data)
+        return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data, from_child=True)
 
     # ---- the watcher ---------------------------------------------------------------------
 

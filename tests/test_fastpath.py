@@ -289,6 +289,22 @@ class TestOddChildren:
             answer["result"]["isError"] is True and "invalid result" in answer["result"]["content"][0]["text"]
         )
 
+    async def test_a_live_childs_own_error_minus_32000_is_its_own(self, start: Callable[..., Daemon]) -> None:
+        """-32000 is also what we say when a child dies mid-call; a live child's is passed through."""
+        daemon = start({"odd": ODD})
+        pid = daemon.status()["odd"]["pid"]
+        for fast in (False, True):
+            async with _raw_client(daemon, list_tools=fast) as raw:
+                answer = (await _timed_call(raw, "odd__busy"))[1]
+            assert answer["error"] == {"code": -32000, "message": "odd: database is locked, retry in 5s"}, (
+                fast
+            )
+        cli = daemon.cli("call", "odd", "busy")
+        assert (
+            cli.returncode == 1 and "database is locked" in cli.stderr and "may or may not" not in cli.stderr
+        )
+        assert (daemon.status()["odd"]["state"], daemon.status()["odd"]["pid"]) == ("running", pid)
+
     async def test_a_cancel_during_a_big_progress_line_cuts_nothing(
         self, start: Callable[..., Daemon]
     ) -> None:

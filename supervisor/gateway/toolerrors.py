@@ -10,14 +10,14 @@ from ..errors import CallFailed, ExtensionUnavailable
 
 __all__ = ("is_tool_error", "raw_tool_error")
 
-# A model can act on these (retry, start the extension): a tool result with isError. Any other
-# code is the child's own JSON-RPC error and passes through as one.
+# Ours, and a model can act on them (retry, start the extension): a tool result with isError.
+# The child's own JSON-RPC errors pass through as such, whatever their code.
 _AS_TOOL_ERROR = (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
 
 
 def is_tool_error(exc: ExtensionUnavailable | CallFailed) -> bool:
     """Whether *exc* answers as a tool error (``isError``) rather than a JSON-RPC error."""
-    return isinstance(exc, ExtensionUnavailable) or exc.code in _AS_TOOL_ERROR
+    return isinstance(exc, ExtensionUnavailable) or (not exc.from_child and exc.code in _AS_TOOL_ERROR)
 
 
 def raw_tool_error(text: str) -> dict[str, Any]:

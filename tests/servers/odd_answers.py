@@ -8,6 +8,7 @@ Tools:
   bigprogress()  -> one progress notification with a 2 MiB message, then no answer until cancelled
   surrogate()    -> an answer that is not valid UTF-8 JSON (a lone surrogate escape)
   boolcode()     -> a JSON-RPC error whose code is `true`
+  busy()         -> the server's own JSON-RPC error -32000 (as many servers use it), still running
 Cancellations are written to stderr as "odd: cancelled ID".
 """
 
@@ -17,7 +18,7 @@ import json
 import sys
 
 out = sys.stdout.buffer
-TOOLS = ["echo", "nan", "bignan", "bigint", "bigprogress", "surrogate", "boolcode"]
+TOOLS = ["echo", "nan", "bignan", "bigint", "bigprogress", "surrogate", "boolcode", "busy"]
 
 
 def write(line: str) -> None:
@@ -67,5 +68,8 @@ for raw in sys.stdin:
             answer(request_id, text("\ud800"))  # json.dumps escapes it: \ud800, which strict parsers refuse
         elif name == "boolcode":
             write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": True, "message": "odd"}}))
+        elif name == "busy":
+            error = {"code": -32000, "message": "database is locked, retry in 5s"}
+            write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))
     elif request_id is not None and method is not None:
         answer(request_id, {})
