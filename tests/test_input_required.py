@@ -306,6 +306,22 @@ class TestBounds:
             assert result.is_error and "calls from 2 clients are in flight" in first_text(result)
             tg.cancel_scope.cancel()
 
+    async def test_a_call_parked_for_its_retry_still_counts_as_a_client_in_flight(self, start) -> None:
+        """Until its retry (or call_timeout_max), another client's question on that child is refused."""
+        daemon = start({"asker": ASKER})
+        async with modern(daemon, **ANSWERING) as parker, modern(daemon, **ANSWERING) as other:
+            first = await ask(parker, "elicit", message="later")
+            assert isinstance(first, types.InputRequiredResult)
+            with anyio.fail_after(5):
+                refused = await other.call_tool("asker__elicit", {"message": "mine?"})
+            assert refused.is_error and "calls from 2 clients are in flight" in first_text(refused)
+            [key] = first.input_requests or {}
+            done = await retry(parker, "elicit", first.request_state, {key: ACCEPT}, message="later")
+            assert first_text(done) == 'accept {"answer": "by hand"}'  # type: ignore[arg-type]
+            with anyio.fail_after(5):  # the parked call is over: the other client is asked now
+                result = await other.call_tool("asker__elicit", {"message": "mine?"})
+            assert not result.is_error
+
     async def test_a_client_without_the_capability_gets_the_child_an_error_at_once(self, start) -> None:
         daemon = start({"asker": ASKER})
         async with modern(daemon) as client:
