@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -104,6 +105,30 @@ class TestLogMessages:
             request.offer("debug", i, None)  # not asked for: not even queued
         assert len(request) == MAX_PENDING_LOGS
         assert request.dropped == MAX_PENDING_LOGS * 9
+
+    async def test_a_failed_send_loses_that_entry_only(self) -> None:
+        """A parked call's stream may end mid-send (its retry was answered): the next retry still hears."""
+        sent: list[Any] = []
+
+        async def send_notification(notification: Any, related_request_id: Any) -> None:
+            if not sent:
+                sent.append(None)
+                raise anyio.BrokenResourceError  # the first stream is gone
+            sent.append(notification.params.data)
+
+        session = SimpleNamespace(send_notification=send_notification)
+        meta = {types.LOG_LEVEL_META_KEY: "info"}
+        ctx = SimpleNamespace(protocol_version="2026-07-28", meta=meta, session=session, request_id=1)
+        request = RequestLog(frozenset({"info"}), lambda: ctx)  # type: ignore[arg-type, return-value]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(request.run)
+            request.offer("info", "lost", None)
+            await eventually(lambda: sent == [None])
+            request.offer("info", "heard", None)
+            request.close()
+            with anyio.fail_after(5):
+                await request.done.wait()
+        assert sent == [None, "heard"] and request.dropped == 1
 
     async def test_over_http_on_the_requests_own_stream(self, http_gateway) -> None:  # noqa: F811
         http = http_gateway({"rich": RICH})

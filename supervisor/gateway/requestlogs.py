@@ -81,14 +81,15 @@ class RequestLog:
     async def run(self) -> None:
         """Send what is queued until closed and drained, or cancelled (:attr:`scope`)."""
         with self.scope:
-            try:
-                while not (self._closed and not self._entries):
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    while self._entries:
+            while not (self._closed and not self._entries):
+                await self._wake.wait()
+                self._wake = anyio.Event()
+                while self._entries:
+                    try:
                         await self._send(*self._entries.popleft())
-            except Exception as exc:  # the request was answered, or its client went, meanwhile
-                log.debug("gateway.request_log_ended", error=str(exc)[:200])
+                    except Exception as exc:  # its request was answered, or its client went, meanwhile:
+                        self.dropped += 1  # that entry is lost, not the ones for a later retry's stream
+                        log.debug("gateway.request_log_lost", error=str(exc)[:200])
         if self.dropped:
             log.info("gateway.request_logs_dropped", count=self.dropped)
         self.done.set()
