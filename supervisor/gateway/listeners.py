@@ -108,7 +108,9 @@ class _Connection:
     def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
         self.gateway, self.stream = gateway, stream
         self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
-        self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+        # fast_acquire: no loop round per request while slots are free; the reader still yields
+        # in receive(), and blocks here once MAX_IN_FLIGHT are unanswered.
+        self._slots = anyio.Semaphore(MAX_IN_FLIGHT, fast_acquire=True)
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
