@@ -70,8 +70,8 @@ class Stream(anyio.abc.SocketStream):
     anyio's transport-based stream (``SocketStream.from_socket``) never pauses the transport
     it wraps, so asyncio kept reading a client that pipelined without reading its replies:
     1.9 GB in 30 s. Here a byte leaves the kernel only when :meth:`receive` asks for it, and
-    the loop's ``sock_recv``/``sock_sendall`` unregister cleanly when cancelled (the raw
-    UNIXSocketStream's ``add_reader(future.set_result)`` logs InvalidStateError then).
+    a cancelled receive or send leaves nothing behind (the raw UNIXSocketStream's
+    ``add_reader(future.set_result)`` logs InvalidStateError then).
 
     Resource handling: one task may receive while another sends, but never two at once of
     the same kind; the owner closes it once no receive or send is pending.
@@ -81,22 +81,61 @@ class Stream(anyio.abc.SocketStream):
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        # Readiness is watched from the first receive that has to wait until nobody waits when
+        # it fires: a request-answer client then costs no epoll registration per receive (the
+        # loop's sock_recv adds and removes one each time). A byte is still read only by receive().
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._readable: asyncio.Future[None] | None = None  # the receive waiting for readiness
 
     @property
     def _raw_socket(self) -> socket.socket:
         return self._sock
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        await anyio.lowlevel.checkpoint()  # sock_recv returns without yielding when data is there
         if self._closed:
             raise anyio.ClosedResourceError
         try:
-            data = await asyncio.get_running_loop().sock_recv(self._sock, max_bytes)
+            data = self._sock.recv(max_bytes)
+        except (BlockingIOError, InterruptedError):
+            data = await self._receive_when_readable(max_bytes)
         except OSError as exc:
             raise anyio.BrokenResourceError from exc
+        else:  # it did not wait: yield all the same, or a client that never pauses holds the loop
+            await anyio.lowlevel.cancel_shielded_checkpoint()  # shielded: the bytes are ours now
         if not data:
             raise anyio.EndOfStream
         return data
+
+    async def _receive_when_readable(self, max_bytes: int) -> bytes:
+        while True:
+            loop = asyncio.get_running_loop()
+            if self._watching is None:
+                loop.add_reader(self._sock.fileno(), self._on_readable)
+                self._watching = loop
+            self._readable = loop.create_future()
+            try:
+                await self._readable
+            finally:
+                self._readable = None
+            if self._closed:
+                raise anyio.ClosedResourceError
+            try:
+                return self._sock.recv(max_bytes)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+
+    def _on_readable(self) -> None:
+        if self._readable is None:  # nobody receives: stop watching, or it fires every loop round
+            self._unwatch()
+        elif not self._readable.done():
+            self._readable.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching is not None:
+            self._watching.remove_reader(self._sock.fileno())
+            self._watching = None
 
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint()
@@ -129,6 +168,9 @@ class Stream(anyio.abc.SocketStream):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._unwatch()  # before the fd is closed (and maybe reused)
+            if self._readable is not None and not self._readable.done():
+                self._readable.set_result(None)  # that receive raises ClosedResourceError
             self._sock.close()
         await anyio.lowlevel.checkpoint()
 
