@@ -99,3 +99,41 @@ async def test_a_cancelled_receive_loses_no_bytes(pair: tuple[sockets.Stream, so
     peer.sendall(b"later")
     with anyio.fail_after(5):
         assert await stream.receive() == b"later"
+
+
+async def test_bytes_read_for_a_receive_cancelled_before_it_took_them_go_to_the_next(
+    pair: tuple[sockets.Stream, socket.socket],
+) -> None:
+    """(anyio lets a task whose wait is over resume before it cancels it; a bare asyncio task not.)"""
+    stream, peer = pair
+    with anyio.fail_after(5):
+        task = asyncio.ensure_future(stream.receive())
+        while stream._receiving is None:
+            await anyio.lowlevel.checkpoint()
+        peer.sendall(b"early")
+        while not stream._receiving[0].done():  # read for it, the receiver not yet resumed
+            await anyio.lowlevel.checkpoint()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await stream.receive() == b"early"
+
+
+async def test_readiness_seen_after_the_bytes_were_taken_wakes_nobody(
+    pair: tuple[sockets.Stream, socket.socket],
+) -> None:
+    """A request-answer exchange: each receive gets its message, none returns empty-handed."""
+    stream, peer = pair
+    with anyio.fail_after(5):
+        for n in range(50):
+            got: list[bytes] = []
+            async with anyio.create_task_group() as tg:
+
+                async def receive(got: list[bytes] = got) -> None:
+                    got.append(await stream.receive())
+
+                tg.start_soon(receive)
+                while stream._receiving is None:
+                    await anyio.lowlevel.checkpoint()
+                peer.sendall(b"%d" % n)
+            assert got == [b"%d" % n]
