@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -101,6 +100,31 @@ class _Ask:
     calls: set[_Call]
 
 
+class _Enrolled:
+    """:meth:`Asking.call`'s ``with``: a class, not a generator, for it runs on every call."""
+
+    __slots__ = ("_call", "_calls", "_connection")
+
+    def __init__(
+        self, calls: weakref.WeakKeyDictionary[Connection, list[_Call]], connection: Connection, call: _Call
+    ) -> None:
+        self._calls, self._connection, self._call = calls, connection, call
+
+    def __enter__(self) -> None:
+        self._calls.setdefault(self._connection, []).append(self._call)
+
+    def __exit__(self, *exc_info: object) -> None:
+        call = self._call
+        calls = self._calls.get(self._connection, [])
+        calls.remove(call)
+        if not calls:
+            self._calls.pop(self._connection, None)
+        for ask in call.asks:
+            ask.calls.discard(call)
+            if not ask.calls:  # no call left that it may serve
+                ask.scope.cancel()
+
+
 class Asking:
     """The calls in flight on each run of one extension, and the answers to its child's requests.
 
@@ -118,22 +142,9 @@ class Asking:
     def in_flight(self, connection: Connection) -> int:
         return len(self._calls.get(connection, ()))
 
-    @contextmanager
-    def call(self, connection: Connection, caller: Caller | None, budget: Budget) -> Iterator[None]:
+    def call(self, connection: Connection, caller: Caller | None, budget: Budget) -> _Enrolled:
         """Record a call from *caller* on *connection* for as long as the ``with`` lasts."""
-        call = _Call(caller, budget)
-        self._calls.setdefault(connection, []).append(call)
-        try:
-            yield
-        finally:
-            calls = self._calls.get(connection, [])
-            calls.remove(call)
-            if not calls:
-                self._calls.pop(connection, None)
-            for ask in call.asks:
-                ask.calls.discard(call)
-                if not ask.calls:  # no call left that it may serve
-                    ask.scope.cancel()
+        return _Enrolled(self._calls, connection, _Call(caller, budget))
 
     async def answer(
         self, connection: Connection, request: types.ServerRequest

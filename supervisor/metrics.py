@@ -37,19 +37,26 @@ class Metrics:
             "mcp_supervisor_tool_call_duration_seconds", "Tool call latency, waiting for a restart included.",
             ["extension"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
-        self._tools: dict[str, set[str]] = {}  # label values in use, so forget() can remove them
+        # The label children of each (extension, tool) called: labels() costs a lookup under a
+        # lock per call; forget() drops them with their series.
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
         self.registry.register(_HealthCollector(health))
 
     def observe_call(self, extension: str, tool: str, seconds: float, succeeded: bool) -> None:
-        self._tools.setdefault(extension, set()).add(tool)
-        self._calls.labels(extension, tool).inc()
+        series = self._series.get((extension, tool))
+        if series is None:
+            series = self._calls.labels(extension, tool), self._latency.labels(extension)
+            self._series[extension, tool] = series
+        calls, latency = series
+        calls.inc()
         if not succeeded:
             self._errors.labels(extension, tool).inc()
-        self._latency.labels(extension).observe(seconds)
+        latency.observe(seconds)
 
     def forget(self, extension: str) -> None:
         """Drop the series of an extension that no longer exists."""
-        for tool in self._tools.pop(extension, set()):
+        for ext, tool in [key for key in self._series if key[0] == extension]:
+            del self._series[ext, tool]
             for counter in (self._calls, self._errors):
                 with contextlib.suppress(KeyError):  # never observed with this label set
                     counter.remove(extension, tool)

@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 
@@ -39,10 +40,23 @@ Renew = Callable[[float, float | None, str | None], Awaitable[None]]
 def encode(message: dict[str, Any]) -> bytes:
     """One JSON line (newline included), UTF-8, strict (no NaN).
 
+    ``pydantic_core.to_json`` writes it in a sixth of ``json.dumps``' time, the same bytes but for
+    small floats (``1e-7`` and ``0.00001``, as the SDK writes them, for ``1e-07`` and ``1e-05``:
+    the same numbers); ``json`` takes over for what it would refuse, so the errors stay json's.
+
     Error handling: ``ValueError`` for what strict JSON in UTF-8 cannot carry (NaN, a lone
     surrogate), ``RecursionError`` for nesting deeper than Python's limit.
     """
-    return json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+    try:
+        line = pydantic_core.to_json(message)
+    except ValueError:  # too deep for it, a lone surrogate, a type JSON has not
+        line = None
+    if line is None or b"NaN" in line or b"Infinity" in line:  # maybe a non-finite float: json refuses it
+        return _STRICT.encode(message).encode() + b"\n"
+    return line + b"\n"
+
+
+_STRICT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 class _Waiter:
@@ -51,7 +65,10 @@ class _Waiter:
     __slots__ = ("answer", "changed", "closed", "progress")
 
     def __init__(self) -> None:
-        self.changed = anyio.Event()
+        # asyncio's Event, cleared and reused: a sixth of anyio.Event's cost, twice per call. The
+        # daemon runs anyio on asyncio only (the stdin writer below is asyncio's too), and a
+        # cancel scope cancels a task waiting on it as on anything else.
+        self.changed = asyncio.Event()
         self.progress: tuple[float, float | None, str | None] | None = None
         self.answer: dict[str, Any] | None = None
         self.closed = False
@@ -142,7 +159,7 @@ class RawCalls:
     async def _answer(self, waiter: _Waiter, renew: Renew) -> dict[str, Any]:
         while True:
             await waiter.changed.wait()
-            waiter.changed = anyio.Event()
+            waiter.changed.clear()  # before reading: a wake from now on is seen next round
             if waiter.progress is not None:  # the latest, even with the answer in: the SDK path relays it too
                 progress, waiter.progress = waiter.progress, None
                 await renew(*progress)

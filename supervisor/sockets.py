@@ -70,8 +70,8 @@ class Stream(anyio.abc.SocketStream):
     anyio's transport-based stream (``SocketStream.from_socket``) never pauses the transport
     it wraps, so asyncio kept reading a client that pipelined without reading its replies:
     1.9 GB in 30 s. Here a byte leaves the kernel only when :meth:`receive` asks for it, and
-    the loop's ``sock_recv``/``sock_sendall`` unregister cleanly when cancelled (the raw
-    UNIXSocketStream's ``add_reader(future.set_result)`` logs InvalidStateError then).
+    a cancelled receive or send leaves nothing behind (the raw UNIXSocketStream's
+    ``add_reader(future.set_result)`` logs InvalidStateError then).
 
     Resource handling: one task may receive while another sends, but never two at once of
     the same kind; the owner closes it once no receive or send is pending.
@@ -81,22 +81,75 @@ class Stream(anyio.abc.SocketStream):
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        # Readiness is watched from the first receive that has to wait until nobody waits when
+        # it fires: a request-answer client then costs no epoll registration per receive (the
+        # loop's sock_recv adds and removes one each time). Bytes are read only for a receive.
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._receiving: tuple[asyncio.Future[bytes], int] | None = None  # a waiting receive, its max
+        self._kept: bytes | None = None  # read for a receive cancelled before it took them: the next's
 
     @property
     def _raw_socket(self) -> socket.socket:
         return self._sock
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        await anyio.lowlevel.checkpoint()  # sock_recv returns without yielding when data is there
         if self._closed:
             raise anyio.ClosedResourceError
-        try:
-            data = await asyncio.get_running_loop().sock_recv(self._sock, max_bytes)
-        except OSError as exc:
-            raise anyio.BrokenResourceError from exc
+        if self._kept is not None:
+            data, self._kept = self._kept, None
+        else:
+            try:
+                data = self._sock.recv(max_bytes)
+            except (BlockingIOError, InterruptedError):
+                data = await self._receive_when_readable(max_bytes)
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            else:  # it did not wait: yield all the same, or a client that never pauses holds the loop
+                await anyio.lowlevel.cancel_shielded_checkpoint()  # shielded: the bytes are ours now
         if not data:
             raise anyio.EndOfStream
         return data
+
+    async def _receive_when_readable(self, max_bytes: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        if self._watching is None:
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._watching = loop
+        future = loop.create_future()
+        self._receiving = future, max_bytes
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._kept = future.result()
+            raise
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+        finally:
+            self._receiving = None
+
+    def _on_readable(self) -> None:
+        if self._receiving is None:  # nobody receives: stop watching, or it fires every loop round
+            self._unwatch()
+            return
+        future, max_bytes = self._receiving
+        if future.done():
+            return
+        # Read here, as the loop's sock_recv does: readiness seen before the last receive took
+        # the bytes wakes nobody then (a wake-up, a task step and a recv each call otherwise).
+        try:
+            data = self._sock.recv(max_bytes)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(data)
+
+    def _unwatch(self) -> None:
+        if self._watching is not None:
+            self._watching.remove_reader(self._sock.fileno())
+            self._watching = None
 
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint()
@@ -129,6 +182,9 @@ class Stream(anyio.abc.SocketStream):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._unwatch()  # before the fd is closed (and maybe reused)
+            if self._receiving is not None and not self._receiving[0].done():
+                self._receiving[0].set_exception(anyio.ClosedResourceError())  # for that receive
             self._sock.close()
         await anyio.lowlevel.checkpoint()
 

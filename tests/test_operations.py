@@ -231,6 +231,29 @@ class TestHealth:
         )
 
 
+class TestMetrics:
+    def test_series_of_a_forgotten_extension_start_over_when_it_returns(self) -> None:
+        """The kept label children go with forget(): a reloaded extension's calls count again."""
+        from supervisor.metrics import Metrics
+
+        process_keys = ("rss_bytes", "threads", "open_fds", "asyncio_tasks", "uptime_s")
+        health = {
+            "process": dict.fromkeys(process_keys, 0),
+            "spool": {"bytes": 0, "files": 0},
+            "extensions": [],
+        }
+        metrics = Metrics(lambda: health)
+        metrics.observe_call("fx", "echo", 0.001, True)
+        metrics.observe_call("fx", "echo", 0.001, False)
+        metrics.forget("fx")
+        assert "fx" not in metrics.render()
+        metrics.observe_call("fx", "echo", 0.001, True)
+        text = metrics.render()
+        assert 'mcp_supervisor_tool_calls_total{extension="fx",tool="echo"} 1.0' in text
+        assert 'mcp_supervisor_tool_call_duration_seconds_count{extension="fx"} 1.0' in text
+        assert "mcp_supervisor_tool_call_errors_total{" not in text
+
+
 class TestSystemdNotify:
     async def test_the_notify_protocol_through_a_daemon_lifetime(self, daemon: Daemon) -> None:
         """READY with a status, watchdog pings, STATUS on changes, RELOADING/READY and STOPPING.

@@ -221,3 +221,32 @@ class TestRoute:
         assert gateway.route("git__log", Chosen("git")) == ("git", "log")
         assert gateway.route("search_tools", Chosen("s")) is None  # a meta-tool: the handler's
         assert gateway.route("git__log", Chosen("gone")) is None
+
+    def test_cached_routes_follow_the_catalog_and_the_profiles_and_stay_bounded(self, tmp_path: Any) -> None:
+        """The fast path's route cache: a listing change, a profile change, and its size bound."""
+        from supervisor.gateway import server
+        from supervisor.gateway.server import Gateway
+        from supervisor.gateway.views import Chosen
+        from supervisor.state import State
+
+        tools = ["read_file"]
+        config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=[]))
+        snapshot = SimpleNamespace(state=State.RUNNING)
+        fs = SimpleNamespace(
+            name="fs", config=config, snapshot=lambda: snapshot, listing=lambda: _listing(*tools)
+        )
+        gateway = Gateway(SimpleNamespace(extensions=lambda: [fs]), spool_dir=tmp_path, profiles={})
+        assert gateway.route("fs__read_file") == ("fs", "read_file")
+        assert gateway.route("fs__read_file") == ("fs", "read_file")  # now from the cache
+        tools[:] = ["write_file"]  # the child's tools changed
+        gateway.invalidate()
+        assert gateway.route("fs__read_file") is None
+        assert gateway.route("fs__write_file") == ("fs", "write_file")
+        gateway.views.configure({"p": _profile(tools=SimpleNamespace(allow=["*"], deny=["*write*"]))})
+        assert gateway.route("fs__write_file", Chosen("p")) is None
+        gateway.views.configure({"p": _profile()})  # a reload allows it again, same catalog
+        assert gateway.route("fs__write_file", Chosen("p")) == ("fs", "write_file")
+        for n in range(2 * server._MAX_ROUTES):  # as many views as clients could make up
+            assert gateway.route("fs__write_file", Chosen(f"x{n}")) is None
+            assert gateway.route(f"fs__made_up_{n}") is None  # unknown names are never kept
+        assert len(gateway._routes) <= server._MAX_ROUTES

@@ -108,7 +108,9 @@ class _Connection:
     def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
         self.gateway, self.stream = gateway, stream
         self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
-        self._slots = anyio.Semaphore(MAX_IN_FLIGHT)
+        # fast_acquire: no loop round per request while slots are free; the reader still yields
+        # in receive(), and blocks here once MAX_IN_FLIGHT are unanswered.
+        self._slots = anyio.Semaphore(MAX_IN_FLIGHT, fast_acquire=True)
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
@@ -139,17 +141,29 @@ class _Connection:
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
-        async with self._sending:
-            try:
-                sent = self.stream.send_now(data)  # usually all of it: no timer, no loop round
+        sent = 0
+        try:
+            if not self._sending.locked():  # nobody is mid-line: usually all of it goes at once, no lock
+                sent = self.stream.send_now(data)
                 if sent == len(data):
                     return True
-                # Whole or not at all: a cancelled caller must not leave half a line on the socket.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT) as timer:
-                    await self.stream.send(memoryview(data)[sent:])
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._scope.cancel()  # the client is gone
-                return False
+                if sent:  # the rest before any other line: the lock is free and nothing ran since
+                    self._sending.acquire_nowait()
+                    try:
+                        return await self._send_rest(data, sent)
+                    finally:
+                        self._sending.release()
+            async with self._sending:
+                return await self._send_rest(data, sent)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._scope.cancel()  # the client is gone
+            return False
+
+    async def _send_rest(self, data: bytes, sent: int) -> bool:
+        """What :meth:`_transmit` could not send at once, the lock held."""
+        # Whole or not at all: a cancelled caller must not leave half a line on the socket.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT) as timer:
+            await self.stream.send(memoryview(data)[sent:])
         if timer.cancelled_caught:
             log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
             self._scope.cancel()
@@ -197,7 +211,7 @@ class _Connection:
                     if (cancelled := fastpath.cancelled_id(line)) is not None:
                         self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
                     elif fastpath.MARK in line:
-                        await self._slots.acquire()  # back-pressure: wait for an answer to go out
+                        await self._take_slot()
                         if self._fast_call(line, tg):
                             continue
                         self._slots.release()
@@ -219,7 +233,7 @@ class _Connection:
                         self._handshake = True
                     elif message.method == "tools/list" and self._watching_listings():
                         self._listings.add(message.id)
-                    await self._slots.acquire()  # back-pressure: wait for an answer to go out
+                    await self._take_slot()
                     slot = _Slot(self._slots)
                     self._pending.setdefault(message.id, collections.deque()).append(slot)
 
@@ -231,6 +245,13 @@ class _Connection:
                     )
                 await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _take_slot(self) -> None:
+        """One of :data:`MAX_IN_FLIGHT`; back-pressure: wait for an answer to go out when none is free."""
+        try:
+            self._slots.acquire_nowait()  # while free: no task lookup (a getpid on 3.11), no loop round
+        except anyio.WouldBlock:
+            await self._slots.acquire()
 
     async def _hello(
         self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]

@@ -46,6 +46,7 @@ INSTRUCTIONS = (
     "Tools, prompts and resources of every MCP server supervised by mcp-supervisor on this host. "
     "Names are EXTENSION__NAME; resource URIs are mcp-supervisor://EXTENSION/ORIGINAL-URI."
 )
+_MAX_ROUTES = 4096  # cached routes (catalog names x views in use); past it, the cache starts over
 _LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
 ResultT = TypeVar("ResultT")
 
@@ -100,6 +101,10 @@ class Gateway:
         self._budget = name_budget
         self._catalog = Catalog()
         self._stale = True
+        # route()'s answers for the current catalog, by (name, view): glob matching per call
+        # costs more than the rest of routing; both keys are immutable, a new catalog clears it.
+        self._routes: dict[tuple[str, View], tuple[str, str] | None] = {}
+        self._routes_of = self._catalog
         self._announced = Catalog()
         self._changed = anyio.Event()
         self.fanout = Fanout()
@@ -203,9 +208,17 @@ class Gateway:
         *request* as their request context (None: no profile); None when the handler must decide
         (a search-mode meta-tool, a name hidden from this view, an unknown one). Sync, for fast paths.
         """
-        view = self.views.of(request)
-        target = self.catalog().tool_names.resolve(name)
-        return target if target is not None and view.admits(*target, name) else None
+        view, catalog = self.views.of(request), self.catalog()
+        if catalog is not self._routes_of or len(self._routes) >= _MAX_ROUTES:
+            self._routes, self._routes_of = {}, catalog
+        key = (name, view)
+        if key in self._routes:
+            return self._routes[key]
+        target = catalog.tool_names.resolve(name)
+        if target is None:
+            return None  # not cached: any name a client makes up would be
+        routed = self._routes[key] = target if view.admits(*target, name) else None
+        return routed
 
     def catalog(self) -> Catalog:
         if self._stale:

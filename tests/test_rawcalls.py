@@ -1,0 +1,78 @@
+"""rawcalls.encode: strict JSON lines, the errors callers rely on, json's bytes for what JSON parsers give."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic_core
+import pytest
+
+from supervisor.rawcalls import encode
+
+
+def _json(message: Any) -> bytes:
+    return json.dumps(message, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return {"v": value}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {
+            "jsonrpc": "2.0",
+            "id": "mcpsv-1",
+            "method": "tools/call",
+            "params": {"name": "echo", "arguments": {}},
+        },
+        {"text": 'é ü \u2028 \x7f \x00 \x1f " \\ / 😀 ' + "".join(map(chr, range(0x20)))},
+        {"numbers": [0, -1, 2**70, -(2**70), 1.5, -0.0, 0.1, 1e16, 1e300, 5e-324, 123456789.123]},
+        {"nested": [{"a": [None, True, False, {}, []]}], "": "", "k" * 300: "v"},
+        _nested(190),  # about as deep as the JSON parser lets a value be, in an envelope
+    ],
+)
+def test_the_bytes_are_jsons(message: dict[str, Any]) -> None:
+    assert encode(message) == _json(message)
+    assert encode(message).count(b"\n") == 1
+
+
+def test_small_floats_are_the_same_numbers() -> None:
+    for number in (1e-05, 1e-07, -2.5e-300):
+        assert json.loads(encode({"v": number})) == {"v": number}
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_floats_are_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        encode({"v": [value]})
+
+
+def test_strings_that_mention_nan_are_fine() -> None:
+    assert encode({"NaN": "Infinity -Infinity NaN"}) == _json({"NaN": "Infinity -Infinity NaN"})
+
+
+def test_a_lone_surrogate_is_a_value_error() -> None:
+    with pytest.raises(ValueError) as caught:
+        encode({"v": "\ud800"})
+    assert not isinstance(caught.value, pydantic_core.PydanticSerializationError)  # json's own error
+
+
+def test_deeper_than_to_json_goes_but_python_allows_is_encoded() -> None:
+    message = _nested(400)
+    assert encode(message) == _json(message)
+
+
+def test_deeper_than_python_allows_is_a_recursion_error() -> None:
+    with pytest.raises(RecursionError):
+        encode(_nested(100_000))
+
+
+def test_what_json_cannot_carry_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        encode({"v": object()})
