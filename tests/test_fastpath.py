@@ -161,6 +161,17 @@ def _child_id(answer: dict[str, Any]) -> Any:
 
 
 class TestThroughTheDaemon:
+    async def test_a_per_client_extensions_calls_go_fast_to_the_clients_own_instance(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        daemon = start({"rich": {**RICH, "instances": "per-client"}})
+        async with _raw_client(daemon, list_tools=True) as one, _raw_client(daemon, list_tools=True) as two:
+            for raw in (one, two, one):
+                assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")  # fast
+            instances = daemon.status()["rich"]["instances"]
+            assert len(instances) == 2 and len({instance["pid"] for instance in instances}) == 2
+        await eventually(lambda: daemon.status()["rich"]["instances"] == [], within=10)
+
     async def test_calls_go_fast_once_the_client_listed_tools(self, start: Callable[..., Daemon]) -> None:
         daemon = start({"rich": RICH})
         async with _raw_client(daemon, list_tools=False) as raw:

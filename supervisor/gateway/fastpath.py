@@ -27,6 +27,7 @@ import structlog
 
 from ..errors import CallFailed, ExtensionUnavailable
 from ..rawcalls import encode
+from . import passthrough
 from .names import expose_uri
 from .passthrough import ClientLink, LinkedCaller
 from .progress import LatestProgress
@@ -118,7 +119,9 @@ class FastCalls:
     def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
         context, *request*), if the fast path can serve it."""
-        return self._gateway.route_tool(call.name, request)
+        connection = self.link.connection  # known once the client listed tools: so is its instance
+        client = passthrough.client_of(connection) if connection is not None else None
+        return self._gateway.route_tool(call.name, request, client)
 
     def cancel(self, request_id: RequestId) -> None:
         for scope in self._running.get(request_id, ()):

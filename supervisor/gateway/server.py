@@ -326,13 +326,23 @@ class Gateway:
         templates = self.views.project(self.catalog(), self._view(ctx)).templates
         return types.ListResourceTemplatesResult(resource_templates=list(templates))
 
-    def route_tool(self, name: str, request: Any = None) -> tuple[Extension, str] | None:
-        """:meth:`route`, with the extension itself: for the fast path."""
+    def route_tool(
+        self, name: str, request: Any = None, client: object = None
+    ) -> tuple[Extension, str] | None:
+        """:meth:`route`, with the extension that serves it (for per-client ones, *client*'s own
+        instance): for the fast path. None also where the SDK's path must say why not."""
         target = self.route(name, request)
         ext = self._extension(target[0]) if target is not None else None
-        if ext is not None and ext.config.instances == "per-client":
-            return None  # the SDK's path knows the client, and so its instance
-        return (ext, target[1]) if ext is not None and target is not None else None
+        if ext is None or target is None:
+            return None
+        if ext.config.instances == "per-client":
+            if client is None:
+                return None
+            try:
+                ext = self._backend.instance_of(ext.name, client)
+            except ExtensionUnavailable:
+                return None  # busy, held: the SDK's path answers as it always does
+        return ext, target[1]
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
