@@ -9,6 +9,7 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
            connection (``_relay.py pump`` / ``serve``): the least any ``connect`` + daemon path costs
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
+  own      the same, to an extension with ``instances: per-client``: each session its own fixture
   http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
   proxy    the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture, installed for this
            benchmark only, in bench/.venv-mcp-proxy
@@ -17,9 +18,9 @@ Latency: N sequential calls per way on one session each, in interleaved rounds (
 per round, in a rotating order), so that the machine's slow spells fall on every way alike:
 the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
-Throughput: 8 clients calling at once, once per round (direct and floor*: 8 sessions, 8 fixture
-processes; through the daemon: 8 sessions sharing one supervised fixture; mcp-proxy: one
-fixture). Prints JSON.
+Throughput: 8 clients calling at once, once per round (direct, floor* and own: 8 sessions, 8
+fixture processes; socket, connect and http: 8 sessions sharing one supervised fixture;
+mcp-proxy: one fixture). Prints JSON.
 
     python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--skip-proxy]
 """
@@ -250,10 +251,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     fixture_cmd = [sys.executable, FIXTURE]
     relay = [sys.executable, str(ROOT / "bench" / "_relay.py")]
     with contextlib.ExitStack() as stack:
-        running = stack.enter_context(daemon({"fx": fixture("echo.py")}, http=True))
+        per_client = fixture("echo.py", instances="per-client", max_instances=4 * args.clients)
+        extensions = {"fx": fixture("echo.py"), "own": per_client}
+        running = stack.enter_context(daemon(extensions, http=True))
         relay_sock, relay_pid = stack.enter_context(_relay_server([*relay, "serve"], fixture_cmd))
         proxy_url, proxy_pid = stack.enter_context(_proxy()) if not args.skip_proxy else (None, None)
-        wait_for(lambda: running.all_running(["fx"]), "the daemon's fixture to run")
+        wait_for(lambda: running.all_running(["fx", "own"]), "the daemon's fixtures to run")
         connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
         sock = str(Path(running.socket).parent / "mcp.sock")
         pid = running.proc.pid
@@ -263,6 +266,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
             Route("socket", lambda: _unix(sock), "fx__echo", pid),
             Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
+            Route("own", lambda: _stdio(*connect), "own__echo", pid),
             Route("http", lambda: _http(running.http_url or ""), "fx__echo", pid),
         ]
         if proxy_url is not None:
