@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import sys
-from typing import TextIO
+import time
+import warnings
+from typing import Any, TextIO
 
 import structlog
 import structlog.tracebacks
 
-__all__ = ("configure",)
+__all__ = ("Throttled", "configure")
 
 
 def configure(*, json: bool | None = None, level: int = logging.INFO, stream: TextIO | None = None) -> None:
@@ -52,3 +56,72 @@ def configure(*, json: bool | None = None, level: int = logging.INFO, stream: Te
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)  # the SDK is chatty at INFO; its warnings still show
+    # Every line is one event: Python's warnings go through logging too, not raw to stderr.
+    logging.captureWarnings(True)
+    with contextlib.suppress(ImportError):
+        from mcp import MCPDeprecationWarning  # the handshake era is served on purpose
+
+        warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
+    # A malformed request is uvicorn's to log, and a client may send thousands a second.
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    uvicorn_errors.filters[:] = [_ThrottleRecords()]
+
+
+class Throttled:
+    """An event a client can cause at will (a refused request), logged at most once per *interval*.
+
+    The first occurrence of each *key* in a window is logged at once; the rest of the window
+    is counted and summed up in one more line when it ends (``repeated``), so a flood costs a
+    line a second, not a line a request, and nothing goes unseen. At most :data:`MAX_KEYS`
+    keys are tracked; others share one. Sync; the summary is scheduled on the running loop.
+    """
+
+    MAX_KEYS = 64
+
+    def __init__(self, logger: Any, event: str, *, interval: float = 1.0, level: str = "warning") -> None:
+        self._log = getattr(logger, level)
+        self._event = event
+        self._interval = interval
+        self._windows: dict[str, list[Any]] = {}  # key -> [window end, repeats, last fields]
+
+    def __call__(self, key: str = "", **fields: Any) -> None:
+        now = time.monotonic()
+        if key not in self._windows and len(self._windows) >= self.MAX_KEYS:
+            key = "(other)"
+        window = self._windows.get(key)
+        if window is not None:
+            if now < window[0]:
+                window[1] += 1
+                window[2] = fields
+                return
+            self._close(key, window)  # ended, its summary not yet written
+        window = self._windows[key] = [now + self._interval, 0, fields]
+        self._log(self._event, **fields)
+        with contextlib.suppress(RuntimeError):  # no loop: the next occurrence writes the summary
+            asyncio.get_running_loop().call_later(self._interval, self._close, key, window)
+
+    def _close(self, key: str, window: list[Any]) -> None:
+        if self._windows.get(key) is not window:
+            return  # summed up already
+        del self._windows[key]
+        if window[1]:
+            self._log(self._event, **window[2], repeated=window[1], seconds=self._interval)
+
+
+class _ThrottleRecords(logging.Filter):
+    """The stdlib's side of :class:`Throttled`: one record per message template per second."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        super().__init__()
+        self._interval = interval
+        self._until: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        key = str(record.msg)[:200]
+        if now < self._until.get(key, 0.0):
+            return False
+        if len(self._until) >= Throttled.MAX_KEYS:
+            self._until = {k: t for k, t in self._until.items() if t > now}
+        self._until[key] = now + self._interval
+        return True
