@@ -28,6 +28,7 @@ import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor import rpc, sockets
+from supervisor.fdlimits import Spare
 from supervisor.methods import METHODS, Backend, Method
 from supervisor.protocol import (
     CALL_FAILED,
@@ -112,18 +113,22 @@ class _Server:
         self._connections: set[_Connection] = set()
 
     async def run(self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with anyio.create_task_group() as connections:
-            task_status.started()
-            while True:
-                stream = await sockets.next_client(listener, event="control.accept_failed")
-                if len(self._connections) >= self._max_connections and not self._evict_idlest():
-                    log.warning("control.too_many_connections", limit=self._max_connections)
-                    await self._refuse(stream, "too many connections, each with a request in progress")
-                    continue
-                connection = _Connection(anyio.CancelScope(), time.monotonic())
-                self._connections.add(connection)
-                self._apply_idle_timeout()
-                connections.start_soon(self._connection, stream, connection)
+        spare = Spare()  # the operator gets in even when the process is out of fds
+        try:
+            async with anyio.create_task_group() as connections:
+                task_status.started()
+                while True:
+                    stream = await sockets.next_client(listener, event="control.accept_failed", spare=spare)
+                    if len(self._connections) >= self._max_connections and not self._evict_idlest():
+                        log.warning("control.too_many_connections", limit=self._max_connections)
+                        await self._refuse(stream, "too many connections, each with a request in progress")
+                        continue
+                    connection = _Connection(anyio.CancelScope(), time.monotonic())
+                    self._connections.add(connection)
+                    self._apply_idle_timeout()
+                    connections.start_soon(self._connection, stream, connection)
+        finally:
+            spare.close()
 
     def _current_idle_timeout(self) -> float:
         crowded = len(self._connections) >= self._max_connections

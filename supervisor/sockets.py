@@ -17,13 +17,16 @@ import os
 import socket
 import stat
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
 from .errors import SupervisorError
+
+if TYPE_CHECKING:
+    from .fdlimits import Spare
 
 __all__ = (
     "ACCEPT_RETRY_DELAY",
@@ -203,9 +206,15 @@ async def accept(listener: anyio.abc.SocketListener) -> Stream | None:
     return Stream(sock)
 
 
-async def next_client(listener: anyio.abc.SocketListener, *, event: str) -> Stream:
+async def next_client(
+    listener: anyio.abc.SocketListener, *, event: str, spare: Spare | None = None
+) -> Stream:
     """The next client of *listener*; transient accept errors (EMFILE, ...) are logged as *event*
-    and retried after :data:`ACCEPT_RETRY_DELAY`, so the accept loop neither dies nor spins."""
+    and retried after :data:`ACCEPT_RETRY_DELAY`, so the accept loop neither dies nor spins.
+
+    With a *spare* fd (:class:`supervisor.fdlimits.Spare`), running out of fds gives it up for
+    this accept: the client gets in even then (the spare is taken again on the next call).
+    """
     while True:
         try:
             stream = await accept(listener)
@@ -213,9 +222,13 @@ async def next_client(listener: anyio.abc.SocketListener, *, event: str) -> Stre
             cause = exc.__cause__
             if not (isinstance(cause, OSError) and cause.errno in TRANSIENT_ACCEPT_ERRORS):
                 raise
+            if cause.errno == errno.EMFILE and spare is not None and spare.release():
+                continue
             _log().warning(event, error=str(cause))
             await anyio.sleep(ACCEPT_RETRY_DELAY)
             continue
+        if spare is not None:
+            spare.take()  # back in reserve, if an fd is free now
         if stream is not None:
             return stream
 

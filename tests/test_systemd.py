@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import fdlimits
 from supervisor.config import Settings
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
@@ -206,6 +207,12 @@ class TestContract:
         """systemd waits longer than the daemon's default shutdown_timeout before it SIGKILLs."""
         (stop,) = service(unit, "TimeoutStopSec")
         assert timespan(stop) > Settings.model_fields["shutdown_timeout"].default
+
+    def test_file_descriptors_for_every_listener(self, unit: Unit) -> None:
+        """LimitNOFILE leaves every listener its full connection cap beside a reserve for children."""
+        (limit,) = service(unit, "LimitNOFILE")
+        fds = fdlimits.plan(int(limit), children=200)
+        assert (fds.control, fds.unix, fds.http) == (64, 256, 256)
 
     @pytest.mark.parametrize(
         ("key", "value"),

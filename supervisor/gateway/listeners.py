@@ -24,6 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import sockets
+from ..logs import Throttled
 from . import fastpath, passthrough
 from .clients import MAX_CONNECTIONS
 from .fastpath import FastCalls, RequestId
@@ -41,9 +42,13 @@ SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is
 
 
 async def serve_unix(
-    gateway: Gateway, path: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    gateway: Gateway,
+    path: str,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the gateway on the unix socket *path* until cancelled.
+    """Serve the gateway on the unix socket *path* until cancelled, to *max_connections* clients at once.
 
     Raises:
         SupervisorError: another daemon is listening on *path*, or it cannot be bound.
@@ -53,7 +58,8 @@ async def serve_unix(
     listener = await sockets.listen(path)
     identity = sockets.identity(path)
     active = 0
-    log.info("gateway.listening", path=path)
+    refused = Throttled(log, "gateway.too_many_connections")
+    log.info("gateway.listening", path=path, max_connections=max_connections)
 
     async def serve_one(stream: sockets.Stream) -> None:
         nonlocal active
@@ -76,9 +82,9 @@ async def serve_unix(
             task_status.started()
             while True:
                 stream = await sockets.next_client(listener, event="gateway.accept_failed")
-                if active >= MAX_CONNECTIONS:
-                    log.warning("gateway.too_many_connections", limit=MAX_CONNECTIONS)
-                    await _refuse(stream, f"too many connections (at most {MAX_CONNECTIONS})")
+                if active >= max_connections:
+                    refused("cap", limit=max_connections)
+                    await _refuse(stream, f"too many connections (at most {max_connections})")
                     continue
                 active += 1
                 connections.start_soon(serve_one, stream)
