@@ -28,13 +28,13 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import config, control, logs, process, resources
+from . import config, control, fdlimits, logs, process, resources
 from .catalogs import CatalogStore, default_state_root, fingerprint, prune
 from .config import ExtensionConfig, Settings
 from .demand import Demand
 from .errors import ConfigError, SupervisorError, UnknownExtension
 from .extension import Extension
-from .gateway.http import serve_http
+from .gateway.http import HttpLimits, serve_http
 from .gateway.listeners import serve_unix
 from .gateway.server import Gateway
 from .health import cgroup_of, process_stats
@@ -440,6 +440,15 @@ async def run(
     """
     logs.configure()
     log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
+    fds = fdlimits.plan(fdlimits.raise_soft_limit(), _children(settings))
+    (log.warning if fds.cramped else log.info)(
+        "daemon.fd_limit",
+        limit=fds.limit,
+        reserved=fds.reserved,
+        control=fds.control,
+        unix=fds.unix,
+        http=fds.http,
+    )
     for warning in warnings:
         log.warning("config.client_keys_ignored", detail=warning)
     notifier = Notifier.from_environ(os.environ)
@@ -455,14 +464,20 @@ async def run(
         # Signals first: a SIGTERM during startup must still tear down what was spawned.
         await tg.start(_serve_signals, daemon, tg)
         try:
-            await tg.start(control.serve, daemon, settings.socket)
+            await tg.start(
+                functools.partial(control.serve, max_connections=fds.control), daemon, settings.socket
+            )
         except SupervisorError as exc:
             log.error("daemon.socket_unavailable", error=str(exc))
             tg.cancel_scope.cancel()
             return 1
         await tg.start(daemon.gateway.run)
         try:
-            await tg.start(serve_unix, daemon.gateway, settings.gateway_socket)
+            await tg.start(
+                functools.partial(serve_unix, max_connections=fds.unix),
+                daemon.gateway,
+                settings.gateway_socket,
+            )
         except SupervisorError as exc:
             log.error("daemon.socket_unavailable", error=str(exc))
             tg.cancel_scope.cancel()
@@ -479,6 +494,7 @@ async def run(
                         token=http.token.get_secret_value() if http.token else None,
                         metrics=daemon.metrics.render,
                         health=daemon.counts,
+                        limits=HttpLimits(max_connections=fds.http),
                     )
                 )
             except SupervisorError as exc:
@@ -507,6 +523,13 @@ async def run(
     notifier.close()
     log.info("daemon.stopped")
     return 0
+
+
+def _children(settings: Settings) -> int:
+    """How many children the config may run at once: one per extension, per-client ones each."""
+    return sum(
+        c.max_instances + 1 if c.instances == "per-client" else 1 for c in settings.extensions.values()
+    )
 
 
 async def _prepare_spool(spool: Spool) -> None:

@@ -17,8 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from supervisor import daemon as daemon_module
 from supervisor import process
 from supervisor.config import Settings
-from supervisor.gateway import http as http_module
-from supervisor.gateway.http import serve_http
+from supervisor.gateway.http import HttpLimits, serve_http
 
 from .conftest import eventually, first_text
 from .test_daemon import alive, daemons, until  # noqa: F401 - the fixture
@@ -159,11 +158,8 @@ async def _health(http: Http) -> dict:
 
 
 class TestExpiry:
-    async def test_a_session_left_unused_expires_and_takes_its_instance(
-        self, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    async def test_a_session_left_unused_expires_and_takes_its_instance(self, short_tmp: Path) -> None:
         """A client that vanishes without DELETE: its session expires, and its child goes with it."""
-        monkeypatch.setattr(http_module, "SESSION_IDLE_TIMEOUT", 0.5)
         settings = Settings.model_validate(
             {
                 "socket": str(short_tmp / "control.sock"),
@@ -175,9 +171,16 @@ class TestExpiry:
             daemon = daemon_module.Daemon(settings, tg=tg, environ=os.environ)
             await tg.start(daemon.gateway.run)
             serve = functools.partial(
-                serve_http, daemon.gateway, host="127.0.0.1", port=0, token=None, metrics=str, health=dict
+                serve_http,
+                daemon.gateway,
+                host="127.0.0.1",
+                port=0,
+                token=None,
+                metrics=str,
+                health=dict,
+                limits=HttpLimits(session_idle=0.5),
             )
-            port = await tg.start(serve)
+            port = (await tg.start(serve)).port
             try:
                 assert (await daemon.start("fx")).state.value == "running"
                 async with (

@@ -1,0 +1,91 @@
+"""Who may use the HTTP listener, and in which view: checks on a request's headers, before anything else.
+
+:class:`Guard`: the ``Host`` header must name the loopback address when bound there (DNS
+rebinding), a browser's ``Origin`` must be this listener's own, and with a ``token`` configured
+every path but ``/healthz`` needs ``Authorization: Bearer <token>``, compared in constant time.
+A refused request's body is never read: its connection is closed after the answer.
+
+:class:`ProfilePaths`: ``/mcp/NAME`` serves the profile ``NAME`` (:mod:`..views`): the path
+becomes ``/mcp`` with the name in the ASGI scope, so each request is served in the view its URL
+names; an unknown name is a 404 with a JSON body listing the configured ones.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import structlog
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ...logs import Throttled
+from ...paths import is_loopback
+from ..views import SCOPE_KEY, Views
+
+__all__ = ("Guard", "ProfilePaths")
+
+log = structlog.get_logger(__name__)
+
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+class Guard:
+    """ASGI middleware: Host and Origin checks and the bearer token, before anything else runs."""
+
+    def __init__(self, app: ASGIApp, *, host: str, port: int, token: str | None) -> None:
+        self.app = app
+        self._token = token.encode() if token is not None else None
+        bracketed = f"[{host}]" if ":" in host else host
+        names = (*_LOOPBACK_NAMES, bracketed) if is_loopback(host) else (bracketed,)
+        self._hosts = {f"{name}:{port}" for name in names} | ({*names} if port == 80 else set())
+        self._check_host = is_loopback(host)  # off loopback, the token is what keeps strangers out
+        self._origins = {f"{scheme}://{h}" for scheme in ("http", "https") for h in self._hosts}
+        self.refused = Throttled(log, "gateway.http_refused")  # a line a second, however many come
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets and whatever comes next: not ours to serve
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refusal = self._refusal(scope.get("path", ""), headers)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, text = refusal
+        self.refused(str(status), status=status, reason=text, path=str(scope.get("path"))[:200])
+        answer = {"Connection": "close"}  # its body, if any, is never read
+        if status == 401:
+            answer["WWW-Authenticate"] = "Bearer"
+        await PlainTextResponse(text, status_code=status, headers=answer)(scope, receive, send)
+
+    def _refusal(self, path: str, headers: dict[str, str]) -> tuple[int, str] | None:
+        if self._check_host and headers.get("host") not in self._hosts:
+            return 421, "unexpected Host header"
+        origin = headers.get("origin")
+        if origin is not None and origin not in self._origins:
+            return 403, "cross-origin requests are not allowed"
+        if self._token is not None and path != "/healthz":
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+                return 401, "a valid bearer token is required"
+        return None
+
+
+class ProfilePaths:
+    """ASGI middleware: ``/mcp/NAME`` is ``/mcp`` in profile NAME; an unknown NAME is a 404."""
+
+    def __init__(self, app: ASGIApp, views: Views) -> None:
+        self.app, self._views = app, views
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith("/mcp/"):
+            name = path.removeprefix("/mcp/").rstrip("/")
+            if self._views.get(name) is None or not name:
+                body = {"error": f"unknown profile {name[:100]!r}", "profiles": self._views.names()}
+                await JSONResponse(body, status_code=404)(scope, receive, send)
+                return
+            scope = {**scope, "path": "/mcp", "raw_path": b"/mcp", SCOPE_KEY: name}
+        await self.app(scope, receive, send)

@@ -1,0 +1,96 @@
+"""MCP sessions over HTTP: the SDK's session manager, with the bounds of a shared listener.
+
+The SDK turns a client away with 503 while ``max_sessions`` are open, and forgets a session
+only after ``session_idle_timeout`` without a request: 256 ``initialize`` requests, made in two
+seconds and never followed up, locked every other client out for ten minutes (and a session's
+per-client instances live as long as it does). :class:`Sessions` instead:
+
+- at the cap, ends the session idle longest (none of its requests being served) to admit the
+  new one, as the control socket does with its idlest connection;
+- gives a session that made no request after its ``initialize`` ``fresh_session`` seconds,
+  not the full idle timeout: a client that means to use its session follows up at once
+  (``notifications/initialized``);
+- ends every session at once when the listener stops (:meth:`end_all`), so that open streams
+  close before uvicorn's graceful wait instead of being cancelled by it.
+
+It reads the SDK's session table (``_server_instances``, 2.3) and each transport's
+``idle_scope``, whose deadline is infinite while a request is served and the time it expires
+otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+import structlog
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.types import Receive, Scope, Send
+
+from ...logs import Throttled
+from .limits import HttpLimits
+
+__all__ = ("Sessions",)
+
+log = structlog.get_logger(__name__)
+
+
+class Sessions(StreamableHTTPSessionManager):
+    """The SDK's stateful session manager, bounded by *limits* (see the module's docstring)."""
+
+    def __init__(self, app: Any, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(
+            app,
+            max_sessions=limits.max_sessions,
+            session_idle_timeout=limits.session_idle,
+            max_request_body_size=limits.max_body,
+            **kwargs,
+        )
+        self._fresh = limits.fresh_session
+        self.ended = Throttled(log, "gateway.http_session_ended", level="info")
+
+    def __len__(self) -> int:
+        return len(self._server_instances)
+
+    def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
+        if len(self._server_instances) >= self.max_sessions:  # type: ignore[operator]
+            self._end_idlest()
+        return super()._admit_session(requestor)
+
+    def _end_idlest(self) -> None:
+        idle = [
+            (scope.deadline, session_id, transport)
+            for session_id, transport in self._server_instances.items()
+            if (scope := transport.idle_scope) is not None and math.isfinite(scope.deadline)
+        ]
+        if not idle:
+            return  # every session is being served: the SDK answers 503
+        _, session_id, transport = min(idle, key=lambda entry: entry[0])
+        self._end(session_id, transport)
+        self.ended("evicted", reason="made room for a new session (it was idle the longest)")
+
+    def _end(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        """Forget *session_id* now (its id answers 404) and end its server task (and what it holds)."""
+        self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        if transport.idle_scope is not None:
+            transport.idle_scope.cancel()
+
+    async def _serve_opening_request(
+        self, http_transport: StreamableHTTPServerTransport, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        await super()._serve_opening_request(http_transport, scope, receive, send)
+        idle_scope = http_transport.idle_scope
+        if idle_scope is not None and math.isfinite(idle_scope.deadline):  # nothing else in flight yet
+            idle_scope.deadline = min(idle_scope.deadline, anyio.current_time() + self._fresh)
+
+    async def end_all(self) -> None:
+        """End every session now, closing its streams (a shutdown)."""
+        sessions = list(self._server_instances.items())
+        for session_id, transport in sessions:
+            self._end(session_id, transport)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+            for _, transport in sessions:
+                await transport.terminate()
