@@ -52,6 +52,7 @@ __all__ = (
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+OnChange = Literal["allow", "warn", "hold"]  # what a changed tool definition does (see supervisor.pins)
 _DAY = 86_400.0  # upper bound of every duration: a longer one is a typo, and huge ones overflow timers
 _SOCKET_PATH_MAX = 107  # bytes: sun_path is 108 on Linux, one for the terminating NUL
 
@@ -247,6 +248,7 @@ class ExtensionConfig(_Frozen):
     ping_interval: _Timeout | None = None  # liveness: ping this often; None: off
     ping_timeout: _Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
     memory_max: _MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
+    tools_on_change: OnChange | None = None  # a pinned tool's definition changed; None: the top-level one
 
     @model_validator(mode="after")
     def _on_demand_is_not_autostart(self) -> ExtensionConfig:
@@ -387,6 +389,7 @@ class Settings(BaseSettings):
     gateway: GatewayConfig = GatewayConfig()
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
     profiles: dict[_Name, ProfileConfig] = {}  # client views, by name
+    tools_on_change: OnChange = "warn"  # extensions without their own tools_on_change
 
     @field_validator("profiles")
     @classmethod
