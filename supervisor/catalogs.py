@@ -51,7 +51,7 @@ def default_state_root(environ: Mapping[str, str]) -> Path:
 
 def fingerprint(command: str, args: list[str], cwd: str | None, env: Mapping[str, str]) -> str:
     """What makes a saved listing this extension's: a hash, so no env value is written out."""
-    text = json.dumps([command, args, cwd, sorted(env.items())])
+    text = json.dumps([command, args, cwd, sorted(env.items())], default=str)  # a secret: its reference
     return hashlib.sha256(text.encode()).hexdigest()
 
 

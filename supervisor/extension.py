@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, transport
+from . import liveness, resources, secretrefs, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
@@ -94,7 +94,8 @@ class Extension:
         self.name = name
         self.config = config
         self.policy = _policy_of(config)
-        self._env = {**environ, **config.env}
+        self._env = {**environ, **config.env}  # a secret's value is a reference until the spawn
+        self._credentials = environ.get(secretrefs.CREDENTIALS)  # the daemon's, for ${credential:NAME}
         self.pins = pins
         self._marker_prefix = marker_prefix
         self._on_change = on_change
@@ -498,9 +499,10 @@ class Extension:
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         self._last_stderr = None
         try:
+            env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
             async with transport.connect(
                 [self.config.command, *self.config.args],
-                env=self._env,
+                env=env,
                 cwd=self.config.cwd,
                 marker=marker,
                 stop_timeout=self.config.stop_timeout,
