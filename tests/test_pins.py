@@ -269,7 +269,7 @@ def define(path: Path, description: str) -> None:
 
 
 class Listener:
-    """A gateway client that counts the tools/list_changed it hears."""
+    """A gateway client's message handler that counts the tools/list_changed it hears."""
 
     def __init__(self) -> None:
         self.heard = 0
@@ -281,13 +281,29 @@ class Listener:
             self._event.set()
             self._event = anyio.Event()
 
-    async def next(self) -> None:
+    async def reach(self, count: int) -> None:
+        """Return once *count* have been heard in all (whether before this call or after)."""
         with anyio.fail_after(10):
-            await self._event.wait()
+            while self.heard < count:
+                await self._event.wait()
 
 
 async def names(session: Any) -> list[str]:
     return [t.name for t in (await session.list_tools()).tools]
+
+
+async def relisted(
+    session: Any, listener: Listener, since: int, predicate: Callable[[list[str]], bool]
+) -> None:
+    """A list_changed came after *since* were heard, and listing again at each one ends with
+    *predicate* true of the names (10 s at most)."""
+    with anyio.fail_after(10):
+        await listener.reach(since + 1)
+        while True:
+            heard = listener.heard
+            if predicate(await names(session)):
+                return
+            await listener.reach(heard + 1)
 
 
 class TestThroughTheDaemon:
@@ -307,9 +323,9 @@ class TestThroughTheDaemon:
             async with gateway_session(daemon.mcp_sock, message_handler=listener) as session:
                 assert "fx__greet" in await names(session)
                 define(definitions, SNEAKY)
+                since = listener.heard
                 await session.call_tool("fx__announce", {})  # the server says its list changed
-                await listener.next()
-                assert "fx__greet" not in await names(session)
+                await relisted(session, listener, since, lambda listed: "fx__greet" not in listed)
                 with pytest.raises(MCPError, match=r"held.*`mcp-supervisor approve fx greet`"):
                     await session.call_tool("fx__greet", {"name": "x"})
                 await refused_over_http()
@@ -329,10 +345,10 @@ class TestThroughTheDaemon:
                 text = await anyio.to_thread.run_sync(daemon.ok, "tools")
                 assert "(held: changed)" in text and "fx/greet: description; held" in text
 
+                since = listener.heard
                 approved = await anyio.to_thread.run_sync(daemon.ok, "approve", "fx", "greet")
                 assert "approved: greet" in approved
-                await listener.next()
-                assert "fx__greet" in await names(session)
+                await relisted(session, listener, since, lambda listed: "fx__greet" in listed)
                 assert first_text(await session.call_tool("fx__greet", {"name": "x"})) == f"greet: {SNEAKY}"
 
         async def refused_over_http() -> None:
@@ -438,9 +454,9 @@ class TestThroughTheDaemon:
             ):
                 assert "fx__greet" in await names(theirs)
                 define(definitions, SNEAKY)
+                since = listener.heard
                 await mine.call_tool("fx__announce", {})  # in my own instance
-                await listener.next()
-                assert "fx__greet" not in await names(theirs)
+                await relisted(theirs, listener, since, lambda listed: "fx__greet" not in listed)
                 with pytest.raises(MCPError, match="held"):
                     await theirs.call_tool("fx__greet", {"name": "x"})
 
