@@ -25,7 +25,7 @@ import structlog
 
 from .state import Listing
 
-__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint", "prune")
+__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint", "prune", "write_private")
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +51,7 @@ def default_state_root(environ: Mapping[str, str]) -> Path:
 
 def fingerprint(command: str, args: list[str], cwd: str | None, env: Mapping[str, str]) -> str:
     """What makes a saved listing this extension's: a hash, so no env value is written out."""
-    text = json.dumps([command, args, cwd, sorted(env.items())])
+    text = json.dumps([command, args, cwd, sorted(env.items())], default=str)  # a secret: its reference
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -106,22 +106,31 @@ class CatalogStore:
             log.warning("catalog.not_saved", extension=self.name, reason="too large", bytes=len(data))
             return False
         try:
-            _private_dirs(self.directory)
-            fd, temp = tempfile.mkstemp(dir=self.directory, prefix=f".{self.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as file:  # mkstemp: mode 0600
-                    file.write(data)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(temp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-                raise
+            write_private(self.path, data)
         except OSError as exc:
             log.warning("catalog.not_saved", extension=self.name, path=str(self.path), error=str(exc))
             return False
         return True
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace *path* with *data* atomically: a 0600 file in 0700 directories. Blocking.
+
+    A crash leaves the old file or the new one, never half of one (the temporary file it may
+    leave, ``.NAME.*.tmp``, is :func:`prune`'s). Error handling: raises OSError.
+    """
+    _private_dirs(path.parent)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:  # mkstemp: mode 0600
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def prune(directory: Path, keep: Collection[str]) -> list[str]:

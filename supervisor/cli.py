@@ -127,7 +127,24 @@ async def _tools(args: argparse.Namespace) -> int:
         _print_json(result)
     else:
         print(render.tools_table(result["tools"], shutil.get_terminal_size((100, 24)).columns))
+        if (changes := render.changes_text(result["tools"])) is not None:
+            print(f"\n{changes}")
         _print_profiles(result.get("profiles"))
+    return EXIT_OK
+
+
+async def _approve(args: argparse.Namespace) -> int:
+    params = {"name": args.name, **({"tool": args.tool} if args.tool else {})}
+    result = await client.request(args.socket, "approve", params, timeout=_QUERY_TIMEOUT)
+    if args.json:
+        _print_json(result)
+    elif result["approved"]:
+        print(f"approved: {', '.join(result['approved'])} (pinned to the current definition)")
+    else:
+        which = f"{args.name!r} has no tool that"
+        if args.tool:
+            which = f"tool {args.tool!r} of {args.name!r} has not"
+        print(f"nothing to approve: {which} changed since pinned")
     return EXIT_OK
 
 
@@ -388,6 +405,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_argument("name", metavar="NAME")
     sub.add_argument("tool", metavar="TOOL")
     sub.add_argument("--args", metavar="JSON", help="the tool's arguments, a JSON object")
+    sub.add_argument("--json", action="store_true", help="print the raw result")
+    sub = add("approve", _approve, "accept the changed definitions of an extension's tools (pin them)")
+    sub.add_argument("name", metavar="NAME")
+    sub.add_argument("tool", nargs="?", metavar="TOOL", help="only this tool (default: every changed one)")
     sub.add_argument("--json", action="store_true", help="print the raw result")
     sub = add("logs", _logs, "print the last lines an extension wrote to stderr")
     sub.add_argument("name", metavar="NAME")

@@ -34,6 +34,7 @@ from .configfile import describe, parse
 from .errors import ConfigError
 from .paths import ENV_PREFIX as _ENV
 from .paths import default_config_path, default_socket_path, is_loopback
+from .secretrefs import EnvTemplate, Reference
 
 __all__ = (
     "BackoffConfig",
@@ -51,7 +52,11 @@ __all__ = (
 )
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
+_VAR = re.compile(
+    r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{(file|credential):([^}]*)\}|\$\{"
+)  # ${VAR:-x} before ${file:...}: `${file:-x}` stays the variable `file` with a default
+_CREDENTIAL = re.compile(r"[A-Za-z0-9_.@-]{1,255}")  # a file name in $CREDENTIALS_DIRECTORY
+OnChange = Literal["allow", "warn", "hold"]  # what a changed tool definition does (see supervisor.pins)
 _DAY = 86_400.0  # upper bound of every duration: a longer one is a typo, and huge ones overflow timers
 _SOCKET_PATH_MAX = 107  # bytes: sun_path is 108 on Linux, one for the terminating NUL
 
@@ -73,24 +78,79 @@ def _environ() -> Mapping[str, str]:  # outside load() (models built directly): 
 
 def _expand(value: str) -> str:
     """Expand ``${VAR}`` and ``${VAR:-default}`` (default when unset or empty); ``$$`` is a literal ``$``."""
+    parts = _expand_parts(value)
+    if any(isinstance(part, Reference) for part in parts):
+        reference = next(str(part) for part in parts if isinstance(part, Reference))
+        raise PydanticCustomError(
+            "secret_outside_env",
+            "'{reference}' is allowed in env values only (a secret is read when the extension starts)",
+            {"reference": reference},
+        )
+    return _os_text("".join(parts))  # type: ignore[arg-type]  # only text
+
+
+def _expand_env(value: str) -> str | EnvTemplate:
+    """:func:`_expand`, and ``${file:PATH}``/``${credential:NAME}`` kept as references for the spawn."""
+    parts = _expand_parts(value)
+    if not any(isinstance(part, Reference) for part in parts):
+        return _os_text("".join(parts))  # type: ignore[arg-type]  # only text
+    merged: list[str | Reference] = []
+    for part in parts:
+        if isinstance(part, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += part
+        elif part != "":
+            merged.append(part)
+    return EnvTemplate(tuple(_os_text(p) if isinstance(p, str) else p for p in merged))
+
+
+def _expand_parts(value: str) -> list[str | Reference]:
+    """*value* as literal text (variables expanded) and secret references, in order."""
     env = _environ()
-
-    def replace(match: re.Match[str]) -> str:
-        name, default = match.group(1, 2)
+    parts: list[str | Reference] = []
+    end = 0
+    for match in _VAR.finditer(value):
+        parts.append(value[end : match.start()])
+        end = match.end()
+        name, default, kind, target = match.group(1, 2, 3, 4)
         if match.group(0) == "$$":
-            return "$"
-        if name is None:
-            raise PydanticCustomError("bad_variable", "malformed '${' (use ${NAME}, ${NAME:-default} or $$)")
-        if env.get(name):
-            return env[name]
-        if default is not None:
-            return default
-        if name in env:
-            return ""
-        message = "environment variable {name} is not set (write $$ for a literal $)"
-        raise PydanticCustomError("unset_variable", message, {"name": name})
+            parts.append("$")
+        elif kind is not None:
+            parts.append(_reference(kind, target, env))
+        elif name is None:
+            raise PydanticCustomError(
+                "bad_variable",
+                "malformed '${' (use ${NAME}, ${NAME:-default}, ${file:PATH}, ${credential:NAME} or $$)",
+            )
+        elif env.get(name):
+            parts.append(env[name])
+        elif default is not None:
+            parts.append(default)
+        elif name in env:
+            parts.append("")
+        else:
+            message = "environment variable {name} is not set (write $$ for a literal $)"
+            raise PydanticCustomError("unset_variable", message, {"name": name})
+    parts.append(value[end:])
+    return parts
 
-    return _os_text(_VAR.sub(replace, value))
+
+def _reference(kind: str, target: str, env: Mapping[str, str]) -> Reference:
+    """A checked secret reference: an absolute (or ``~/``) path, or a credential's file name."""
+    shown = f"${{{kind}:{target}}}"
+    if kind == "credential":
+        if not _CREDENTIAL.fullmatch(target) or target in (".", ".."):
+            raise PydanticCustomError(
+                "bad_credential",
+                "'{reference}': a credential name is 1-255 letters, digits, '_', '.', '@' or '-'",
+                {"reference": shown},
+            )
+        return Reference("credential", target)
+    if target.startswith("~/") and env.get("HOME"):
+        target = os.path.join(env["HOME"], target[2:])
+    if not os.path.isabs(target):
+        message = "'{reference}': the path must be absolute (or start with ~/)"
+        raise PydanticCustomError("relative_secret", message, {"reference": shown})
+    return Reference("file", os.path.normpath(_os_text(target)))
 
 
 def _os_text(value: str) -> str:
@@ -158,6 +218,7 @@ def _check_name(value: str) -> str:
 
 
 _Expanded = Annotated[str, AfterValidator(_expand)]
+_EnvValue = Annotated[str, AfterValidator(_expand_env)]  # str, or an EnvTemplate (secrets: read at spawn)
 _Name = Annotated[str, AfterValidator(_check_name)]
 _Timeout = Annotated[float, Field(gt=0, le=_DAY)]  # seconds
 _Delay = Annotated[float, Field(ge=0, le=_DAY)]  # seconds; 0 allowed
@@ -215,6 +276,9 @@ class ToolFilter(_Frozen):
 class ExtensionConfig(_Frozen):
     """One stdio MCP server. ``${VAR}`` expands in command, args, env values and cwd at load time.
 
+    ``${file:PATH}`` and ``${credential:NAME}`` in an env value stay references (the value is a
+    :class:`~supervisor.secretrefs.EnvTemplate`): the secret is read at spawn, never held here.
+
     Client entries (Claude Desktop, Cursor, VS Code, Cline, ...) load as is: ``type: stdio`` is accepted,
     ``disabled: true`` means ``autostart: false``, ``timeout`` is ``call_timeout`` and the other keys
     of :mod:`supervisor.clientkeys` are mapped or dropped; none is kept as a field, so equal settings
@@ -225,7 +289,7 @@ class ExtensionConfig(_Frozen):
 
     command: Annotated[str, Field(strict=True), AfterValidator(_expand), AfterValidator(_non_empty)]  # 5: no
     args: list[_Expanded] = []
-    env: dict[Annotated[str, AfterValidator(_env_name)], _Expanded] = {}
+    env: dict[Annotated[str, AfterValidator(_env_name)], _EnvValue] = {}
     cwd: Annotated[_Expanded, AfterValidator(_directory)] | None = None
     autostart: bool = True
     restart: Literal["always", "on-failure", "never"] = "on-failure"
@@ -247,6 +311,7 @@ class ExtensionConfig(_Frozen):
     ping_interval: _Timeout | None = None  # liveness: ping this often; None: off
     ping_timeout: _Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
     memory_max: _MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
+    tools_on_change: OnChange | None = None  # a pinned tool's definition changed; None: the top-level one
 
     @model_validator(mode="after")
     def _on_demand_is_not_autostart(self) -> ExtensionConfig:
@@ -387,6 +452,7 @@ class Settings(BaseSettings):
     gateway: GatewayConfig = GatewayConfig()
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
     profiles: dict[_Name, ProfileConfig] = {}  # client views, by name
+    tools_on_change: OnChange = "warn"  # extensions without their own tools_on_change
 
     @field_validator("profiles")
     @classmethod

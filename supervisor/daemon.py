@@ -41,6 +41,7 @@ from .health import cgroup_of, process_stats
 from .instances import Client, Instances, figures
 from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
+from .pins import Pins, PinStore
 from .process.containment import Containment
 from .spool import Spool, default_root
 from .state import Snapshot, State
@@ -88,6 +89,7 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
+        self.pin_dir = default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
         self.metrics = Metrics(self.health)
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
@@ -98,6 +100,8 @@ class Daemon:
             name_budget=settings.gateway.max_name_length,
             profiles=settings.profiles,
         )
+        self._pins: dict[str, Pins] = {}  # by extension name; kept across reloads
+        self._configure_pins(settings)
         self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
         self._instances = {name: self._instances_of(name, c) for name, c in settings.extensions.items()}
 
@@ -113,7 +117,18 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
             demand=self._demand_of(name, config),
+            pins=self._pins[name],
         )
+
+    def _configure_pins(self, settings: Settings) -> None:
+        """A :class:`Pins` for each extension of *settings* (kept if it has one), with its mode."""
+        for name, extension in settings.extensions.items():
+            mode = extension.tools_on_change or settings.tools_on_change
+            if name in self._pins:
+                self._pins[name].set_mode(mode)
+            else:
+                store = PinStore(self.pin_dir, name)  # a bounded read, as a saved catalog's
+                self._pins[name] = Pins(name, mode=mode, store=store, on_change=self.gateway.invalidate)
 
     def _demand_of(self, name: str, config: ExtensionConfig) -> Demand | None:
         if not config.on_demand and config.idle_stop is None:
@@ -124,6 +139,8 @@ class Daemon:
         return Demand(idle_stop=config.idle_stop, store=store, start=self._start_on_demand, holds=holds)
 
     def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
+        pins = self._pins[name]  # the extension's: what one instance sees changed, all clients see
+
         def make() -> Extension:
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
             holds = functools.partial(self.gateway.holds, name)
@@ -138,6 +155,7 @@ class Daemon:
                 on_call=functools.partial(self.metrics.observe_call, name),
                 on_notification=self.gateway.notify,
                 demand=demand,
+                pins=pins,
             )
 
         return Instances(name, make, config.max_instances)
@@ -283,6 +301,19 @@ class Daemon:
     def logs(self, name: str, lines: int) -> list[str]:
         return self.get(name).logs(lines)
 
+    def tool_changes(self, name: str) -> list[dict[str, Any]]:
+        """The tools of *name* whose definition changed since it was pinned (see :mod:`.pins`)."""
+        self.get(name)
+        return [change.as_dict() for change in self._pins[name].changes().values()]
+
+    async def approve(self, name: str, tool: str | None = None) -> list[str]:
+        """Pin the current definition of *tool* of *name* (None: of each changed one); those approved."""
+        self.get(name)
+        pins = self._pins[name]
+        approved = pins.approve(tool)
+        await pins.save()
+        return approved
+
     def health(self) -> dict[str, Any]:
         """Diagnostics of the daemon itself: the process, the spool, and each extension's counters."""
         spool = self.spool.stats()
@@ -314,6 +345,7 @@ class Daemon:
         async with self._reloading:
             new = await anyio.to_thread.run_sync(self._load)
             self.notifier.reloading()
+            self._configure_pins(new)  # before any start: a changed tools_on_change applies to it
             old = self.settings
             gone = [n for n in self._extensions if n not in new.extensions]
             changed = [
@@ -326,6 +358,7 @@ class Daemon:
                 for name in sorted({*gone, *changed, *added}):  # each operation holds one: no deadlock
                     await held.enter_async_context(self._name_locks.setdefault(name, anyio.Lock()))
                 await self._apply(new, gone, changed, added)
+            self._pins = {name: pins for name, pins in self._pins.items() if name in new.extensions}
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())
@@ -347,6 +380,7 @@ class Daemon:
         configs = {name: ext.config for name, ext in self._extensions.items()}
         keep = {name for name, c in configs.items() if c.on_demand or c.idle_stop is not None}  # _demand_of's
         await anyio.to_thread.run_sync(prune, self.catalogs, keep)
+        await anyio.to_thread.run_sync(prune, self.pin_dir, set(configs))  # every extension has pins
 
     def _load(self) -> Settings:
         """The config file again; whatever goes wrong reading it is a ConfigError, never the daemon's end."""

@@ -24,11 +24,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, transport
+from . import liveness, resources, secretrefs, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
 from .errors import CallFailed, ExtensionUnavailable, SpawnError
+from .pins import Pins
 from .process import ChildProcess
 from .spool import ExtensionSpool
 from .state import ExitStatus, Listing, Snapshot, State, one_line
@@ -72,6 +73,7 @@ class Extension:
         on_call: called after each call with the tool, its duration and whether it succeeded.
         on_notification: called with the child's log messages and resource updates (sync).
         demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
+        pins: its pinned tool definitions (shared with its per-client instances).
     """
 
     def __init__(
@@ -87,11 +89,14 @@ class Extension:
         on_call: CallHook | None = None,
         on_notification: NotificationHook | None = None,
         demand: Demand | None = None,
+        pins: Pins | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.policy = _policy_of(config)
-        self._env = {**environ, **config.env}
+        self._env = {**environ, **config.env}  # a secret's value is a reference until the spawn
+        self._credentials = environ.get(secretrefs.CREDENTIALS)  # the daemon's, for ${credential:NAME}
+        self.pins = pins
         self._marker_prefix = marker_prefix
         self._on_change = on_change
         self._hurry = hurry
@@ -163,6 +168,11 @@ class Extension:
         if self._snapshot.state.is_transient and self._demand.saved is not None:  # a call is starting it
             return self._demand.saved
         return self._listing
+
+    def offered(self) -> Listing:
+        """:meth:`listing` as gateway clients see it: without the tools ``tools_on_change: hold`` holds."""
+        listing = self.listing()
+        return self.pins.shown(listing) if self.pins is not None else listing
 
     def needs_listing(self) -> bool:
         """An on-demand extension with no saved listing: one run at daemon start learns it."""
@@ -489,9 +499,10 @@ class Extension:
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         self._last_stderr = None
         try:
+            env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
             async with transport.connect(
                 [self.config.command, *self.config.args],
-                env=self._env,
+                env=env,
                 cwd=self.config.cwd,
                 marker=marker,
                 stop_timeout=self.config.stop_timeout,
@@ -538,6 +549,9 @@ class Extension:
 
         if self._demand is not None:  # the gateway compares listings by identity
             listing = self._demand.same(listing)
+        if self.pins is not None:  # before any client sees them: a held tool is never offered
+            self.pins.observe(listing.tools)
+            await self.pins.save()
         self._listing, self._connection = listing, connection
         started = time.monotonic()
         self._set(State.RUNNING, last_error=None)
@@ -653,6 +667,8 @@ class Extension:
                 except Exception as exc:  # TimeoutError, MCPError, a malformed listing: keep the old one
                     log.warning("extension.listing_failed", kind=kind, error=_first_line(exc))
             if fresh and connection is self._connection:
+                if self.pins is not None and "tools" in fresh:
+                    self.pins.observe(fresh["tools"])
                 old = self._listing
                 current = {"tools": old.tools, "prompts": old.prompts, "resources": old.resources}
                 self._listing = Listing.of(**{**current, "templates": old.templates, **fresh})
@@ -660,6 +676,8 @@ class Extension:
                 self._notify()
                 if self._demand is not None:
                     await self._demand.save(self._listing)
+                if self.pins is not None:
+                    await self.pins.save()
 
     def _on_stderr(self, line: str) -> None:
         self._stderr.append(line)

@@ -42,6 +42,8 @@ class Backend(Protocol):
         self, name: str, tool: str, arguments: dict[str, Any], *, progress: ProgressFn | None = None
     ) -> mcp_types.CallToolResult: ...
     def logs(self, name: str, lines: int) -> list[str]: ...
+    def tool_changes(self, name: str) -> list[dict[str, Any]]: ...
+    async def approve(self, name: str, tool: str | None = None) -> list[str]: ...
     async def reload(self) -> dict[str, list[str]]: ...
     def health(self) -> dict[str, Any]: ...
     @property
@@ -73,6 +75,11 @@ class _Logs(_Params):
     lines: int = Field(50, ge=1, le=10_000)
 
 
+class _Approve(_Params):
+    name: str = Field(min_length=1)
+    tool: str | None = Field(None, min_length=1)  # None: every changed tool of the extension
+
+
 class _Health(_Params):
     format: Literal["json", "prometheus"] = "json"
 
@@ -90,6 +97,7 @@ async def _status(backend: Backend, params: _OptionalName) -> dict[str, Any]:
     records = [snapshot.as_dict() for snapshot in backend.status(params.name)]
     for record in records:
         record["name_collisions"] = backend.collisions(record["name"])
+        record["tools_changed"] = backend.tool_changes(record["name"])  # since pinned (tools_on_change)
     if params.name is not None:
         return {"extensions": records}
     return {"extensions": records, "profiles": backend.profiles()}  # the default view first
@@ -109,10 +117,15 @@ async def _restart(backend: Backend, params: _Action) -> dict[str, Any]:
 
 async def _tools(backend: Backend, params: _OptionalName) -> dict[str, Any]:
     records = []
+    changes: dict[str, dict[str, dict[str, Any]]] = {}  # extension -> tool -> its change
     for extension, tool in backend.tools(params.name):
+        if extension not in changes:
+            changes[extension] = {change["tool"]: change for change in backend.tool_changes(extension)}
         exposed, collision = backend.exposed(extension, tool.name)
         definition = tool.model_dump(by_alias=True, exclude_none=True, mode="json")
-        records.append({"extension": extension, "exposed": exposed, "collision": collision, **definition})
+        record = {"extension": extension, "exposed": exposed, "collision": collision}
+        record["changed"] = changes[extension].get(tool.name)  # None: as pinned
+        records.append({**record, **definition})
     if params.name is not None:
         return {"tools": records}
     return {"tools": records, "profiles": backend.profiles()}
@@ -154,6 +167,10 @@ async def _reload(backend: Backend, params: _Params) -> dict[str, Any]:
     return await backend.reload()
 
 
+async def _approve(backend: Backend, params: _Approve) -> dict[str, Any]:
+    return {"approved": await backend.approve(params.name, params.tool)}
+
+
 async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
     if params.format == "prometheus":
         return {"text": backend.metrics.render()}
@@ -171,5 +188,6 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "logs": Method(_Logs, _logs),
         "reload": Method(_Params, _reload),
         "health": Method(_Health, _health),
+        "approve": Method(_Approve, _approve),
     }
 )

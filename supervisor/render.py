@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 __all__ = (
+    "changes_text",
     "duration",
     "exit_text",
     "health_text",
@@ -63,12 +64,15 @@ def exit_text(last_exit: dict[str, Any] | None) -> str | None:
 
 def _detail(record: dict[str, Any], now: datetime) -> str:
     """The most useful fact about one extension in its current state."""
-    text = _state_detail(record, now)
+    notes = [_state_detail(record, now)]
     count = len(record.get("instances") or ())
     if count:
-        mine = f"{count} per-client instance{'s' if count != 1 else ''}"
-        return f"{text}; {mine}" if text else mine
-    return text
+        notes.append(f"{count} per-client instance{'s' if count != 1 else ''}")
+    if changed := record.get("tools_changed"):
+        held = sum(1 for change in changed if change.get("held"))
+        text = f"{len(changed)} tool{'s' if len(changed) != 1 else ''} changed since pinned"
+        notes.append(f"{text}{f' ({held} held)' if held else ''}: mcp-supervisor approve {record['name']}")
+    return "; ".join(note for note in notes if note)
 
 
 def _state_detail(record: dict[str, Any], now: datetime) -> str:
@@ -157,10 +161,25 @@ def tools_table(tools: list[dict[str, Any]], width: int) -> str:
         exposed = t.get("exposed") or "-"
         if t.get("collision"):
             exposed += " (renamed: collision)"
+        if changed := t.get("changed"):
+            exposed += " (held: changed)" if changed.get("held") else " (changed)"
         rows.append((t["extension"], t["name"], exposed, (t.get("description") or "").strip().split("\n")[0]))
     used = sum(max(len(row[i]) for row in rows) + 2 for i in range(3))
     room = max(width - used, 20)
     return table([(*row[:3], row[3] if len(row[3]) <= room else row[3][: room - 1] + "…") for row in rows])
+
+
+def changes_text(tools: list[dict[str, Any]]) -> str | None:
+    """The tools whose definition changed since pinned, one line each; None when there is none."""
+    changed = [t for t in tools if t.get("changed")]
+    if not changed:
+        return None
+    lines = ["changed since pinned (accept with `mcp-supervisor approve EXTENSION [TOOL]`):"]
+    for t in changed:
+        change = t["changed"]
+        held = "; held: hidden from gateway clients" if change.get("held") else ""
+        lines.append(f"  {t['extension']}/{t['name']}: {', '.join(change.get('parts') or [])}{held}")
+    return "\n".join(lines)
 
 
 def _content_line(item: dict[str, Any]) -> str:

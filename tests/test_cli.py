@@ -103,6 +103,13 @@ class Backend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def tool_changes(self, name: str) -> list[dict[str, Any]]:
+        return []
+
+    async def approve(self, name: str, tool: str | None = None) -> list[str]:
+        self._get(name)
+        return []
+
     def profiles(self) -> list[dict[str, Any]]:
         return []
 
@@ -207,7 +214,8 @@ class TestStatus:
         assert code == cli.EXIT_OK
         assert json.loads(capsys.readouterr().out) == {
             "extensions": [
-                {**snapshot.as_dict(), "name_collisions": []} for snapshot in backend.snapshots.values()
+                {**snapshot.as_dict(), "name_collisions": [], "tools_changed": []}
+                for snapshot in backend.snapshots.values()
             ],
             "profiles": [],
         }
@@ -330,6 +338,7 @@ class TestTools:
                     "extension": "beta",
                     "exposed": "beta__bare",
                     "collision": None,
+                    "changed": None,
                     "name": "bare",
                     "inputSchema": {"type": "object"},
                 }

@@ -85,6 +85,13 @@ class FakeBackend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
+    def tool_changes(self, name: str) -> list[dict[str, Any]]:
+        return []
+
+    async def approve(self, name: str, tool: str | None = None) -> list[str]:
+        self._get(name)
+        return []
+
     def profiles(self) -> list[dict[str, Any]]:
         return []
 
@@ -214,7 +221,10 @@ class TestMethods:
             "jsonrpc": "2.0",
             "id": 1,
             "result": {
-                "extensions": [{**s.as_dict(), "name_collisions": []} for s in backend.snapshots.values()],
+                "extensions": [
+                    {**s.as_dict(), "name_collisions": [], "tools_changed": []}
+                    for s in backend.snapshots.values()
+                ],
                 "profiles": [],  # the gateway's views (none from this backend)
             },
         }
@@ -252,6 +262,7 @@ class TestMethods:
                     "extension": "alpha",
                     "exposed": "alpha__echo",
                     "collision": None,
+                    "changed": None,
                     "name": "echo",
                     "title": "Echo",
                     "description": "Echo text.",

@@ -205,8 +205,9 @@ class TestRoute:
         def ext(name: str, *tools: str) -> SimpleNamespace:
             config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=["rm*"]))
             snapshot = SimpleNamespace(state=State.RUNNING)
+            listing = lambda: _listing(*tools)  # noqa: E731
             return SimpleNamespace(
-                name=name, config=config, snapshot=lambda: snapshot, listing=lambda: _listing(*tools)
+                name=name, config=config, snapshot=lambda: snapshot, listing=listing, offered=listing
             )
 
         backend = SimpleNamespace(extensions=lambda: [ext("fs", "read_file", "rm_file"), ext("git", "log")])
@@ -232,8 +233,9 @@ class TestRoute:
         tools = ["read_file"]
         config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=[]))
         snapshot = SimpleNamespace(state=State.RUNNING)
+        listing = lambda: _listing(*tools)  # noqa: E731
         fs = SimpleNamespace(
-            name="fs", config=config, snapshot=lambda: snapshot, listing=lambda: _listing(*tools)
+            name="fs", config=config, snapshot=lambda: snapshot, listing=listing, offered=listing
         )
         gateway = Gateway(SimpleNamespace(extensions=lambda: [fs]), spool_dir=tmp_path, profiles={})
         assert gateway.route("fs__read_file") == ("fs", "read_file")

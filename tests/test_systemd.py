@@ -152,6 +152,17 @@ class TestVerify:
         with pytest.raises(AssertionError, match="Unknown key"):
             verify(systemd_analyze, copy)
 
+    def test_the_commented_credential_example_verifies(
+        self, systemd_analyze: str, our_binary: str, short_tmp: Path
+    ) -> None:
+        """The unit's commented LoadCredential= line, uncommented, is a valid setting."""
+        text = with_exec_start(UNIT.read_text(), our_binary)
+        example = re.search(r"^#\s+(LoadCredential=\S+)$", text, re.M)
+        assert example, "the unit has no commented LoadCredential= example"
+        copy = short_tmp / UNIT.name
+        copy.write_text(text.replace(example.group(0), example.group(1)))
+        verify(systemd_analyze, copy)
+
     def test_user_unit_in_readme(self, systemd_analyze: str, our_binary: str, short_tmp: Path) -> None:
         """The user-unit example in the README passes systemd-analyze --user verify."""
         copy = short_tmp / UNIT.name

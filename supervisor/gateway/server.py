@@ -24,6 +24,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from .. import __version__
 from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
+from ..pins import held_message
 from ..state import Snapshot, State
 from . import catalog as catalogs
 from . import inputrequired, passthrough, spoollinks, tasks
@@ -229,7 +230,7 @@ class Gateway:
                     ext.config.prefix or ext.name,
                     ext.config.tools.allow,
                     ext.config.tools.deny,
-                    ext.listing(),
+                    ext.offered(),  # without held tools (tools_on_change: hold): hidden, so refused
                 )
                 for ext in self._backend.extensions()
                 if ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
@@ -376,6 +377,8 @@ class Gateway:
         """A tool this client cannot call: name the filter that hides it, or the extension not running."""
         if (hidden := hidden_reason(self.catalog(), view, name, self._budget)) is not None:
             raise MCPError(types.INVALID_PARAMS, hidden)
+        if (held := self._held_reason(name)) is not None:
+            raise MCPError(types.INVALID_PARAMS, held)
         for ext in self._backend.extensions():
             if name.startswith(expose(ext.config.prefix or ext.name, "")):
                 state = ext.snapshot().state
@@ -385,6 +388,15 @@ class Gateway:
                         f"start it with `mcp-supervisor start {ext.name}`, then list tools again"
                     )
         raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}; list tools again")
+
+    def _held_reason(self, name: str) -> str | None:
+        """Why *name* is refused if it is a tool held by ``tools_on_change: hold``, else None."""
+        for ext in self._backend.extensions():
+            changes = ext.pins.changes() if ext.pins is not None else {}
+            for change in changes.values():
+                if change.held and expose(ext.config.prefix or ext.name, change.tool, self._budget) == name:
+                    return held_message(ext.name, name, change)
+        return None
 
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
