@@ -94,7 +94,10 @@ class Extension:
         self.name = name
         self.config = config
         self.policy = _policy_of(config)
-        self._env = {**environ, **config.env}  # a secret's value is a reference until the spawn
+        # A secret's value is a reference until the spawn. The daemon's credentials directory is
+        # its own: a child gets what its env names, not the way to read every other credential.
+        inherited = {k: v for k, v in environ.items() if k != secretrefs.CREDENTIALS}
+        self._env = {**inherited, **config.env}
         self._credentials = environ.get(secretrefs.CREDENTIALS)  # the daemon's, for ${credential:NAME}
         self.pins = pins
         self._marker_prefix = marker_prefix

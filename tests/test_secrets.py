@@ -151,6 +151,7 @@ class TestThroughTheDaemon:
 
         assert anyio.run(ask, "TOKEN") == f"Bearer {FILE_SECRET}"
         assert anyio.run(ask, "API") == CREDENTIAL_SECRET
+        assert anyio.run(ask, "CREDENTIALS_DIRECTORY") == "(unset)"  # not the way to every credential
 
         secret.write_text("another-s3cret")  # read at spawn: a reload sees the same config
         assert json.loads(daemon.ok("reload", "--json"))["unchanged"] == ["fx"]
