@@ -49,9 +49,22 @@ def default_state_root(environ: Mapping[str, str]) -> Path:
     return Path(base) / "mcp-supervisor"
 
 
+# Set anew for every start of a service (systemd, terminals): no part of what a server offers.
+_PER_START = frozenset(
+    {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MAINPID", "LISTEN_PID", "LISTEN_FDS",
+     "LISTEN_FDNAMES", "TERMINAL_SESSION_ID", "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+     "WINDOWID", "XDG_SESSION_ID", "OLDPWD", "SHLVL", "_"}
+)  # fmt: skip
+
+
 def fingerprint(command: str, args: list[str], cwd: str | None, env: Mapping[str, str]) -> str:
-    """What makes a saved listing this extension's: a hash, so no env value is written out."""
-    text = json.dumps([command, args, cwd, sorted(env.items())], default=str)  # a secret: its reference
+    """What makes a saved listing this extension's: a hash, so no env value is written out.
+
+    Variables set anew at every start (:data:`_PER_START`) are left out: under systemd,
+    ``INVOCATION_ID`` alone made every restart of the service discard every saved listing.
+    """
+    kept = sorted((k, v) for k, v in env.items() if k not in _PER_START)
+    text = json.dumps([command, args, cwd, kept], default=str)  # a secret: its reference
     return hashlib.sha256(text.encode()).hexdigest()
 
 

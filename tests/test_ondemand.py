@@ -125,6 +125,14 @@ def test_the_state_root_follows_systemd_then_xdg_then_home() -> None:
 
 
 class TestCatalogStore:
+    def test_a_service_restart_keeps_the_fingerprint(self) -> None:
+        """systemd sets INVOCATION_ID and JOURNAL_STREAM anew at every start; PATH still counts."""
+        env = {"PATH": "/usr/bin", "K": "v"}
+        first = fingerprint("cmd", ["a"], None, {**env, "INVOCATION_ID": "1", "JOURNAL_STREAM": "8:1"})
+        again = fingerprint("cmd", ["a"], None, {**env, "INVOCATION_ID": "2", "JOURNAL_STREAM": "8:2"})
+        assert first == again
+        assert fingerprint("cmd", ["a"], None, {**env, "PATH": "/opt/bin"}) != first
+
     def test_a_saved_listing_comes_back_whole_private_and_atomically(self, tmp_path: Path) -> None:
         directory = tmp_path / "state" / "catalogs" / "abc"
         store = CatalogStore(directory, "fx", fingerprint("cmd", ["a"], None, {"K": "secret"}))
