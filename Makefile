@@ -33,6 +33,7 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/gateway.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/contain.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/soak.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/hostile.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/scale.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/views.py
 

@@ -283,3 +283,22 @@ async def main():
         await anyio.sleep(60)
 anyio.run(main)
 """
+
+
+class TestSoak:
+    @pytest.mark.timeout(120)
+    def test_every_attack_at_once_while_honest_clients_call(self) -> None:
+        """bench/hostile.py, short and scaled down: no honest call fails, the daemon stays bounded."""
+        bench = Path(__file__).parent.parent / "bench" / "hostile.py"
+        result = subprocess.run(
+            [sys.executable, str(bench), "--seconds", "8", "--scale", "0.3", "--unix", "2", "--http", "2"],
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        report = json.loads(result.stdout)
+        assert all(report["honest"][kind]["calls"] > 0 for kind in ("unix", "http")), report
+        assert report["goals"]["no_honest_errors"], report["honest"]
+        assert report["goals"]["rss_under_200_mib"] and report["goals"]["fds_under_512"], report["daemon"]
+        assert report["attacks"]["tokenless_flood_401"] > 0 and report["attacks"]["half_open"] > 0
