@@ -43,6 +43,7 @@ from .metrics import Metrics
 from .notify import Notifier, keep_watchdog
 from .process.containment import Containment
 from .spool import Spool, default_root
+from .startup import StartSlots, default_slots
 from .state import Snapshot, State
 
 __all__ = ("Daemon", "instance_key", "run")
@@ -80,6 +81,7 @@ class Daemon:
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self.start_slots = StartSlots(settings.start_slots or default_slots())  # starts at once
         self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
@@ -113,6 +115,7 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
             demand=self._demand_of(name, config),
+            start_slots=self.start_slots,
         )
 
     def _demand_of(self, name: str, config: ExtensionConfig) -> Demand | None:
@@ -138,6 +141,7 @@ class Daemon:
                 on_call=functools.partial(self.metrics.observe_call, name),
                 on_notification=self.gateway.notify,
                 demand=demand,
+                start_slots=self.start_slots,
             )
 
         return Instances(name, make, config.max_instances)
@@ -296,6 +300,7 @@ class Daemon:
                 "max_bytes": self.spool.max_total_bytes,
             },
             "containment": self.containment.describe() if self.containment else None,
+            "start_slots": self.start_slots.stats(),
             "extensions": [
                 _health_of(ext, self.usage, self._instances.get(ext.name))
                 for ext in self._extensions.values()
@@ -326,6 +331,7 @@ class Daemon:
                 for name in sorted({*gone, *changed, *added}):  # each operation holds one: no deadlock
                     await held.enter_async_context(self._name_locks.setdefault(name, anyio.Lock()))
                 await self._apply(new, gone, changed, added)
+            self.start_slots.resize(new.start_slots or default_slots())
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())

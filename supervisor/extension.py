@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, transport
+from . import liveness, resources, startup, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
@@ -72,6 +72,7 @@ class Extension:
         on_call: called after each call with the tool, its duration and whether it succeeded.
         on_notification: called with the child's log messages and resource updates (sync).
         demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
+        start_slots: the daemon's start slots, taken by each start (None: start at once).
     """
 
     def __init__(
@@ -87,6 +88,7 @@ class Extension:
         on_call: CallHook | None = None,
         on_notification: NotificationHook | None = None,
         demand: Demand | None = None,
+        start_slots: startup.StartSlots | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -126,17 +128,26 @@ class Extension:
         self._demand = demand
         self._armed = config.on_demand and demand is not None  # a call may start it (see dormant)
         self._idled = False  # this lifetime ended by the idle timer: its spool stays
+        self._slots = start_slots
+        self._ticket: startup.Ticket | None = None  # while waiting for a start slot
+        self._slow: str | None = None  # while a start is past its deadline but busy: says so
+        self._handshaken = False  # a run completed its handshake (ends first_start_timeout)
 
     # ---- reading -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
         last = self._last_stderr
+        queued = self._slots.position(self._ticket) if self._slots and self._ticket else None
+        detail = "on demand" if self.dormant and self._snapshot.state is State.STOPPED else None
+        if self._snapshot.state is State.STARTING:
+            detail = "queued for a start slot" if queued else self._slow
         return replace(
             self._snapshot,
             tools=len(self.listing().tools),
             in_flight=self._in_flight,
             last_stderr=one_line(last) if last is not None else None,
-            detail="on demand" if self.dormant and self._snapshot.state is State.STOPPED else None,
+            detail=detail,
+            queued=queued,
         )
 
     @property
@@ -488,6 +499,7 @@ class Extension:
         # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         self._last_stderr = None
+        ticket = await self._take_slot()  # stop() lands here while queued: nothing to tear down
         try:
             async with transport.connect(
                 [self.config.command, *self.config.args],
@@ -505,29 +517,37 @@ class Extension:
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
             ) as connection:
                 try:
-                    return await self._serve(connection)
+                    return await self._serve(connection, ticket)
                 finally:
                     if self._stop_requested:
                         self._set(State.STOPPING)  # the context's exit tears the tree down
         except SpawnError as exc:
             kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
             return self._decide(Outcome(kind, error=str(exc)))
+        finally:
+            ticket.release()
 
-    async def _serve(self, connection: transport.Connection) -> bool:
+    async def _take_slot(self) -> startup.Ticket:
+        """One of the daemon's start slots, in arrival order; ``status`` shows ``queued`` meanwhile."""
+        if self._slots is None:
+            return startup.Ticket(None)
+        ticket = self._ticket = self._slots.ticket()
+        try:
+            waited = await self._slots.acquire(ticket)
+        finally:
+            self._ticket = None
+        if waited:
+            log.info("extension.start_slot", waited=round(waited, 3))
+            self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
+        return ticket
+
+    async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
         child = connection.child
         self._set(State.STARTING, pid=child.pid)
-
-        def step(method: str) -> None:
-            self._set(State.STARTING, waiting=method)
-
-        # The only deadline of a start: a wrapper's first download (npx -y, uvx) may use all of it.
         try:
-            with anyio.fail_after(self.config.start_timeout):
-                listing = await connection.handshake(on_step=step)
-        except TimeoutError:
-            waiting = self._snapshot.waiting or "initialize"
-            error = f"no MCP handshake within {self.config.start_timeout:g}s (no answer to {waiting})"
-            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error))
+            listing = await self._handshake(connection)
+        except startup.StartTimeout as exc:
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=self._timed_out(exc)))
         except Exception as exc:  # MCPError, or a malformed initialize/tools result
             if connection.ended.is_set() or isinstance(exc, MCPError):
                 with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
@@ -535,7 +555,10 @@ class Extension:
             exit_status = _exit_status(child)
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
-
+        finally:
+            ticket.release()
+            self._slow = None
+        self._handshaken = True
         if self._demand is not None:  # the gateway compares listings by identity
             listing = self._demand.same(listing)
         self._listing, self._connection = listing, connection
@@ -561,6 +584,51 @@ class Extension:
             return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
         crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
         return self._decide(crashed)
+
+    def _start_limit(self) -> tuple[float, str]:
+        """The deadline of this start and its setting: ``first_start_timeout`` until a first handshake."""
+        first = self.config.first_start_timeout
+        learned = self._handshaken or (self._demand is not None and self._demand.saved is not None)
+        if first is not None and not learned:
+            return first, "first_start_timeout"
+        return self.config.start_timeout, "start_timeout"
+
+    async def _handshake(self, connection: transport.Connection) -> Listing:
+        """The handshake within the start's deadline; past it, on while the child's tree is busy."""
+        child = connection.child
+        limit, setting = self._start_limit()
+
+        def step(method: str) -> None:
+            self._set(State.STARTING, waiting=method)
+
+        async def cpu_seconds() -> float | None:
+            usage = await anyio.to_thread.run_sync(resources.run_usage, child.pid, child.marker, child.cgroup)
+            return usage.cpu_seconds if usage.processes else None
+
+        def slow() -> None:
+            hard = limit * startup.SLOW_START_FACTOR
+            self._slow = f"slow start: no handshake within {limit:g}s, still busy (given up to {hard:g}s)"
+            log.warning("extension.slow_start", setting=setting, limit=limit, hard_limit=hard)
+            self._notify()
+
+        return await startup.within_start_limit(
+            functools.partial(connection.handshake, on_step=step),
+            limit=limit,
+            cpu_seconds=cpu_seconds,
+            on_slow=slow,
+        )
+
+    def _timed_out(self, exc: startup.StartTimeout) -> str:
+        """The ``last_error`` of a start that ran out of time: how long, and whether it was busy."""
+        limit, setting = self._start_limit()
+        waiting = f"no answer to {self._snapshot.waiting or 'initialize'}"
+        of = "" if setting == "start_timeout" else f" of a first start ({setting})"
+        if exc.busy:  # the hard limit
+            hard = limit * startup.SLOW_START_FACTOR
+            return f"slow start: still busy, but no MCP handshake within {hard:g}s{of} ({waiting})"
+        if exc.slow:
+            return f"slow start: busy past {limit:g}s{of}, then idle without an MCP handshake ({waiting})"
+        return f"no MCP handshake within {limit:g}s{of} ({waiting})"
 
     def _decide(self, outcome: Outcome) -> bool:
         """Record how the run ended and what comes next; called before the tree is torn down."""
@@ -668,7 +736,7 @@ class Extension:
 
     def _set(self, state: State, **changes: Any) -> None:
         previous = self._snapshot
-        since = previous.since if state is previous.state else _now()
+        since = changes.pop("since", None) or (previous.since if state is previous.state else _now())
         if state is not State.STARTING:
             changes["waiting"] = None
         self._snapshot = replace(previous, state=state, since=since, **changes)

@@ -94,8 +94,12 @@ def _state_detail(record: dict[str, Any], now: datetime) -> str:
     if state == "starting":
         since = _when(record.get("since"))
         elapsed = f" {duration((now - since).total_seconds())}" if since else ""
+        if record.get("queued"):  # waiting for a start slot: no process yet
+            return f"queued{elapsed} for a start slot (place {record['queued']})"
         waiting = record.get("waiting")
         text = f"waiting{elapsed} for {waiting}" if waiting else f"spawning{elapsed}"
+        if record.get("detail"):  # slow start: past its deadline, still busy
+            text = f"{text}; {record['detail']}"
         last = record.get("last_stderr")  # a wrapper's download progress, say; made safe by the daemon
         return f"{text}; stderr: {last}" if last else text
     if state in ("failed", "stopped"):
