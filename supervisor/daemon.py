@@ -4,9 +4,9 @@ Startup phases: install the signal handlers, bind the control socket (which also
 second daemon on the same socket), sweep processes and spool files that a crashed earlier
 daemon on this socket left behind, launch the autostart extensions concurrently, then serve
 until SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel
-within ``shutdown_timeout``. A second signal, or that timeout, stops being polite: teardowns
-skip their graces and SIGKILL what is left (they are shielded, so the process trees still
-die before the daemon exits).
+within ``shutdown_timeout``. A second signal, or that timeout's polite part running out, stops
+being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so the
+process trees still die before the daemon exits).
 """
 
 from __future__ import annotations
@@ -565,11 +565,17 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+FORCE_RESERVE = 5.0  # at most this much of shutdown_timeout is kept for killing what is left
+
+
 async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:
+    """Stop every extension politely, then forcibly: the daemon exits within ``shutdown_timeout``."""
     daemon.notifier.stopping()
-    with anyio.move_on_after(daemon.settings.shutdown_timeout) as scope:
+    timeout = daemon.settings.shutdown_timeout
+    polite = timeout - min(FORCE_RESERVE, timeout / 5)  # the rest: SIGKILL, reap, remove cgroups
+    with anyio.move_on_after(polite) as scope:
         await daemon.stop_all()
     if scope.cancelled_caught:
-        log.warning("daemon.shutdown_timeout", timeout=daemon.settings.shutdown_timeout)
+        log.warning("daemon.shutdown_timeout", timeout=timeout, polite=round(polite, 3))
         daemon.hurry.set()
     tg.cancel_scope.cancel()

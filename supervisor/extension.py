@@ -621,14 +621,14 @@ class Extension:
     def _timed_out(self, exc: startup.StartTimeout) -> str:
         """The ``last_error`` of a start that ran out of time: how long, and whether it was busy."""
         limit, setting = self._start_limit()
-        waiting = f"no answer to {self._snapshot.waiting or 'initialize'}"
-        of = "" if setting == "start_timeout" else f" of a first start ({setting})"
+        which = "" if setting == "start_timeout" else f"{setting}; "
+        waiting = f"{which}no answer to {self._snapshot.waiting or 'initialize'}"
         if exc.busy:  # the hard limit
             hard = limit * startup.SLOW_START_FACTOR
-            return f"slow start: still busy, but no MCP handshake within {hard:g}s{of} ({waiting})"
+            return f"slow start: still busy, but no MCP handshake within {hard:g}s ({waiting})"
         if exc.slow:
-            return f"slow start: busy past {limit:g}s{of}, then idle without an MCP handshake ({waiting})"
-        return f"no MCP handshake within {limit:g}s{of} ({waiting})"
+            return f"slow start: busy past {limit:g}s, then idle without an MCP handshake ({waiting})"
+        return f"no MCP handshake within {limit:g}s ({waiting})"
 
     def _decide(self, outcome: Outcome) -> bool:
         """Record how the run ended and what comes next; called before the tree is torn down."""

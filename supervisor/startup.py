@@ -173,13 +173,15 @@ async def within_start_limit(
     limit: float,
     cpu_seconds: Callable[[], Awaitable[float | None]],
     on_slow: Callable[[], None],
+    window: float = BUSY_WINDOW,
     clock: Callable[[], float] = time.monotonic,
 ) -> ResultT:
     """Run *handshake* within *limit* s, or up to ``SLOW_START_FACTOR * limit`` while busy.
 
     *cpu_seconds* reads the child tree's CPU time so far (None: unknown, taken as idle); it is
-    read only around the deadline and once per :data:`BUSY_WINDOW` after it. *on_slow* is called
-    once, when the deadline passes with the child busy.
+    read only around the deadline and once per *window* s after it: busy means it used at least
+    :data:`BUSY_SHARE` of a core over the last *window*. *on_slow* is called once, when the
+    deadline passes with the child busy.
 
     Error handling: raises :class:`StartTimeout` when the start is ended; whatever *handshake*
     raises passes through unchanged.
@@ -193,28 +195,28 @@ async def within_start_limit(
     async def sleep_until(moment: float) -> None:
         await anyio.sleep(max(0.0, moment - clock()))
 
-    async def judge(limit: anyio.CancelScope) -> None:
-        await sleep_until(max(started, deadline - BUSY_WINDOW))
+    async def judge(scope: anyio.CancelScope) -> None:
+        await sleep_until(deadline - min(window, limit / 2))  # not the child's own startup
         measured_at, before = clock(), await cpu_seconds()
         await sleep_until(deadline)
         slow = False
         while True:
             now, after = clock(), await cpu_seconds()
-            window = max(now - measured_at, 1e-3)
-            busy = before is not None and after is not None and (after - before) / window >= BUSY_SHARE
+            span = max(now - measured_at, 1e-3)
+            busy = before is not None and after is not None and (after - before) / span >= BUSY_SHARE
             if not busy or now >= hard:
                 verdict.append(StartTimeout(now - started, busy=busy, slow=slow))
-                limit.cancel()
+                scope.cancel()
                 return
             if not slow:
                 slow = True
                 on_slow()
             measured_at, before = now, after
-            await sleep_until(min(hard, now + BUSY_WINDOW))
+            await sleep_until(min(hard, now + window))
 
-    with anyio.CancelScope() as limit:
+    with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(judge, limit)
+            tg.start_soon(judge, scope)
             try:
                 result.append(await handshake())
             except Exception as exc:  # kept out of the task group, which would wrap it in a group
