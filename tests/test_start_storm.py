@@ -22,10 +22,14 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def _storm(daemon: Daemon, **settings: Any) -> Daemon:
-    """*daemon* with top-level *settings* (start_slots, shutdown_timeout) added to its config."""
+    """*daemon* started with top-level *settings* (start_slots, shutdown_timeout) in its config."""
+    _storm_config(daemon, **settings)
+    return daemon.start()
+
+
+def _storm_config(daemon: Daemon, **settings: Any) -> None:
     config = json.loads(daemon.config.read_text())
     daemon.config.write_text(json.dumps({**config, **settings}))
-    return daemon.start()
 
 
 def _request(daemon: Daemon, method: str) -> Any:
@@ -73,26 +77,32 @@ class TestStartSlots:
         assert all(r["queued"] is None and r["detail"] is None for r in records)
         assert daemon.terminate() == 0
 
-    def test_queued_shows_in_the_table_and_a_stop_of_it_is_immediate(
+    def test_queued_in_the_table_a_stop_of_it_at_once_and_a_reload_adds_slots(
         self,
         daemons: Callable[..., Daemon],  # noqa: F811
         short_tmp: Path,
     ) -> None:
-        """One slot held by a start that never ends: the next waits in line; stopping it takes no time."""
-        daemon = _storm(
-            daemons({"first": _never(short_tmp), "second": extension_settings("quick.py")}, start=False),
-            start_slots=1,
-        )
-        until(lambda: _status(daemon)["second"]["queued"] == 1 and _status(daemon)["first"]["pid"])
+        """One slot held by a start that never ends: the others wait in line; a stop of one takes
+        no time, and a reload with more slots starts the other."""
+        quick = extension_settings("quick.py")
+        extensions = {"first": _never(short_tmp), "second": quick, "third": quick}
+        daemon = _storm(daemons(extensions, start=False), start_slots=1)
+        until(lambda: [r["queued"] for r in _status(daemon).values()] == [None, 1, 2])
+        assert _status(daemon)["first"]["pid"]
         table = daemon.cli("status").stdout
-        assert "for a start slot (place 1)" in table and "queued" in table, table
+        assert "for a start slot (place 2)" in table, table
 
         started = time.monotonic()
-        stopped = daemon.cli("stop", "second")
+        stopped = daemon.cli("stop", "third")
         assert stopped.returncode == 0 and time.monotonic() - started < 5
-        record = _status(daemon)["second"]
+        record = _status(daemon)["third"]
         assert (record["state"], record["pid"], record["queued"]) == ("stopped", None, None)
-        assert _request(daemon, "health")["start_slots"] == {"slots": 1, "in_use": 1, "queued": 0}
+        assert _request(daemon, "health")["start_slots"] == {"slots": 1, "in_use": 1, "queued": 1}
+
+        _storm_config(daemon, start_slots=2)
+        assert daemon.cli("reload").returncode == 0
+        until(lambda: _status(daemon)["second"]["state"] == "running")
+        assert _request(daemon, "health")["start_slots"] == {"slots": 2, "in_use": 1, "queued": 0}
         assert daemon.terminate() == 0
 
 
