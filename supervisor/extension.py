@@ -588,8 +588,7 @@ class Extension:
     def _start_limit(self) -> tuple[float, str]:
         """The deadline of this start and its setting: ``first_start_timeout`` until a first handshake."""
         first = self.config.first_start_timeout
-        learned = self._handshaken or (self._demand is not None and self._demand.saved is not None)
-        if first is not None and not learned:
+        if first is not None and not self._handshaken:
             return first, "first_start_timeout"
         return self.config.start_timeout, "start_timeout"
 
@@ -601,34 +600,21 @@ class Extension:
         def step(method: str) -> None:
             self._set(State.STARTING, waiting=method)
 
-        async def cpu_seconds() -> float | None:
-            usage = await anyio.to_thread.run_sync(resources.run_usage, child.pid, child.marker, child.cgroup)
-            return usage.cpu_seconds if usage.processes else None
-
         def slow() -> None:
-            hard = limit * startup.SLOW_START_FACTOR
-            self._slow = f"slow start: no handshake within {limit:g}s, still busy (given up to {hard:g}s)"
-            log.warning("extension.slow_start", setting=setting, limit=limit, hard_limit=hard)
+            self._slow = startup.slow_detail(limit)
+            log.warning("extension.slow_start", setting=setting, limit=limit)
             self._notify()
 
         return await startup.within_start_limit(
             functools.partial(connection.handshake, on_step=step),
             limit=limit,
-            cpu_seconds=cpu_seconds,
+            cpu_seconds=functools.partial(startup.tree_cpu, child.pid, child.marker, child.cgroup),
             on_slow=slow,
         )
 
     def _timed_out(self, exc: startup.StartTimeout) -> str:
-        """The ``last_error`` of a start that ran out of time: how long, and whether it was busy."""
         limit, setting = self._start_limit()
-        which = "" if setting == "start_timeout" else f"{setting}; "
-        waiting = f"{which}no answer to {self._snapshot.waiting or 'initialize'}"
-        if exc.busy:  # the hard limit
-            hard = limit * startup.SLOW_START_FACTOR
-            return f"slow start: still busy, but no MCP handshake within {hard:g}s ({waiting})"
-        if exc.slow:
-            return f"slow start: busy past {limit:g}s, then idle without an MCP handshake ({waiting})"
-        return f"no MCP handshake within {limit:g}s ({waiting})"
+        return startup.timeout_error(exc, limit, setting, self._snapshot.waiting or "initialize")
 
     def _decide(self, outcome: Outcome) -> bool:
         """Record how the run ended and what comes next; called before the tree is torn down."""

@@ -227,6 +227,9 @@ def health_text(report: dict[str, Any]) -> str:
             f"a cgroup each, under {contain['cgroup']}" if contain["cgroup"] else "/proc scans (no cgroup)"
         )
         lines.append(f"trees   {where}; guardian pid {contain['guardian_pid']}")
+    if slots := report.get("start_slots"):
+        in_use, count, queued = slots["in_use"], slots["slots"], slots["queued"]
+        lines.append(f"starts  {in_use} of {count} start slots in use, {queued} queued")
     return "\n".join(lines)
 
 

@@ -21,9 +21,12 @@ import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import anyio
+
+from . import resources
 
 __all__ = (
     "BUSY_SHARE",
@@ -34,6 +37,9 @@ __all__ = (
     "StartTimeout",
     "Ticket",
     "default_slots",
+    "slow_detail",
+    "timeout_error",
+    "tree_cpu",
     "within_start_limit",
 )
 
@@ -227,3 +233,28 @@ async def within_start_limit(
     if result:
         return result[0]
     raise verdict[0] if verdict else StartTimeout(clock() - started, busy=False, slow=False)
+
+
+async def tree_cpu(pid: int, marker: str, cgroup: Path | None) -> float | None:
+    """CPU seconds the run's tree has used (see :func:`resources.run_usage`); None once it is gone."""
+    usage = await anyio.to_thread.run_sync(resources.run_usage, pid, marker, cgroup)
+    return usage.cpu_seconds if usage.processes else None
+
+
+def slow_detail(limit: float) -> str:
+    """The status ``detail`` of a start past its deadline *limit* but busy."""
+    hard = limit * SLOW_START_FACTOR
+    return f"slow start: no handshake within {limit:g}s, still busy (given up to {hard:g}s)"
+
+
+def timeout_error(exc: StartTimeout, limit: float, setting: str, waiting: str) -> str:
+    """The ``last_error`` of a start ended by *exc*: its deadline *limit* (from *setting*,
+    ``start_timeout`` or ``first_start_timeout``), whether it was busy, the request unanswered."""
+    which = "" if setting == "start_timeout" else f"{setting}; "
+    unanswered = f"{which}no answer to {waiting}"
+    if exc.busy:  # the hard limit
+        hard = limit * SLOW_START_FACTOR
+        return f"slow start: still busy, but no MCP handshake within {hard:g}s ({unanswered})"
+    if exc.slow:
+        return f"slow start: busy past {limit:g}s, then idle without an MCP handshake ({unanswered})"
+    return f"no MCP handshake within {limit:g}s ({unanswered})"
