@@ -36,6 +36,7 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/hostile.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/scale.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/views.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/storm.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -295,7 +295,8 @@ class ExtensionConfig(_Frozen):
     restart: Literal["always", "on-failure", "never"] = "on-failure"
     backoff: BackoffConfig = BackoffConfig()
     max_restarts: int | None = Field(None, ge=0, le=1_000_000)  # consecutive failures before `failed`
-    start_timeout: _Timeout = 30.0  # spawn + initialize + tools/list
+    start_timeout: _Timeout = 30.0  # spawn + initialize + tools/list, from the start slot's grant
+    first_start_timeout: _Timeout | None = None  # instead, until a first handshake (npx -y, uvx download)
     stop_timeout: _Delay = 5.0  # grace after stdin close, then SIGTERM, then SIGKILL
     call_timeout: _Timeout = 60.0  # inactivity budget per call; progress renews it
     call_timeout_max: _Timeout = 600.0  # absolute cap per call, progress or not
@@ -448,6 +449,7 @@ class Settings(BaseSettings):
         default_factory=lambda: default_socket_path(_environ()), min_length=1, validate_default=True
     )
     shutdown_timeout: _Timeout = 30.0  # daemon stop: how long to wait for every extension
+    start_slots: int | None = Field(None, ge=1, le=1024)  # starts at once; None: about two per core
     spool: SpoolConfig = SpoolConfig()
     gateway: GatewayConfig = GatewayConfig()
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`

@@ -4,9 +4,9 @@ Startup phases: install the signal handlers, bind the control socket (which also
 second daemon on the same socket), sweep processes and spool files that a crashed earlier
 daemon on this socket left behind, launch the autostart extensions concurrently, then serve
 until SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel
-within ``shutdown_timeout``. A second signal, or that timeout, stops being polite: teardowns
-skip their graces and SIGKILL what is left (they are shielded, so the process trees still
-die before the daemon exits).
+within ``shutdown_timeout``. A second signal, or that timeout's polite part running out, stops
+being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so the
+process trees still die before the daemon exits).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from .notify import Notifier, keep_watchdog
 from .pins import Pins, PinStore
 from .process.containment import Containment
 from .spool import Spool, default_root
+from .startup import StartSlots, default_slots
 from .state import Snapshot, State
 
 __all__ = ("Daemon", "instance_key", "run")
@@ -81,6 +82,7 @@ class Daemon:
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self.start_slots = StartSlots(settings.start_slots or default_slots())  # starts at once
         self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
@@ -118,6 +120,7 @@ class Daemon:
             on_notification=self.gateway.notify,
             demand=self._demand_of(name, config),
             pins=self._pins[name],
+            start_slots=self.start_slots,
         )
 
     def _configure_pins(self, settings: Settings) -> None:
@@ -156,6 +159,7 @@ class Daemon:
                 on_notification=self.gateway.notify,
                 demand=demand,
                 pins=pins,
+                start_slots=self.start_slots,
             )
 
         return Instances(name, make, config.max_instances)
@@ -327,6 +331,7 @@ class Daemon:
                 "max_bytes": self.spool.max_total_bytes,
             },
             "containment": self.containment.describe() if self.containment else None,
+            "start_slots": self.start_slots.stats(),
             "extensions": [
                 _health_of(ext, self.usage, self._instances.get(ext.name))
                 for ext in self._extensions.values()
@@ -359,6 +364,7 @@ class Daemon:
                     await held.enter_async_context(self._name_locks.setdefault(name, anyio.Lock()))
                 await self._apply(new, gone, changed, added)
             self._pins = {name: pins for name, pins in self._pins.items() if name in new.extensions}
+            self.start_slots.resize(new.start_slots or default_slots())
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})
             self.notifier.ready(self.summary())
@@ -616,11 +622,17 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
+FORCE_RESERVE = 5.0  # at most this much of shutdown_timeout is kept for killing what is left
+
+
 async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:
+    """Stop every extension politely, then forcibly: the daemon exits within ``shutdown_timeout``."""
     daemon.notifier.stopping()
-    with anyio.move_on_after(daemon.settings.shutdown_timeout) as scope:
+    timeout = daemon.settings.shutdown_timeout
+    polite = timeout - min(FORCE_RESERVE, timeout / 5)  # the rest: SIGKILL, reap, remove cgroups
+    with anyio.move_on_after(polite) as scope:
         await daemon.stop_all()
     if scope.cancelled_caught:
-        log.warning("daemon.shutdown_timeout", timeout=daemon.settings.shutdown_timeout)
+        log.warning("daemon.shutdown_timeout", timeout=timeout, polite=round(polite, 3))
         daemon.hurry.set()
     tg.cancel_scope.cancel()

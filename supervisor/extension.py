@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, secretrefs, transport
+from . import liveness, resources, secretrefs, startup, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
@@ -74,6 +74,7 @@ class Extension:
         on_notification: called with the child's log messages and resource updates (sync).
         demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
         pins: its pinned tool definitions (shared with its per-client instances).
+        start_slots: the daemon's start slots, taken by each start (None: start at once).
     """
 
     def __init__(
@@ -90,6 +91,7 @@ class Extension:
         on_notification: NotificationHook | None = None,
         demand: Demand | None = None,
         pins: Pins | None = None,
+        start_slots: startup.StartSlots | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -134,17 +136,26 @@ class Extension:
         self._demand = demand
         self._armed = config.on_demand and demand is not None  # a call may start it (see dormant)
         self._idled = False  # this lifetime ended by the idle timer: its spool stays
+        self._slots = start_slots
+        self._ticket: startup.Ticket | None = None  # while waiting for a start slot
+        self._slow: str | None = None  # while a start is past its deadline but busy: says so
+        self._handshaken = False  # a run completed its handshake (ends first_start_timeout)
 
     # ---- reading -------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
         last = self._last_stderr
+        queued = self._slots.position(self._ticket) if self._slots and self._ticket else None
+        detail = "on demand" if self.dormant and self._snapshot.state is State.STOPPED else None
+        if self._snapshot.state is State.STARTING:
+            detail = "queued for a start slot" if queued else self._slow
         return replace(
             self._snapshot,
             tools=len(self.listing().tools),
             in_flight=self._in_flight,
             last_stderr=one_line(last) if last is not None else None,
-            detail="on demand" if self.dormant and self._snapshot.state is State.STOPPED else None,
+            detail=detail,
+            queued=queued,
         )
 
     @property
@@ -501,6 +512,7 @@ class Extension:
         # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         self._last_stderr = None
+        ticket = await self._take_slot()  # stop() lands here while queued: nothing to tear down
         try:
             env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
             async with transport.connect(
@@ -519,29 +531,37 @@ class Extension:
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
             ) as connection:
                 try:
-                    return await self._serve(connection)
+                    return await self._serve(connection, ticket)
                 finally:
                     if self._stop_requested:
                         self._set(State.STOPPING)  # the context's exit tears the tree down
         except SpawnError as exc:
             kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
             return self._decide(Outcome(kind, error=str(exc)))
+        finally:
+            ticket.release()
 
-    async def _serve(self, connection: transport.Connection) -> bool:
+    async def _take_slot(self) -> startup.Ticket:
+        """One of the daemon's start slots, in arrival order; ``status`` shows ``queued`` meanwhile."""
+        if self._slots is None:
+            return startup.Ticket(None)
+        ticket = self._ticket = self._slots.ticket()
+        try:
+            waited = await self._slots.acquire(ticket)
+        finally:
+            self._ticket = None
+        if waited:
+            log.info("extension.start_slot", waited=round(waited, 3))
+            self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
+        return ticket
+
+    async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
         child = connection.child
         self._set(State.STARTING, pid=child.pid)
-
-        def step(method: str) -> None:
-            self._set(State.STARTING, waiting=method)
-
-        # The only deadline of a start: a wrapper's first download (npx -y, uvx) may use all of it.
         try:
-            with anyio.fail_after(self.config.start_timeout):
-                listing = await connection.handshake(on_step=step)
-        except TimeoutError:
-            waiting = self._snapshot.waiting or "initialize"
-            error = f"no MCP handshake within {self.config.start_timeout:g}s (no answer to {waiting})"
-            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error))
+            listing = await self._handshake(connection)
+        except startup.StartTimeout as exc:
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=self._timed_out(exc)))
         except Exception as exc:  # MCPError, or a malformed initialize/tools result
             if connection.ended.is_set() or isinstance(exc, MCPError):
                 with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
@@ -549,7 +569,10 @@ class Extension:
             exit_status = _exit_status(child)
             error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
-
+        finally:
+            ticket.release()
+            self._slow = None
+        self._handshaken = True
         if self._demand is not None:  # the gateway compares listings by identity
             listing = self._demand.same(listing)
         if self.pins is not None:  # before any client sees them: a held tool is never offered
@@ -578,6 +601,37 @@ class Extension:
             return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
         crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
         return self._decide(crashed)
+
+    def _start_limit(self) -> tuple[float, str]:
+        """The deadline of this start and its setting: ``first_start_timeout`` until a first handshake."""
+        first = self.config.first_start_timeout
+        if first is not None and not self._handshaken:
+            return first, "first_start_timeout"
+        return self.config.start_timeout, "start_timeout"
+
+    async def _handshake(self, connection: transport.Connection) -> Listing:
+        """The handshake within the start's deadline; past it, on while the child's tree is busy."""
+        child = connection.child
+        limit, setting = self._start_limit()
+
+        def step(method: str) -> None:
+            self._set(State.STARTING, waiting=method)
+
+        def slow() -> None:
+            self._slow = startup.slow_detail(limit)
+            log.warning("extension.slow_start", setting=setting, limit=limit)
+            self._notify()
+
+        return await startup.within_start_limit(
+            functools.partial(connection.handshake, on_step=step),
+            limit=limit,
+            cpu_seconds=functools.partial(startup.tree_cpu, child.pid, child.marker, child.cgroup),
+            on_slow=slow,
+        )
+
+    def _timed_out(self, exc: startup.StartTimeout) -> str:
+        limit, setting = self._start_limit()
+        return startup.timeout_error(exc, limit, setting, self._snapshot.waiting or "initialize")
 
     def _decide(self, outcome: Outcome) -> bool:
         """Record how the run ended and what comes next; called before the tree is torn down."""
@@ -689,7 +743,7 @@ class Extension:
 
     def _set(self, state: State, **changes: Any) -> None:
         previous = self._snapshot
-        since = previous.since if state is previous.state else _now()
+        since = changes.pop("since", None) or (previous.since if state is previous.state else _now())
         if state is not State.STARTING:
             changes["waiting"] = None
         self._snapshot = replace(previous, state=state, since=since, **changes)

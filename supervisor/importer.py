@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import clientkeys
+from . import clientkeys, runners
 from .configfile import read_bytes
 from .errors import ConfigError
 
@@ -161,6 +161,7 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
         except _Unmappable as exc:
             result.skipped.append(f"{source}: {exc}")
             continue
+        notes += _first_start_allowance(entry)
         name = _extension_name(source, used)
         used.add(name)
         if name != source:
@@ -239,6 +240,18 @@ def _convert(
         if value is not None:
             entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
     return entry, notes
+
+
+def _first_start_allowance(entry: dict[str, Any]) -> list[str]:
+    """A package runner's entry (npx -y, uvx, ...) gets first_start_timeout: its first start downloads."""
+    runner = runners.downloads_first(entry["command"], entry.get("args", []))
+    if runner is None:
+        return []
+    entry["first_start_timeout"] = runners.FIRST_START_TIMEOUT
+    return [
+        f"{runner} may download the server when first started: first_start_timeout: "
+        f"{runners.FIRST_START_TIMEOUT} (start_timeout once it has started)"
+    ]
 
 
 def _map_variables(text: str, *, home: str, workspace: str | None, inputs: Mapping[Any, Any]) -> str:

@@ -98,8 +98,12 @@ def _state_detail(record: dict[str, Any], now: datetime) -> str:
     if state == "starting":
         since = _when(record.get("since"))
         elapsed = f" {duration((now - since).total_seconds())}" if since else ""
+        if record.get("queued"):  # waiting for a start slot: no process yet
+            return f"queued{elapsed} for a start slot (place {record['queued']})"
         waiting = record.get("waiting")
         text = f"waiting{elapsed} for {waiting}" if waiting else f"spawning{elapsed}"
+        if record.get("detail"):  # slow start: past its deadline, still busy
+            text = f"{text}; {record['detail']}"
         last = record.get("last_stderr")  # a wrapper's download progress, say; made safe by the daemon
         return f"{text}; stderr: {last}" if last else text
     if state in ("failed", "stopped"):
@@ -242,6 +246,9 @@ def health_text(report: dict[str, Any]) -> str:
             f"a cgroup each, under {contain['cgroup']}" if contain["cgroup"] else "/proc scans (no cgroup)"
         )
         lines.append(f"trees   {where}; guardian pid {contain['guardian_pid']}")
+    if slots := report.get("start_slots"):
+        in_use, count, queued = slots["in_use"], slots["slots"], slots["queued"]
+        lines.append(f"starts  {in_use} of {count} start slots in use, {queued} queued")
     return "\n".join(lines)
 
 

@@ -106,7 +106,8 @@ class Snapshot:
     in_flight: int = 0
     waiting: str | None = None  # while starting: the MCP request the child has not answered yet
     last_stderr: str | None = None  # the last line this run wrote to stderr, made safe by one_line
-    detail: str | None = None  # "on demand": stopped, and the next call starts it
+    detail: str | None = None  # "on demand": stopped, and the next call starts it; starting: queued, slow
+    queued: int | None = None  # starting, waiting for a start slot: the place in the queue (1: next)
     instances: tuple[Snapshot, ...] = ()  # per-client instances (instances: per-client)
     unresponsive: int = 0  # runs ended by liveness: "not answering"
     memory_exceeded: int = 0  # runs ended by memory_max
@@ -129,11 +130,13 @@ class Snapshot:
             "waiting": self.waiting,
             "last_stderr": self.last_stderr,
             "detail": self.detail,
+            "queued": self.queued,
             "instances": [
                 {
                     "pid": i.pid,
                     "state": i.state.value,
                     "since": i.since.isoformat(),
+                    "queued": i.queued,
                     "in_flight": i.in_flight,
                     "restarts": i.restarts,
                     "resources": i.resources,

@@ -72,6 +72,7 @@ class Connection:
         self.capabilities = types.ServerCapabilities()  # what the child's initialize declared
         self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
         self.failure: str | None = None  # why it ended, unless the child's exit says it all
+        self.ready = False  # the handshake completed: only then is the stop graceful (stdin, then wait)
 
     def end(self, failure: str | None = None) -> None:
         if not self.ended.is_set():
@@ -100,6 +101,7 @@ class Connection:
             except Exception as exc:  # MCPError or a malformed listing
                 log.warning("extension.listing_failed", kind=kind, error=_one_line(exc))
                 optional[kind] = []
+        self.ready = True
         return Listing.of(tools, **optional)
 
     def offers(self, kind: str) -> bool:
@@ -213,7 +215,8 @@ async def connect(
     """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
 
     Resource handling: the task that enters this context must exit it. Exiting closes the
-    session, then closes stdin, waits *stop_timeout*, and kills the process tree, shielded
+    session, then closes stdin, waits *stop_timeout* (none if the handshake did not complete),
+    and kills the process tree, shielded
     from cancellation; *hurry* cuts the graces short. The pipes are drained until the tree is
     gone, so a child blocked on a full pipe still shuts down gracefully.
 
@@ -284,7 +287,10 @@ async def connect(
             finally:
                 write_send.close()
                 raw.close()  # however the connection ended: raw calls fail now, as the session's do
-                await process.terminate_tree(child, grace=stop_timeout, hurry=hurry)
+                # A start cut short has nothing to save, and a child still loading its code
+                # notices stdin's EOF only once loaded: SIGTERM it at once, freeing the CPU.
+                grace = stop_timeout if connection.ready else 0.0
+                await process.terminate_tree(child, grace=grace, hurry=hurry)
                 for scope in drains:
                     scope.cancel()
                 pumps.cancel_scope.cancel()

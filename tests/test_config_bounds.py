@@ -152,6 +152,7 @@ class TestNumbers:
         "field",
         [
             "start_timeout",
+            "first_start_timeout",
             "stop_timeout",
             "call_timeout",
             "backoff.initial",
@@ -181,6 +182,7 @@ class TestNumbers:
         ("field", "value", "bound"),
         [
             ("start_timeout", "86401", "86400"),
+            ("first_start_timeout", "86401", "86400"),
             ("stop_timeout", "86401", "86400"),
             ("call_timeout", "86401", "86400"),
             ("max_restarts", "1000001", "1000000"),
@@ -197,6 +199,19 @@ class TestNumbers:
             "x"
         ]
         assert (ext.stop_timeout, ext.call_timeout) == (86400.0, 86400.0)
+
+    def test_start_slots_bounds(self, write) -> None:
+        """At least one start at a time, at most 1024; null (the default) is about two per core."""
+        assert load(write("{}\n"), environ=SOCKET).start_slots is None
+        assert load(write("start_slots: 1024\n"), environ=SOCKET).start_slots == 1024
+        assert errors_of(write("start_slots: 0\n")) == (
+            "start_slots (line 1): Input should be greater than or equal to 1",
+        )
+        assert errors_of(write("start_slots: 1025\n")) == (
+            "start_slots (line 1): Input should be less than or equal to 1024",
+        )
+        (error,) = errors_of(write("start_slots: two\n"))
+        assert error.startswith("start_slots (line 1): Input should be a valid integer")
 
     def test_spool_bounds(self, write) -> None:
         path = write(f"spool: {{max_inline_bytes: {1024**3 + 1}, max_total_bytes: {1024**5 + 1}}}\n")

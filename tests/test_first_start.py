@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,99 @@ class TestSlowFirstStart:
         failed = daemon.wait_state("slow", "failed")
         assert failed["last_error"] == "no MCP handshake within 1s (no answer to initialize)"
         assert failed["last_stderr"].startswith("downloading ")
+        assert daemon.terminate() == 0
+
+
+class TestSlowStart:
+    def test_a_start_busy_past_its_deadline_is_slow_not_killed(
+        self,
+        daemons: Callable[..., Daemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """Still using CPU at start_timeout: status says slow start, and it runs without a restart."""
+        gate = short_tmp / "gate"
+        env = {"SLOW_START_BUSY": "1", "SLOW_START_GATE": str(gate)}
+        daemon = daemons({"busy": extension_settings("slow_start.py", env=env, start_timeout=2)})
+        seen: dict[str, Any] = {}
+
+        def slow() -> bool:
+            record = seen["record"] = daemon.status()["busy"]
+            assert record["state"] == "starting" and record["restarts"] == 0, record
+            return (record["detail"] or "").startswith("slow start")
+
+        until(slow, within=30)
+        assert seen["record"]["detail"] == "slow start: no handshake within 2s, still busy (given up to 6s)"
+        table = daemon.cli("status", "busy").stdout
+        assert "for initialize; slow start: no handshake within 2s" in table, table
+        gate.touch()  # the download is done: the server answers
+        running = daemon.wait_state("busy", "running", within=30)
+        assert (running["restarts"], running["detail"], running["last_error"]) == (0, None, None)
+        assert daemon.terminate() == 0
+
+    def test_a_start_still_busy_at_the_hard_limit_is_ended_and_said_so(
+        self,
+        daemons: Callable[..., Daemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """Busy for good: ended at three times start_timeout, with an error that says it was busy."""
+        env = {"SLOW_START_BUSY": "1", "SLOW_START_GATE": str(short_tmp / "never")}
+        settings = extension_settings("slow_start.py", env=env, start_timeout=0.5, restart="never")
+        daemon = daemons({"busy": settings})
+        failed = daemon.wait_state("busy", "failed", within=30)
+        assert failed["last_error"] == (
+            "slow start: still busy, but no MCP handshake within 1.5s (no answer to initialize)"
+        )
+        assert daemon.terminate() == 0
+
+    def test_a_slow_start_that_goes_idle_is_ended_then(
+        self,
+        daemons: Callable[..., Daemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """Busy at the deadline, idle a moment later: ended then, not at the hard limit."""
+        env = {"SLOW_START_BUSY": "1", "SLOW_START_BUSY_FOR": "1.2", "SLOW_START_GATE": str(short_tmp / "x")}
+        settings = extension_settings("slow_start.py", env=env, start_timeout=0.8, restart="never")
+        daemon = daemons({"busy": settings})
+        failed = daemon.wait_state("busy", "failed", within=30)
+        assert failed["last_error"] == (
+            "slow start: busy past 0.8s, then idle without an MCP handshake (no answer to initialize)"
+        )
+        assert daemon.terminate() == 0
+
+
+class TestFirstStartTimeout:
+    def test_it_covers_the_first_start_only(
+        self,
+        daemons: Callable[..., Daemon],  # noqa: F811
+        short_tmp: Path,
+    ) -> None:
+        """first_start_timeout until a first handshake; then start_timeout again; errors name it."""
+        idle = {"SLOW_START_SECONDS": "1.5"}  # sleeps: idle, so only a deadline lets it through
+        daemon = daemons(
+            {
+                "warm": extension_settings(
+                    "slow_start.py", env=idle, start_timeout=0.5, first_start_timeout=10, restart="never"
+                ),
+                "cold": extension_settings(
+                    "slow_start.py",
+                    env={"SLOW_START_GATE": str(short_tmp / "never")},
+                    first_start_timeout=1,
+                    restart="never",
+                ),
+            }
+        )
+        assert daemon.wait_state("warm", "running", within=30)["restarts"] == 0
+        cold = daemon.wait_state("cold", "failed", within=30)
+        expected = "no MCP handshake within 1s (first_start_timeout; no answer to initialize)"
+        assert cold["last_error"] == expected
+
+        restarted = daemon.cli("restart", "warm")  # the package is "downloaded": start_timeout now
+        assert restarted.returncode == 1
+        warm = daemon.status()["warm"]
+        assert (warm["state"], warm["last_error"]) == (
+            "failed",
+            "no MCP handshake within 0.5s (no answer to initialize)",
+        )
         assert daemon.terminate() == 0
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import config, importer
+from supervisor import config, importer, runners
 from supervisor.configfile import add_extensions, extension_names
 from supervisor.errors import ConfigError
 from supervisor.migrate import workspace_of
@@ -35,8 +35,12 @@ class TestFormats:
         assert list(got) == ["filesystem", "github", "brave-search"]
         assert got["filesystem"]["args"][-1] == "/Users/me/Downloads"
         assert got["github"]["env"] == {"GITHUB_PERSONAL_ACCESS_TOKEN": "ghp_pa$$$$word"}
-        assert found.notes == [
-            "brave search: renamed to 'brave-search' (letters, digits, '_' and '-' only, no '__')"
+        first = "npx may download the server when first started: first_start_timeout: 300"
+        assert [note.split(" (start_timeout")[0] for note in found.notes] == [
+            f"filesystem: {first}",
+            f"github: {first}",
+            "brave search: renamed to 'brave-search' (letters, digits, '_' and '-' only, no '__')",
+            f"brave-search: {first}",
         ]
         assert found.skipped == []
 
@@ -72,6 +76,7 @@ class TestFormats:
             "args": ["-y", "@modelcontextprotocol/server-everything"],
             "call_timeout": 1800,
             "call_timeout_max": 1800,
+            "first_start_timeout": 300,
         }
         assert (
             "everything: ignored autoApprove, alwaysAllow (client settings mcp-supervisor does not use)"
@@ -92,7 +97,7 @@ class TestFormats:
         """~/.claude.json: the user-scope servers, with a note per project; --project takes a project's."""
         found = planned("claude-code-user/.claude.json")
         assert list(entries(found)) == ["fetch"]
-        assert found.notes == [
+        assert found.notes[1:] == [
             "not imported: 1 server(s) of project /home/me/work/app (Claude Code's local scope); "
             "import them with --project /home/me/work/app"
         ]
@@ -110,6 +115,7 @@ class TestFormats:
             "command": "npx",
             "args": ["-y", "@modelcontextprotocol/server-filesystem", "/src/app", "app"],
             "env": {"HOME_COPY": "${HOME}", "SEP": "a/b"},
+            "first_start_timeout": 300,
         }
         assert found.skipped == [
             "github: ${input:github_token} (GitHub Personal Access Token) is asked by VS Code when the "
@@ -134,6 +140,53 @@ class TestFormats:
                 config.ExtensionConfig.model_validate(item.entry)
             finally:
                 config._CONTEXT.reset(token)
+
+
+class TestFirstStart:
+    @pytest.mark.parametrize(
+        ("command", "args", "runner"),
+        [
+            ("npx", ["-y", "@modelcontextprotocol/server-memory"], "npx"),
+            ("/usr/local/bin/npx", ["pkg"], "npx"),
+            ("uvx", ["mcp-server-time"], "uvx"),
+            ("bunx", ["pkg"], "bunx"),
+            ("pnpx", ["pkg"], "pnpx"),
+            ("pipx", ["run", "mcp-server-fetch"], "pipx run"),
+            ("pnpm", ["dlx", "pkg"], "pnpm dlx"),
+            ("yarn", ["dlx", "pkg"], "yarn dlx"),
+            ("bun", ["x", "pkg"], "bun x"),
+            ("uv", ["tool", "run", "mcp-server-git"], "uv tool run"),
+            ("docker", ["run", "-i", "--rm", "mcp/fetch"], "docker run"),
+            ("deno", ["run", "-A", "npm:pkg"], "deno run"),
+            ("node", ["server.js"], None),
+            ("python", ["-m", "server"], None),
+            ("uv", ["run", "server.py"], None),
+            ("pipx", ["install", "pkg"], None),
+            ("deno", ["run", "server.ts"], None),
+            ("docker", ["exec", "-i", "box", "server"], None),
+        ],
+    )
+    def test_which_commands_download_first(self, command: str, args: list[str], runner: str | None) -> None:
+        """Package runners are known by their command (and verb), by name only."""
+        assert runners.downloads_first(command, args) == runner
+
+    def test_a_runner_entry_gets_first_start_timeout_and_the_report_says_so(self) -> None:
+        """npx -y gets first_start_timeout: 300 and a note; a plain command gets neither."""
+        raw = {
+            "mcpServers": {
+                "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]},
+                "local": {"command": "/opt/server", "args": ["--stdio"]},
+            }
+        }
+        client = importer.ClientFile(Path("c.json"), raw, ("mcpServers",), "claude", False)
+        found = importer.plan(client, home=HOME)
+        got = entries(found)
+        assert got["memory"]["first_start_timeout"] == runners.FIRST_START_TIMEOUT
+        assert "first_start_timeout" not in got["local"]
+        assert found.notes == [
+            "memory: npx may download the server when first started: first_start_timeout: 300 "
+            "(start_timeout once it has started)"
+        ]
 
 
 class TestVariables:
