@@ -20,6 +20,7 @@ from dataclasses import dataclass
 __all__ = ("FdPlan", "Spare", "plan", "raise_soft_limit")
 
 BASE_RESERVE = 64  # the daemon's own: the event loop, logs, the guardian, spool files, /proc reads
+ACCEPT_BURST = 64  # connections a listener may accept in one go before it closes the ones over its cap
 PER_CHILD = 8  # a child's pipes, pidfd and cgroup files, with room to spare
 MIN_SHARE = 8  # connections a listener gets however low the limit
 
@@ -66,7 +67,7 @@ def plan(limit: int, children: int) -> FdPlan:
 
     The control socket keeps its default while it fits: it is how the operator gets in.
     """
-    reserved = BASE_RESERVE + PER_CHILD * children
+    reserved = BASE_RESERVE + ACCEPT_BURST + PER_CHILD * children
     available = max(0, limit - reserved)
     control = max(MIN_SHARE, min(_DEFAULTS["control"], available // 8))
     share = max(MIN_SHARE, (available - control) // 2)

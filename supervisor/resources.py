@@ -155,12 +155,15 @@ class Sampler:
             self._taken, self._cache, self._procs = now, {}, None
         key = (name, pid)
         if key not in self._cache:
-            cgroup = _run_cgroup(pid, self._subtree())
-            if self._procs is None and cgroup is None:
-                self._procs = proctree.scan()
-                self.scans += 1
-            # Markers are "<prefix><name>:<run id>": this prefix matches this extension's runs only.
-            self._cache[key] = _usage(self._procs, pid, marker or f"{self._prefix}{name}:", cgroup)
+            try:
+                cgroup = _run_cgroup(pid, self._subtree())
+                if self._procs is None and cgroup is None:
+                    self._procs = proctree.scan()
+                    self.scans += 1
+                # Markers are "<prefix><name>:<run id>": this prefix matches this extension's runs only.
+                self._cache[key] = _usage(self._procs, pid, marker or f"{self._prefix}{name}:", cgroup)
+            except OSError:  # out of fds, say: `status` still answers, without the figures
+                return EMPTY
         return self._cache[key]
 
 

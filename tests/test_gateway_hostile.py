@@ -118,8 +118,7 @@ def hostile(daemons: Callable[..., Daemon], short_tmp: Path) -> Iterator[Callabl
     yield start
     for daemon in started:
         if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.proc.kill()
-            daemon.proc.wait()
+            daemon.terminate()  # its children go with it; `daemons` then checks that none is left
 
 
 def _half_open(port: int, count: int) -> list[socket.socket]:

@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from ... import fdlimits
 from ...errors import SupervisorError
 from ..server import Gateway
 from .bodies import Bodies
@@ -108,7 +109,7 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(fdlimits.ACCEPT_BURST)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
@@ -145,6 +146,7 @@ async def serve_http(
         access_log=False,
         lifespan="on",
         timeout_keep_alive=int(limits.keep_alive),
+        backlog=fdlimits.ACCEPT_BURST,  # asyncio accepts up to this many at once, before any is refused
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
         server_header=False,
     )
