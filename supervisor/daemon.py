@@ -28,7 +28,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import config, control, logs, process, resources
+from . import config, control, logs, process, resources, sandbox
 from .catalogs import CatalogStore, default_state_root, fingerprint, prune
 from .config import ExtensionConfig, Settings
 from .demand import Demand
@@ -88,6 +88,14 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
+        self.sandbox_context = sandbox.daemon_context(
+            environ=self._environ,
+            config_path=config_path,
+            socket=settings.socket,
+            state=str(default_state_root(environ)),
+            spool=str(self.spool.root),
+            instance=self.instance,
+        )
         self.metrics = Metrics(self.health)
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
@@ -113,6 +121,7 @@ class Daemon:
             on_change=self._state_changed,
             on_notification=self.gateway.notify,
             demand=self._demand_of(name, config),
+            sandbox_context=self.sandbox_context,
         )
 
     def _demand_of(self, name: str, config: ExtensionConfig) -> Demand | None:
@@ -138,6 +147,7 @@ class Daemon:
                 on_call=functools.partial(self.metrics.observe_call, name),
                 on_notification=self.gateway.notify,
                 demand=demand,
+                sandbox_context=self.sandbox_context,
             )
 
         return Instances(name, make, config.max_instances)
@@ -413,6 +423,7 @@ def _health_of(
         "log_lines_max": ext.config.log_lines,
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
         "instances": per_client.health(usage) if per_client is not None else None,
+        "sandbox": snapshot.sandbox,
     }
 
 
@@ -494,6 +505,7 @@ async def run(
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
+        await anyio.to_thread.run_sync(sandbox.sweep, daemon.sandbox_context.tmp)  # their temporary dirs
         await _prepare_spool(daemon.spool)
         await daemon.prune_catalogs()
         await daemon.autostart()

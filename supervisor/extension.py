@@ -8,11 +8,12 @@ event, so any number of concurrent ``stop()`` calls share one teardown.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +25,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, transport
+from . import liveness, resources, sandbox, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
@@ -72,6 +73,8 @@ class Extension:
         on_call: called after each call with the tool, its duration and whether it succeeded.
         on_notification: called with the child's log messages and resource updates (sync).
         demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
+        sandbox_context: the daemon's layout for the sandbox (what to hide); None: only the
+            environment's (see :mod:`supervisor.sandbox`).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class Extension:
         on_call: CallHook | None = None,
         on_notification: NotificationHook | None = None,
         demand: Demand | None = None,
+        sandbox_context: sandbox.Context | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -126,6 +130,7 @@ class Extension:
         self._demand = demand
         self._armed = config.on_demand and demand is not None  # a call may start it (see dormant)
         self._idled = False  # this lifetime ended by the idle timer: its spool stays
+        self.sandbox = sandbox.sandbox_for(name, config, sandbox_context or sandbox.Context(environ))
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -137,6 +142,7 @@ class Extension:
             in_flight=self._in_flight,
             last_stderr=one_line(last) if last is not None else None,
             detail="on demand" if self.dormant and self._snapshot.state is State.STOPPED else None,
+            sandbox=self.sandbox.describe(self.config.command) if self.sandbox else {"mode": "off"},
         )
 
     @property
@@ -489,21 +495,25 @@ class Extension:
         marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
         self._last_stderr = None
         try:
-            async with transport.connect(
-                [self.config.command, *self.config.args],
-                env=self._env,
-                cwd=self.config.cwd,
-                marker=marker,
-                stop_timeout=self.config.stop_timeout,
-                max_message_bytes=self.config.max_message_bytes,
-                on_stderr=self._on_stderr,
-                on_list_changed=self._list_changed,
-                on_notification=self._notified,
-                on_asked=self._answer,
-                hurry=self._hurry,
-                spool=self._spool,
-                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
-            ) as connection:
+            async with (
+                self._confined() as jail,
+                transport.connect(
+                    [self.config.command, *self.config.args],
+                    wrap=jail.wrap if jail is not None else None,
+                    env=self._env,
+                    cwd=self.config.cwd,
+                    marker=marker,
+                    stop_timeout=self.config.stop_timeout,
+                    max_message_bytes=self.config.max_message_bytes,
+                    on_stderr=self._on_stderr,
+                    on_list_changed=self._list_changed,
+                    on_notification=self._notified,
+                    on_asked=self._answer,
+                    hurry=self._hurry,
+                    spool=self._spool,
+                    stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
+                ) as connection,
+            ):
                 try:
                     return await self._serve(connection)
                 finally:
@@ -512,6 +522,18 @@ class Extension:
         except SpawnError as exc:
             kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
             return self._decide(Outcome(kind, error=str(exc)))
+
+    @contextlib.asynccontextmanager
+    async def _confined(self) -> AsyncIterator[sandbox.Run | None]:
+        """This run's sandbox (its private temporary directory), removed once the run is over."""
+        if self.sandbox is None:
+            yield None
+            return
+        run = await self.sandbox.prepare()  # SpawnError: permanent, says why and how to opt out
+        try:
+            yield run
+        finally:
+            await run.remove()
 
     async def _serve(self, connection: transport.Connection) -> bool:
         child = connection.child

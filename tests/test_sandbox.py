@@ -1,0 +1,171 @@
+"""The sandbox as users get it: a real daemon, a hostile fixture server, the kernel saying no.
+
+Every attempt of ``tests/servers/hostile.py`` is refused under the default sandbox (the network
+ones under ``network: none`` / ``outbound`` as each mode promises) and succeeds, in the same
+daemon, for the same server with ``sandbox: false``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor import client, process
+from supervisor.daemon import instance_key
+
+from .conftest import extension_settings
+from .test_daemon import accepts, until
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.anyio]
+
+CLI = [sys.executable, "-m", "supervisor"]
+
+
+class SandboxedDaemon:
+    """A daemon subprocess with a HOME of its own (holding a key and a .bashrc to steal)."""
+
+    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+        self.directory = directory
+        self.home = directory / "home"
+        (self.home / ".ssh").mkdir(parents=True)
+        (self.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+        (self.home / ".bashrc").write_text("# the user's\n")
+        self.state = self.home / ".local" / "state" / "mcp-supervisor"
+        self.state.mkdir(parents=True)
+        (self.state / "marker").write_text("state")
+        self.socket = str(directory / "control.sock")
+        self.config = directory / "config.json"
+        self.config.write_text(json.dumps({"socket": self.socket, **config}))
+        self.log = directory / "daemon.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MCP_SUPERVISOR_"))}
+        self.env = {**env, "HOME": str(self.home)}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log, env=self.env
+            )
+        until(lambda: accepts(self.socket) or self.proc.poll() is not None)
+
+    async def call(self, name: str, tool: str, **arguments: Any) -> dict[str, Any]:
+        params = {"name": name, "tool": tool, "arguments": arguments}
+        return await client.request(self.socket, "call", params, timeout=30)  # type: ignore[no-any-return]
+
+    async def attempt(self, name: str, kind: str, target: str | int = "") -> str:
+        result = await self.call(name, "attempt", kind=kind, target=str(target))
+        return str(result["content"][0]["text"])
+
+    async def status(self) -> dict[str, dict[str, Any]]:
+        records = (await client.request(self.socket, "status"))["extensions"]
+        return {record["name"]: record for record in records}
+
+    async def running(self, *names: str) -> dict[str, dict[str, Any]]:
+        with anyio.fail_after(30):
+            while True:
+                records = await self.status()
+                failed = [r for n, r in records.items() if n in names and r["state"] == "failed"]
+                assert not failed, failed
+                if all(records[n]["state"] == "running" for n in names):
+                    return records
+                await anyio.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        leftovers = process.find_marked(f"{instance_key(self.socket)}:")
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
+
+
+@pytest.fixture
+def sandboxed(short_tmp: Path) -> Iterator[Any]:
+    started: list[SandboxedDaemon] = []
+
+    def make(config: dict[str, Any]) -> SandboxedDaemon:
+        daemon = SandboxedDaemon(short_tmp, config)
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.stop()
+
+
+@pytest.fixture
+def tcp_listener() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+@pytest.fixture
+def abstract_listener() -> Iterator[str]:
+    name = f"mcps-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("\0" + name)
+        server.listen()
+        yield name
+
+
+HOSTILE = {
+    "confined": extension_settings("hostile.py"),
+    "no_network": extension_settings("hostile.py", sandbox={"network": "none"}),
+    "outbound": extension_settings("hostile.py", sandbox={"network": "outbound"}),
+    "free": extension_settings("hostile.py", sandbox=False),
+    "sibling": extension_settings("quick.py"),
+    "media": extension_settings("media.py"),
+}
+
+
+class TestHostileServer:
+    async def test_every_attempt_is_refused_confined_and_succeeds_unconfined(
+        self, sandboxed: Any, tcp_listener: int, abstract_listener: str
+    ) -> None:
+        """Files, the daemon's own things, signals, ptrace and unix sockets: refused in every
+        mode; TCP as each network mode says; all of it works with ``sandbox: false``."""
+        daemon = sandboxed({"spool": {"max_inline_bytes": 1024}, "extensions": HOSTILE})
+        records = await daemon.running(*HOSTILE)
+        spooled = await daemon.call("media", "image", bytes=100_000)
+        link = next(c for c in spooled["content"] if c["type"] == "resource_link")
+        spool_file = link["uri"].removeprefix("file://")
+        assert Path(spool_file).is_file()  # noqa: ASYNC240 - one stat in a test
+        attempts = {
+            "read ~/.ssh/id_ed25519": ("read", daemon.home / ".ssh" / "id_ed25519"),
+            "write ~/.bashrc": ("write", daemon.home / ".bashrc"),
+            "list the state directory": ("list", daemon.state),
+            "read another extension's spool file": ("read", spool_file),
+            "read the daemon's config": ("read", daemon.config),
+            "connect to the control socket": ("connect_unix", daemon.socket),
+            "kill the daemon": ("kill", daemon.proc.pid),
+            "connect to an abstract unix socket": ("connect_abstract", abstract_listener),
+            "ptrace a sibling": ("ptrace", records["sibling"]["pid"]),
+        }
+        for name in ("confined", "no_network", "outbound", "free"):
+            for what, (kind, target) in attempts.items():
+                outcome = await daemon.attempt(name, kind, target)
+                expected = "ok" if name == "free" else "refused"
+                assert outcome.startswith(expected), (name, what, outcome)
+        network = {  # mode -> (connect to a local port, bind a port)
+            "confined": ("ok", "ok"),  # network: all (the default)
+            "outbound": ("ok", "refused"),
+            "no_network": ("refused", "refused"),
+            "free": ("ok", "ok"),
+        }
+        for name, (connect, bind) in network.items():
+            assert (await daemon.attempt(name, "connect_tcp", tcp_listener)).startswith(connect), name
+            assert (await daemon.attempt(name, "bind_tcp")).startswith(bind), name
+        assert (daemon.home / ".bashrc").read_text().count("hostile") == 1  # only the unconfined one
