@@ -45,7 +45,7 @@ from .process.containment import Containment
 from .spool import Spool, default_root
 from .state import Snapshot, State
 
-__all__ = ("Daemon", "instance_key", "run")
+__all__ = ("Daemon", "instance_key", "run", "sandbox_context")
 
 log = structlog.get_logger(__name__)
 
@@ -88,14 +88,7 @@ class Daemon:
             max_total_bytes=settings.spool.max_total_bytes,
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
-        self.sandbox_context = sandbox.daemon_context(
-            environ=self._environ,
-            config_path=config_path,
-            socket=settings.socket,
-            state=str(default_state_root(environ)),
-            spool=str(self.spool.root),
-            instance=self.instance,
-        )
+        self.sandbox_context = sandbox_context(settings, config_path=config_path, environ=self._environ)
         self.metrics = Metrics(self.health)
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
@@ -430,6 +423,21 @@ def _health_of(
 async def _settled(ext: Extension) -> Snapshot:
     """Wait until a start has an answer: running, or why not (backoff, failed, stopped)."""
     return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING))
+
+
+def sandbox_context(
+    settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
+) -> sandbox.Context:
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
+    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
+    return sandbox.daemon_context(
+        environ=environ,
+        config_path=config_path,
+        socket=settings.socket,
+        state=str(default_state_root(environ)),
+        spool=str(spool),
+        instance=instance_key(settings.socket),
+    )
 
 
 def instance_key(socket_path: str) -> str:

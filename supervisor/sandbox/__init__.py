@@ -40,6 +40,7 @@ __all__ = (
     "Spec",
     "daemon_context",
     "explain",
+    "explain_extension",
     "grants_for",
     "probe",
     "sandbox_for",
@@ -247,12 +248,27 @@ def sweep(base: str) -> int:
     return len(names)
 
 
+def explain_extension(name: str, config: Any, context: Context) -> list[str]:
+    """``check-config --explain NAME``: what extension *name* (its config) may reach, and why."""
+    confined = sandbox_for(name, config, context)
+    if confined is None:
+        return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
+    env = {**context.environ, **config.env}
+    command = config.command
+    found = command if "/" in command else shutil.which(command, path=env.get("PATH"))
+    lines = [] if found else [f"{name}: command {command!r} is not found on PATH; as if it were {command}"]
+    base = config.cwd or context.cwd
+    return lines + explain(name, confined.grants(os.path.join(base, found or command), env))
+
+
 def explain(name: str, grants: Grants) -> list[str]:
     """``check-config --explain``: the effective grants, one per line, with why."""
     lines = [f"{name}: sandbox, network {grants.network}, grants digest {grants.digest}"]
-    width = max((len(g.path) for g in grants.entries), default=0)
-    for grant in grants.entries:
+    private = Grant("<a private temporary directory>", "write", "TMPDIR, removed after each run")
+    shown = [g for g in grants.entries if g.access != "hidden"] + [private]
+    shown += [g for g in grants.entries if g.access == "hidden"]
+    width = max(len(g.path) for g in shown)
+    for grant in shown:
         lines.append(f"  {grant.access:<6}  {grant.path:<{width}}  {grant.reason}")
-    lines.append("  write   <a private temporary directory>  TMPDIR, removed after each run")
     lines.append("  everything else: not there for it (ENOENT), read-only (EROFS) or refused (EACCES)")
     return lines

@@ -4,7 +4,8 @@ Given the resolved executable, follow its symlinks, its ``#!`` interpreter (thro
 and ``PATH``), a Python virtual environment's base interpreter and the source directories its
 ``.pth`` files name (editable installs). Each executable found grants its installation prefix:
 the directory above ``bin/`` (``~/.nvm/versions/node/v22``, a venv, ``~/.pyenv/versions/3.12``),
-or its own directory when that prefix would be too broad (``/``, a home, ``~/.local``).
+or its own directory when that prefix would be too broad (``/``, a home, ``~/.local``); inside
+a ``node_modules`` tree, the outermost ``node_modules`` (a package needs its dependencies).
 Reads a few small files; creates nothing.
 """
 
@@ -46,6 +47,9 @@ def _chain(path: str) -> list[str]:
 
 
 def _prefix(executable: str, home: str) -> str:
+    parts = executable.split("/")
+    if "node_modules" in parts[:-1]:  # a package's entry point needs its dependencies beside it
+        return "/".join(parts[: parts.index("node_modules") + 1])
     directory = os.path.dirname(executable)
     if os.path.basename(directory) in ("bin", "sbin"):
         prefix = os.path.dirname(directory)

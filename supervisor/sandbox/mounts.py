@@ -169,9 +169,9 @@ class _Root:
         if not os.path.lexists(inner) or os.path.islink(inner):
             return
         if os.path.isdir(inner):
-            _mount(
-                "tmpfs", inner, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0,size=4k"
-            )
+            _mount("tmpfs", inner, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0755,size=64k")
+            self.devs.add(os.stat(inner).st_dev)
+            self.covers.append(inner)  # writable until the private tmp and cwd are placed
         else:
             _mount(self.inside("/.empty"), inner, None, _MS_BIND)
             _set_attr(inner, _ATTR_RDONLY | _ATTR_NOSUID | _ATTR_NODEV)
@@ -217,20 +217,22 @@ def build_root(
 
     *staging* is an empty host directory to build in; *read* and *write* are absolute paths,
     missing ones skipped. Deeper grants are bound after shallower ones, so a write grant
-    inside a read grant stays writable. /dev, /proc and /sys are provided; *hide* paths are
-    covered after everything is bound, then *tmp* is bound writable (it may lie in a hidden
-    directory) and *cwd* is made to exist (empty unless granted).
+    inside a read grant stays writable. *hide* paths are covered in the same order, so a grant
+    inside a hidden path still shows. /dev, /proc and /sys are provided; then *tmp* is bound
+    writable (it may lie in a hidden directory) and *cwd* is made to exist (empty unless granted).
     """
     root = _Root(staging)
-    grants = [(p, False) for p in read] + [(p, True) for p in write]
-    for path, writable in sorted(grants, key=lambda grant: grant[0].count("/")):
-        root.bind(path, writable=writable)
+    os.close(os.open(root.inside("/.empty"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0))  # covers files
+    steps = [(p, "read") for p in read] + [(p, "write") for p in write] + [(p, "hide") for p in hide]
+    # Shallow first; at one path, bind then hide; so a grant inside a hidden path shows through.
+    for path, step in sorted(steps, key=lambda s: (s[0].rstrip("/").count("/"), s[1] == "hide")):
+        if step == "hide":
+            root.hide(path)
+        else:
+            root.bind(path, writable=step == "write")
     root.devices()
     for path in ("/proc", "/sys"):
         root.bind(path, writable=False)
-    os.close(os.open(root.inside("/.empty"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0))
-    for path in hide:
-        root.hide(path)
     if tmp and not root.bind(tmp, writable=True):
         raise OSError(0, f"the private temporary directory {tmp} is missing")
     if cwd:

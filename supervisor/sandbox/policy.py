@@ -15,6 +15,8 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,21 +102,38 @@ def _expand(pattern: str, home: str, base: str) -> list[str]:
     return [path]
 
 
-def package_caches(command_names: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The writable caches of the package managers a command's names point at (npx, uvx, pip)."""
+NODE_TOOLS = frozenset({"node", "nodejs", "npx", "npm", "pnpm", "pnpx", "yarn", "bun", "bunx", "corepack"})
+UV_TOOLS = frozenset({"uv", "uvx"})
+
+
+def package_caches(executables: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The writable caches of the package managers among *executables* (npx, uvx, pip)."""
     home = environ.get("HOME") or os.path.expanduser("~")
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     data = environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
-    names = " ".join(os.path.basename(n) for n in command_names)
+    names = {os.path.basename(path) for path in executables}
     found: dict[str, str] = {}
-    if any(word in names for word in ("node", "npx", "npm", "pnpm", "yarn", "bun")):
+    if names & NODE_TOOLS:
         found[environ.get("npm_config_cache") or os.path.join(home, ".npm")] = f"{CACHE} (npm)"
-    if "uv" in names.replace("python", ""):
+    if names & UV_TOOLS:
         found[environ.get("UV_CACHE_DIR") or os.path.join(cache, "uv")] = f"{CACHE} (uv)"
-        found[environ.get("UV_PYTHON_INSTALL_DIR") or os.path.join(data, "uv")] = f"{CACHE} (uv's Pythons)"
-    if "python" in names or "pip" in names or "uv" in names:
+        for variable, default in (("UV_PYTHON_INSTALL_DIR", "python"), ("UV_TOOL_DIR", "tools")):
+            found[environ.get(variable) or os.path.join(data, "uv", default)] = f"{CACHE} (uv's {default})"
+    if names & UV_TOOLS or any(n.startswith(("python", "pip")) for n in names):
         found[environ.get("PIP_CACHE_DIR") or os.path.join(cache, "pip")] = f"{CACHE} (pip)"
     return found
+
+
+def _uv_interpreters(executables: Iterable[str], environ: Mapping[str, str], home: str) -> dict[str, str]:
+    """uv runs its tools on a Python it finds: the first ``python3`` on ``PATH`` and the daemon's own."""
+    if not {os.path.basename(path) for path in executables} & UV_TOOLS:
+        return {}
+    found: dict[str, str] = {}
+    python = shutil.which("python3", path=environ.get("PATH", ""))
+    if python:
+        found |= installation(python, path_env=environ.get("PATH", ""), home=home)[0]
+    found.setdefault(sys.base_prefix, "uv's interpreter: the daemon's Python")
+    return {path: reason.replace("the command", "python3 on PATH") for path, reason in found.items()}
 
 
 def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequence[str]) -> dict[str, str]:
@@ -135,6 +154,18 @@ def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequenc
         else:
             found[directory] = f"the directory of the file argument {arg!r}"
     return found
+
+
+def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterable[str]) -> dict[str, str]:
+    """*grants* without those inside another of *covering* (unless a hidden path lies between)."""
+
+    def between(path: str, outer: str) -> bool:
+        return any(_within(path, h) and _within(h, outer) and h != outer for h in hidden)
+
+    def covered(path: str) -> bool:
+        return any(outer != path and _within(path, outer) and not between(path, outer) for outer in covering)
+
+    return {path: reason for path, reason in grants.items() if not covered(path)}
 
 
 def _within(path: str, directory: str) -> bool:
@@ -173,11 +204,12 @@ def grants_for(
     env, home = context.environ, context.home
     base = cwd or context.cwd
     protected = [os.path.normpath(p) for p in context.protected]
-    read: dict[str, str] = {path: "system" for path in SYSTEM}
+    read: dict[str, str] = {path: "system" for path in SYSTEM if os.path.lexists(path)}
     read |= _system_links()
     installed, executables = installation(command, path_env=env.get("PATH", ""), home=home)
-    read |= installed
-    read |= _script_grants(args, base, home, protected)
+    uv = _uv_interpreters(executables, env, home)
+    for extra in (installed, uv, _script_grants(args, base, home, protected)):
+        read |= {p: r for p, r in extra.items() if p not in read}  # first reason wins: "system"
     if cwd:
         read[os.path.normpath(cwd)] = "cwd"
     read |= {os.path.normpath(root): "roots" for root in roots}
@@ -186,7 +218,6 @@ def grants_for(
         read |= {path: "sandbox.read" for path in _expand(pattern, home, base)}
     for pattern in spec.write:
         write |= {path: "sandbox.write" for path in _expand(pattern, home, base)}
-    read = {p: r for p, r in read.items() if not any(_within(p, w) for w in write)}  # write covers read
     hidden = {p: "the daemon's own" for p in protected}
     hidden[os.path.normpath(context.tmp)] = "the sandboxes' temporary directories"
     hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
@@ -195,9 +226,13 @@ def grants_for(
         path = os.path.join(home, secret)
         if not any(_within(n, path) for n in named):  # a grant naming it (or inside it) shows it
             hidden[path] = "credentials"
+    write = _outermost(write, write, hidden)
+    read = _outermost(read, {**read, **write}, hidden)  # a write grant covers reading
     granted = [*read, *write]
-    hidden = {p: r for p, r in hidden.items() if any(_within(p, g) for g in granted)}  # only what shows
+    hidden = {p: r for p, r in hidden.items() if os.path.lexists(p) and any(_within(p, g) for g in granted)}
     entries = [Grant(p, "read", r) for p, r in read.items()]
     entries += [Grant(p, "write", r) for p, r in write.items()]
     entries += [Grant(p, "hidden", r) for p, r in hidden.items()]
-    return Grants(spec.network, tuple(sorted(entries, key=lambda g: (g.access, g.path))))
+    order = {"read": 0, "write": 1, "hidden": 2}
+    entries.sort(key=lambda g: (order[g.access], g.path))
+    return Grants(spec.network, tuple(entries))
