@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +36,7 @@ CLI = [sys.executable, "-m", "supervisor"]
 class SandboxedDaemon:
     """A daemon subprocess with a HOME of its own (holding a key and a .bashrc to steal)."""
 
-    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, config: dict[str, Any], prefix: list[str] | None = None) -> None:
         self.directory = directory
         self.home = directory / "home"
         (self.home / ".ssh").mkdir(parents=True)
@@ -52,7 +53,10 @@ class SandboxedDaemon:
         self.env = {**env, "HOME": str(self.home)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*CLI, "daemon", "-c", str(self.config)], stdout=log, stderr=log, env=self.env
+                [*(prefix or []), *CLI, "daemon", "-c", str(self.config)],
+                stdout=log,
+                stderr=log,
+                env=self.env,
             )
         until(lambda: accepts(self.socket) or self.proc.poll() is not None)
 
@@ -63,6 +67,9 @@ class SandboxedDaemon:
     async def attempt(self, name: str, kind: str, target: str | int = "") -> str:
         result = await self.call(name, "attempt", kind=kind, target=str(target))
         return str(result["content"][0]["text"])
+
+    async def logs(self, name: str) -> list[str]:
+        return (await client.request(self.socket, "logs", {"name": name, "lines": 100}))["lines"]  # type: ignore[no-any-return]
 
     async def status(self) -> dict[str, dict[str, Any]]:
         records = (await client.request(self.socket, "status"))["extensions"]
@@ -96,8 +103,8 @@ class SandboxedDaemon:
 def sandboxed(short_tmp: Path) -> Iterator[Any]:
     started: list[SandboxedDaemon] = []
 
-    def make(config: dict[str, Any]) -> SandboxedDaemon:
-        daemon = SandboxedDaemon(short_tmp, config)
+    def make(config: dict[str, Any], prefix: list[str] | None = None) -> SandboxedDaemon:
+        daemon = SandboxedDaemon(short_tmp, config, prefix)
         started.append(daemon)
         return daemon
 
@@ -169,3 +176,69 @@ class TestHostileServer:
             assert (await daemon.attempt(name, "connect_tcp", tcp_listener)).startswith(connect), name
             assert (await daemon.attempt(name, "bind_tcp")).startswith(bind), name
         assert (daemon.home / ".bashrc").read_text().count("hostile") == 1  # only the unconfined one
+
+    async def test_a_grant_of_the_home_still_hides_its_credentials(self, sandboxed: Any) -> None:
+        """`read: [~]` shows ~/.bashrc (read-only) but not ~/.ssh nor the daemon's state in it."""
+        extensions = {"reader": extension_settings("hostile.py", sandbox={"read": ["~"]})}
+        daemon = sandboxed({"extensions": extensions})
+        await daemon.running("reader")
+        assert await daemon.attempt("reader", "read", daemon.home / ".bashrc") == "ok"
+        assert (await daemon.attempt("reader", "write", daemon.home / ".bashrc")).startswith("refused: EROFS")
+        assert (await daemon.attempt("reader", "read", daemon.home / ".ssh" / "id_ed25519")).startswith(
+            "refused"
+        )
+        assert (await daemon.attempt("reader", "read", daemon.state / "marker")).startswith("refused")
+
+
+class TestVisible:
+    async def test_status_health_and_logs_show_the_sandbox(self, sandboxed: Any) -> None:
+        """status and health carry mode, network and digest; the server's refusals are in its logs;
+        granting one more path changes the digest (a reload restarts it)."""
+        extensions = {
+            "confined": extension_settings("hostile.py", sandbox={"network": "outbound"}),
+            "free": extension_settings("hostile.py", sandbox=False),
+        }
+        daemon = sandboxed({"extensions": extensions})
+        records = await daemon.running(*extensions)
+        shown = records["confined"]["sandbox"]
+        assert shown["mode"] == "confined" and shown["network"] == "outbound"
+        assert len(shown["digest"]) == 12
+        assert records["free"]["sandbox"] == {"mode": "off"}
+        health = await client.request(daemon.socket, "health")
+        assert {e["name"]: e["sandbox"] for e in health["extensions"]}["confined"] == shown
+
+        await daemon.attempt("confined", "read", daemon.home / ".ssh" / "id_ed25519")
+        assert any(
+            "No such file or directory" in line and "id_ed25519" in line
+            for line in await daemon.logs("confined")
+        )
+
+        extensions["confined"]["sandbox"]["read"] = [str(daemon.directory)]
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": extensions}))
+        assert (await client.request(daemon.socket, "reload"))["restarted"] == ["confined"]
+        records = await daemon.running("confined")
+        assert records["confined"]["sandbox"]["digest"] != shown["digest"]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+class TestUnenforceable:
+    async def test_network_none_without_network_namespaces_fails_clearly_and_alone(
+        self, sandboxed: Any
+    ) -> None:
+        """A kernel that cannot make network namespaces: `network: none` fails for good, saying how
+        to opt out; it never runs unconfined; the default sandbox still runs."""
+        limit = 'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"'  # in a user namespace of its own
+        extensions = {
+            "offline": extension_settings("hostile.py", sandbox={"network": "none"}),
+            "online": extension_settings("hostile.py"),
+        }
+        daemon = sandboxed(
+            {"extensions": extensions}, prefix=["unshare", "-U", "-r", "sh", "-c", limit, "sh"]
+        )
+        await daemon.running("online")
+        with anyio.fail_after(20):
+            while (record := (await daemon.status())["offline"])["state"] != "failed":  # noqa: ASYNC110 - another process
+                await anyio.sleep(0.05)
+        assert "network namespaces" in record["last_error"]
+        assert "network: outbound" in record["last_error"] and "sandbox: false" in record["last_error"]
+        assert record["pid"] is None and record["restarts"] == 0

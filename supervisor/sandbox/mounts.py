@@ -97,7 +97,8 @@ def enter_namespaces(*, network: bool) -> None:
     """
     uid, gid = os.getuid(), os.getgid()
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | (0 if network else _CLONE_NEWNET)
-    _check(_libc.unshare(flags), "unshare (user namespaces)")
+    kinds = "user and mount namespaces" if network else "user, mount and network namespaces"
+    _check(_libc.unshare(flags), f"cannot create {kinds}")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")

@@ -1,0 +1,112 @@
+"""The exec launcher and its two layers, each on its own: real processes, the real kernel."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from supervisor import sandbox
+from supervisor.sandbox import landlock, launch
+
+LAUNCH = [sys.executable, "-I", "-S", str(sandbox.LAUNCHER)]
+SYSTEM = ["-r", "/usr", "-r", "/bin", "-r", "/lib", "-r", "/lib64", "-r", "/etc"]
+
+
+def run(*argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False, **kwargs)  # type: ignore[call-overload]
+
+
+class TestLandlock:
+    def test_a_ruleset_alone_refuses_what_it_does_not_grant_even_to_root(self, tmp_path: Path) -> None:
+        """Without the private root: a file outside the rules is EACCES, one inside is read."""
+        (tmp_path / "granted").mkdir()
+        (tmp_path / "granted" / "a").write_text("a")
+        (tmp_path / "secret").write_text("s")
+        script = textwrap.dedent(f"""
+            import sys
+            from supervisor.sandbox import landlock
+            rules = landlock.Ruleset("all")
+            for path in sys.path + ["/usr", "/lib", "/lib64", "/etc", "{tmp_path}/granted"]:
+                try:
+                    rules.allow(path, landlock.READ)
+                except FileNotFoundError:
+                    pass
+            rules.restrict_self()
+            print(open("{tmp_path}/granted/a").read())
+            try:
+                open("{tmp_path}/secret")
+            except PermissionError as exc:
+                print("refused", exc.errno)
+        """)
+        done = run(sys.executable, "-c", script)
+        assert done.stdout.split() == ["a", "refused", "13"], done.stderr
+
+    def test_this_kernel_has_the_abi_the_sandbox_needs(self) -> None:
+        assert landlock.abi() >= landlock.MIN_ABI
+
+
+class TestLauncher:
+    def test_it_becomes_the_command(self, tmp_path: Path) -> None:
+        """exec, not a child: the command runs with the launcher's pid, so nothing is left behind."""
+        staging = tmp_path / "r"
+        staging.mkdir()
+        proc = subprocess.Popen(
+            [*LAUNCH, "-n", "all", "-s", str(staging), *SYSTEM, "--", "/bin/sh", "-c", "echo $$"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        out, _ = proc.communicate(timeout=30)
+        assert int(out) == proc.pid
+
+    def test_a_bad_command_line_never_runs_the_command(self, tmp_path: Path) -> None:
+        """An unknown option: exit EXIT_SANDBOX with one line saying so, and no command run."""
+        marker = tmp_path / "ran"
+        done = run(*LAUNCH, "-q", "x", "-s", str(tmp_path), "--", "/bin/touch", str(marker))
+        assert done.returncode == launch.EXIT_SANDBOX
+        assert done.stderr.startswith("mcp-supervisor sandbox: cannot confine the extension")
+        assert not marker.exists()
+
+    def test_what_is_not_granted_is_not_there_and_grants_are_as_given(self, tmp_path: Path) -> None:
+        """Read grants are read-only, write grants writable, the rest missing; no capability."""
+        staging, readable, writable, other = (tmp_path / n for n in ("r", "ro", "rw", "other"))
+        for directory in (staging, readable, writable, other):
+            directory.mkdir()
+        script = (
+            f"cat /proc/self/status | grep -E '^(CapEff|NoNewPrivs)'; ls {readable}; touch {writable}/x && "
+            f"echo wrote; touch {readable}/x || echo read-only; ls {other} || echo missing"
+        )
+        done = run(
+            *LAUNCH, "-n", "all", "-s", str(staging), *SYSTEM, "-r", str(readable), "-w", str(writable),
+            "--", "/bin/sh", "-c", script,
+        )  # fmt: skip
+        assert done.stdout.split() == [
+            "CapEff:",
+            "0" * 16,
+            "NoNewPrivs:",
+            "1",
+            "wrote",
+            "read-only",
+            "missing",
+        ]
+        assert "Read-only file system" in done.stderr and "No such file" in done.stderr
+        assert (writable / "x").exists()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+class TestKernelWithout:
+    def test_no_network_namespace_makes_network_none_fail_with_the_way_out(self, tmp_path: Path) -> None:
+        """Where network namespaces cannot be made, the probe says so; the daemon turns it into a
+        permanent error naming `network: outbound` and `sandbox: false` (see test_sandbox)."""
+        limit = 'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"'  # in a user namespace of its own
+        probe = (
+            "from supervisor import sandbox as s\nfor n in (True, False): print(s.probe(network_namespace=n))"
+        )
+        done = run("unshare", "-U", "-r", "sh", "-c", limit, "sh", sys.executable, "-c", probe)
+        refused, allowed = done.stdout.splitlines()
+        assert "cannot create user, mount and network namespaces" in refused, done.stderr
+        assert allowed == "None"
