@@ -138,6 +138,11 @@ def extensions(chain: Toolchain, work: Path) -> dict[str, dict[str, Any]]:
     def memory_env(name: str) -> dict[str, str]:  # its default file is inside its package
         return {**chain.env, "MEMORY_FILE_PATH": str(memory / f"{name}.jsonl")}
 
+    outside = work / "outside"  # given to a server-filesystem that the sandbox does not grant it
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for the confined server\n")
+    cold_cache = work / "npm-cold"  # an empty npm cache: `npx -y` downloads everything, confined
+
     files_granted = {"sandbox": {"write": [str(files)]}}
     memory_granted = {"sandbox": {"write": [str(memory)]}}
 
@@ -170,6 +175,20 @@ def extensions(chain: Toolchain, work: Path) -> dict[str, dict[str, Any]]:
             **memory_granted,
             "args": npx("@modelcontextprotocol/server-memory"),
             "env": memory_env("npx-memory"),
+        },
+        "npx-cold": {
+            **common,
+            **wrapped,
+            **memory_granted,
+            "args": npx("@modelcontextprotocol/server-memory"),
+            "env": {**memory_env("npx-cold"), "npm_config_cache": str(cold_cache)},  # granted as its cache
+            "sandbox": {**memory_granted["sandbox"], "network": "outbound"},
+        },
+        "fs-confined": {
+            **common,
+            **files_granted,
+            "command": str(chain.bin / "mcp-server-filesystem"),
+            "args": [str(files), str(outside)],
         },
         "time": {
             **common,
