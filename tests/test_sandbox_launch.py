@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -110,3 +111,37 @@ class TestKernelWithout:
         refused, allowed = done.stdout.splitlines()
         assert "cannot create user, mount and network namespaces" in refused, done.stderr
         assert allowed == "None"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+class TestCredentials:
+    """Who the daemon runs as: a regular user, root as the systemd unit has it, root bare."""
+
+    PROBE = "from supervisor import sandbox; print(sandbox.probe(network_namespace=True))"
+
+    @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a system Python")
+    def test_a_regular_user_is_confined_without_any_privilege(self, short_tmp: Path) -> None:
+        """uid 65534, no capability: the launcher still makes the private root and the domain."""
+        short_tmp.chmod(0o755)  # pytest's own tmp_path is in a root-only directory
+        work = short_tmp / "work"
+        (work / "r").mkdir(parents=True)
+        os.chown(work, 65534, 65534)
+        os.chown(work / "r", 65534, 65534)
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        script = f"id -u; touch {work}/x && echo wrote; ls /root || echo no-root"
+        done = run(
+            *nobody, "/usr/bin/python3", "-I", "-S", str(sandbox.LAUNCHER), "-n", "none",
+            "-s", str(work / "r"), *SYSTEM, "-w", str(work), "--", "/bin/sh", "-c", script,
+        )  # fmt: skip
+        assert done.stdout.split() == ["65534", "wrote", "no-root"], done.stderr
+
+    def test_root_with_only_cap_setfcap_as_in_the_systemd_unit(self) -> None:
+        """CapabilityBoundingSet=CAP_SETFCAP: enough to map root into the user namespace."""
+        unit = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all,+setfcap", "--"]
+        done = run(*unit, sys.executable, "-c", self.PROBE)
+        assert done.stdout.strip() == "None", done.stderr
+
+    def test_root_without_any_capability_is_told_what_is_missing(self) -> None:
+        bare = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+        done = run(*bare, sys.executable, "-c", self.PROBE)
+        assert "root without CAP_SETFCAP cannot map itself into a user namespace" in done.stdout, done.stderr

@@ -100,7 +100,16 @@ def enter_namespaces(*, network: bool) -> None:
     kinds = "user and mount namespaces" if network else "user, mount and network namespaces"
     _check(_libc.unshare(flags), f"cannot create {kinds}")
     _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    try:
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    except PermissionError:
+        if uid != 0:
+            raise
+        raise PermissionError(  # Linux 5.12+: mapping root takes CAP_SETFCAP
+            0,
+            "root without CAP_SETFCAP cannot map itself into a user namespace (give the daemon that "
+            "capability, as the systemd unit does, or run it as a regular user)",
+        ) from None
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here propagates back
 
