@@ -18,7 +18,10 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from collections.abc import Iterable
+
+TYPE_CHECKING = False  # typing and collections.abc cost milliseconds of every launch
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 __all__ = ("build_root", "enter_namespaces")
 
