@@ -97,6 +97,18 @@ class TestLauncher:
         assert "Read-only file system" in done.stderr and "No such file" in done.stderr
         assert (writable / "x").exists()
 
+    def test_devices_are_the_harmless_ones_and_missing_grants_are_skipped(self, tmp_path: Path) -> None:
+        """/dev/null works, a disk is not there; a granted path that does not exist is no error."""
+        staging = tmp_path / "r"
+        staging.mkdir()
+        disk = next((d for d in ("/dev/vda", "/dev/sda", "/dev/nvme0n1") if os.path.exists(d)), "/dev/vda")
+        script = f"echo x > /dev/null && echo null-ok; test -e {disk} || echo no-disk"
+        done = run(
+            *LAUNCH, "-n", "all", "-s", str(staging), *SYSTEM, "-r", str(tmp_path / "not-yet"),
+            "--", "/bin/sh", "-c", script,
+        )  # fmt: skip
+        assert done.stdout.split() == ["null-ok", "no-disk"], done.stderr
+
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
 class TestKernelWithout:

@@ -190,6 +190,21 @@ class TestSandboxOf:
         assert made is not None and made.spec == Spec("none", ("/a",), ("/b",))
         assert settings.extensions["y"].sandbox.network == "none"
 
+    def test_true_is_the_default_and_a_change_of_the_defaults_changes_every_extension(self) -> None:
+        """`sandbox: true` is `{}`; new defaults make each config compare different (a reload restarts it)."""
+        before = Settings(extensions={"x": {"command": "ls", "sandbox": True}})
+        after = Settings(sandbox_defaults={"read": ["/srv"]}, extensions={"x": {"command": "ls"}})
+        assert before.extensions["x"] == Settings(extensions={"x": {"command": "ls"}}).extensions["x"]
+        assert before.extensions["x"] != after.extensions["x"]
+
+    def test_relative_paths_are_relative_to_cwd(self, home: Path) -> None:
+        work = home / "work"
+        (work / "data").mkdir(parents=True)
+        grants = grants_for(
+            Spec(write=("data",)), command="/bin/sh", args=[], cwd=str(work), roots=[], context=context(home)
+        )
+        assert access(grants)[str(work / "data")] == "write"
+
     def test_too_many_paths_are_refused_before_anything_starts(self, home: Path) -> None:
         """A glob matching more than MAX_GRANTS paths is a permanent spawn error naming the cause."""
         many = home / "many"
