@@ -36,7 +36,12 @@ CLI = [sys.executable, "-m", "supervisor"]
 class SandboxedDaemon:
     """A daemon subprocess with a HOME of its own (holding a key and a .bashrc to steal)."""
 
-    def __init__(self, directory: Path, config: dict[str, Any], prefix: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: dict[str, Any] | Path,
+        prefix: list[str] | None = None,
+    ) -> None:
         self.directory = directory
         self.home = directory / "home"
         (self.home / ".ssh").mkdir(parents=True)
@@ -46,11 +51,17 @@ class SandboxedDaemon:
         self.state.mkdir(parents=True)
         (self.state / "marker").write_text("state")
         self.socket = str(directory / "control.sock")
-        self.config = directory / "config.json"
-        self.config.write_text(json.dumps({"socket": self.socket, **config}))
+        if isinstance(config, Path):  # a file as it is, on our socket
+            self.config = config
+            env_socket = {"MCP_SUPERVISOR_SOCKET": self.socket}
+        else:
+            self.config = directory / "config.json"
+            self.config.write_text(json.dumps({"socket": self.socket, **config}))
+            env_socket = {}
         self.log = directory / "daemon.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MCP_SUPERVISOR_"))}
-        self.env = {**env, "HOME": str(self.home)}
+        path = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # `make run` puts the venv first
+        self.env = {**env, "HOME": str(self.home), "PATH": path, **env_socket}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [*(prefix or []), *CLI, "daemon", "-c", str(self.config)],
@@ -58,7 +69,7 @@ class SandboxedDaemon:
                 stderr=log,
                 env=self.env,
             )
-        until(lambda: accepts(self.socket) or self.proc.poll() is not None)
+        until(lambda: accepts(self.socket) or self.proc.poll() is not None, within=30)  # a loaded machine
 
     async def call(self, name: str, tool: str, **arguments: Any) -> dict[str, Any]:
         params = {"name": name, "tool": tool, "arguments": arguments}
@@ -103,7 +114,7 @@ class SandboxedDaemon:
 def sandboxed(short_tmp: Path) -> Iterator[Any]:
     started: list[SandboxedDaemon] = []
 
-    def make(config: dict[str, Any], prefix: list[str] | None = None) -> SandboxedDaemon:
+    def make(config: dict[str, Any] | Path, prefix: list[str] | None = None) -> SandboxedDaemon:
         daemon = SandboxedDaemon(short_tmp, config, prefix)
         started.append(daemon)
         return daemon
@@ -188,6 +199,18 @@ class TestHostileServer:
             "refused"
         )
         assert (await daemon.attempt("reader", "read", daemon.state / "marker")).startswith("refused")
+
+
+class TestExample:
+    async def test_the_example_config_runs_confined_as_it_is(self, sandboxed: Any) -> None:
+        """configs/example.yaml, unchanged: both demo servers run confined and answer."""
+        daemon = sandboxed(Path(__file__).parent.parent / "configs" / "example.yaml")
+        records = await daemon.running("clock", "notes")
+        assert {records[n]["sandbox"]["mode"] for n in ("clock", "notes")} == {"confined"}
+        now = await daemon.call("clock", "now", timezone="Europe/Paris")
+        assert not now["isError"] and now["content"][0]["text"]
+        added = await daemon.call("notes", "add_note", text="confined")
+        assert not added["isError"], added
 
 
 class TestVisible:
