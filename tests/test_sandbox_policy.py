@@ -127,6 +127,22 @@ class TestGrants:
         assert granted[str(sockets)] == "hidden"
         assert str(home / ".ssh") not in granted or granted[str(home / ".ssh")] != "hidden"
 
+    def test_a_symlink_into_the_daemons_own_is_never_followed(self, home: Path) -> None:
+        """A server that plants `shared/x -> <socket dir>` under its glob grant gets nothing of it."""
+        sockets, shared = home.parent / "run", home / "shared"
+        sockets.mkdir()
+        shared.mkdir()
+        (shared / "x").symlink_to(sockets)
+        (shared / "y").mkdir()
+        ctx = context(home, sockets)
+        granted = access(
+            grants_for(
+                Spec(read=("~/shared/*",)), command="/bin/sh", args=[], cwd=None, roots=[], context=ctx
+            )
+        )
+        assert granted[str(shared / "y")] == "read"
+        assert str(shared / "x") not in granted and str(sockets) not in granted
+
     def test_globs_and_tilde_expand_and_write_covers_read(self, home: Path) -> None:
         """`~/p*` matches each project; a path granted for writing is not also listed as readable."""
         for name in ("p1", "p2", "other"):

@@ -168,6 +168,11 @@ def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterabl
     return {path: reason for path, reason in grants.items() if not covered(path)}
 
 
+def _redirected_into(path: str, directories: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return real != os.path.normpath(path) and any(_within(real, d) for d in directories)
+
+
 def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
@@ -226,6 +231,12 @@ def grants_for(
         path = os.path.join(home, secret)
         if not any(_within(n, path) for n in named):  # a grant naming it (or inside it) shows it
             hidden[path] = "credentials"
+    hidden |= {os.path.realpath(p): r for p, r in hidden.items() if os.path.islink(p)}  # its target too
+    # A grant reaching the daemon's own through a symlink (one a server planted where a glob of
+    # its grants looks) is dropped; named plainly, a path inside them is the user's choice.
+    own = [os.path.realpath(p) for p in (*protected, context.tmp)]
+    write = {p: r for p, r in write.items() if not _redirected_into(p, own)}
+    read = {p: r for p, r in read.items() if not _redirected_into(p, own)}
     write = _outermost(write, write, hidden)
     read = _outermost(read, {**read, **write}, hidden)  # a write grant covers reading
     granted = [*read, *write]
