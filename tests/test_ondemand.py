@@ -84,15 +84,24 @@ def ondemand(short_tmp: Path) -> Iterator[Callable[..., StatefulDaemon]]:
 
 
 def counted(pids: Path, **overrides: Any) -> dict[str, Any]:
-    """A fixture server that appends its pid to *pids* at each spawn (its directory granted: keep
-    it out of the socket directory, which the sandbox hides)."""
-    pids.parent.mkdir(exist_ok=True)
-    granted = {"sandbox": {"write": [str(pids.parent)]}}
-    return extension_settings("counted.py", env={"COUNTED_PID_FILE": str(pids)}, **granted, **overrides)
+    """A fixture server that appends its pid to *pids* at each spawn (read it with :func:`spawns`).
+
+    The file goes in a directory beside *pids*, which its sandbox may write: not the socket
+    directory itself, which the sandbox hides.
+    """
+    own = _spawn_file(pids)
+    own.parent.mkdir(exist_ok=True)
+    granted = {"sandbox": {"write": [str(own.parent)]}}
+    return extension_settings("counted.py", env={"COUNTED_PID_FILE": str(own)}, **granted, **overrides)
+
+
+def _spawn_file(pids: Path) -> Path:
+    return pids.parent / "spawns" / pids.name
 
 
 def spawns(pids: Path) -> list[int]:
-    return [int(line) for line in pids.read_text().split()] if pids.exists() else []
+    own = _spawn_file(pids)
+    return [int(line) for line in own.read_text().split()] if own.exists() else []
 
 
 def dormant(record: dict[str, Any]) -> bool:
@@ -173,7 +182,7 @@ class TestCatalogStore:
 def test_a_listing_is_learned_once_then_served_from_the_saved_catalog(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    pids = short_tmp / "spawns" / "pids"
+    pids = short_tmp / "pids"
     daemon = ondemand({"fx": counted(pids, on_demand=True)})
     until(lambda: dormant(daemon.status()["fx"]))  # one run to learn the tools, then idle
     assert len(spawns(pids)) == 1
@@ -200,7 +209,7 @@ def test_a_listing_is_learned_once_then_served_from_the_saved_catalog(
 def test_fifty_concurrent_first_calls_cause_one_spawn(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    pids = short_tmp / "spawns" / "pids"
+    pids = short_tmp / "pids"
     daemon = ondemand({"fx": counted(pids, on_demand=True, call_timeout=20)})
     until(lambda: dormant(daemon.status()["fx"]))
     assert len(spawns(pids)) == 1
@@ -228,7 +237,7 @@ def test_fifty_concurrent_first_calls_cause_one_spawn(
 def test_idle_stop_waits_out_a_long_call_then_a_call_starts_it_again(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    pids = short_tmp / "spawns" / "pids"
+    pids = short_tmp / "pids"
     daemon = ondemand({"fx": counted(pids, idle_stop=1, call_timeout=20)})  # autostarted, not on demand
     first = daemon.wait_state("fx", "running")["pid"]
 
@@ -253,7 +262,7 @@ def test_idle_stop_waits_out_a_long_call_then_a_call_starts_it_again(
 def test_a_manual_stop_is_not_undone_by_a_call(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    pids = short_tmp / "spawns" / "pids"
+    pids = short_tmp / "pids"
     daemon = ondemand({"fx": counted(pids, on_demand=True)})
     until(lambda: dormant(daemon.status()["fx"]))
     assert daemon.cli("stop", "fx").returncode == 0
@@ -291,7 +300,7 @@ def test_a_subscription_keeps_it_running_until_its_client_leaves(
 def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_call(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    pids, others = short_tmp / "spawns" / "pids", short_tmp / "spawns" / "others"
+    pids, others = short_tmp / "pids", short_tmp / "others"
     daemon = ondemand({"fx": counted(pids, on_demand=True)})
     until(lambda: dormant(daemon.status()["fx"]))
     settings = json.loads(daemon.config.read_text())
@@ -318,8 +327,8 @@ def test_a_listing_goes_when_its_extension_leaves_the_config(
     """Saved listings do not pile up: a reload or a start drops those the config no longer names."""
     daemon = ondemand(
         {
-            "fx": counted(short_tmp / "spawns" / "fx", on_demand=True),
-            "gx": counted(short_tmp / "spawns" / "gx", on_demand=True),
+            "fx": counted(short_tmp / "fx", on_demand=True),
+            "gx": counted(short_tmp / "gx", on_demand=True),
         }
     )
     until(lambda: daemon.catalog_file("fx").exists() and daemon.catalog_file("gx").exists())
@@ -340,7 +349,7 @@ def test_a_listing_goes_when_its_extension_leaves_the_config(
 def test_clients_hear_no_list_change_when_it_starts_and_idles_out(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    daemon = ondemand({"fx": counted(short_tmp / "spawns" / "pids", on_demand=True, idle_stop=1)})
+    daemon = ondemand({"fx": counted(short_tmp / "pids", on_demand=True, idle_stop=1)})
     until(lambda: dormant(daemon.status()["fx"]))
     heard: list[str] = []
 
