@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client, process
+from supervisor import client, process, render
 from supervisor.daemon import instance_key
 
 from .conftest import extension_settings
@@ -229,6 +229,11 @@ class TestVisible:
         assert records["free"]["sandbox"] == {"mode": "off"}
         health = await client.request(daemon.socket, "health")
         assert {e["name"]: e["sandbox"] for e in health["extensions"]}["confined"] == shown
+        table = render.health_text(health).splitlines()
+        assert table[2].split()[-1] == "SANDBOX"
+        rows = {line.split()[0]: line for line in table[3:5]}
+        assert rows["confined"].endswith(f"network outbound, {shown['digest'][:8]}")
+        assert rows["free"].endswith("off")
 
         await daemon.attempt("confined", "read", daemon.home / ".ssh" / "id_ed25519")
         assert any(
