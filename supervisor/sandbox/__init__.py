@@ -165,6 +165,7 @@ class Sandbox:
         self.name, self.spec, self.context = name, spec, context
         self.args, self.cwd, self.roots = list(args), cwd, list(roots)
         self._last: Grants | None = None
+        self._described = False
 
     def grants(self, command: str, env: Mapping[str, str] | None = None) -> Grants:
         """The effective grants for the resolved executable *command* (remembered for status).
@@ -185,7 +186,8 @@ class Sandbox:
 
     def describe(self, command: str) -> dict[str, Any]:
         """The status record: mode, network and the grants digest (computed once if never run)."""
-        if self._last is None:
+        if self._last is None and not self._described:
+            self._described = True  # once: a command not found or too many paths is not retried here
             found = (
                 shutil.which(command, path=self.context.environ.get("PATH"))
                 if "/" not in command
