@@ -524,6 +524,9 @@ async def run(
         if daemon.containment is not None:
             await daemon.containment.close()
         await anyio.to_thread.run_sync(daemon.spool.close)
+        await anyio.to_thread.run_sync(
+            functools.partial(sandbox.sweep, daemon.sandbox_context.tmp, remove=True)
+        )
     notifier.close()
     log.info("daemon.stopped")
     return 0

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client, process, render
+from supervisor import client, process, render, sandbox
 from supervisor.daemon import instance_key
 
 from .conftest import extension_settings
@@ -187,6 +187,10 @@ class TestHostileServer:
             assert (await daemon.attempt(name, "connect_tcp", tcp_listener)).startswith(connect), name
             assert (await daemon.attempt(name, "bind_tcp")).startswith(bind), name
         assert (daemon.home / ".bashrc").read_text().count("hostile") == 1  # only the unconfined one
+        base = sandbox.tmp_base(instance_key(daemon.socket))
+        assert len(os.listdir(base)) == 5  # one private temporary directory per confined extension
+        daemon.stop()
+        assert not os.path.exists(base)  # noqa: ASYNC240 - gone with the daemon
 
     async def test_a_grant_of_the_home_still_hides_its_credentials(self, sandboxed: Any) -> None:
         """`read: [~]` shows ~/.bashrc (read-only) but not ~/.ssh nor the daemon's state in it."""

@@ -239,14 +239,20 @@ def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
     return Sandbox(name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots)
 
 
-def sweep(base: str) -> int:
-    """Remove what earlier runs left in *base* (a crashed daemon's); how many directories."""
+def sweep(base: str, *, remove: bool = False) -> int:
+    """Remove what earlier runs left in *base* (a crashed daemon's); how many directories.
+
+    *remove*: *base* itself too (the daemon's exit, once every extension is stopped).
+    """
     try:
         names = os.listdir(base)
     except OSError:
         return 0
     for entry in names:
         _remove_tree(os.path.join(base, entry))
+    if remove:
+        with contextlib.suppress(OSError):
+            os.rmdir(base)
     return len(names)
 
 
