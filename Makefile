@@ -37,6 +37,7 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/scale.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/views.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/storm.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/sandbox.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

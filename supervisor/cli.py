@@ -284,11 +284,27 @@ def _load(
 
 def _check_config(args: argparse.Namespace) -> int:
     warnings: list[str] = []
-    names = list(_load(args.config, warnings=warnings).extensions)
+    settings = _load(args.config, warnings=warnings)
+    names = list(settings.extensions)
     for warning in warnings:
         _fail(f"warning: {warning}")
+    if args.explain:
+        return _explain(settings, args.config, args.explain)
     listed = f": {', '.join(names)}" if names else ""
     print(f"{args.config}: OK ({len(names)} extension{'' if len(names) == 1 else 's'}{listed})")
+    return EXIT_OK
+
+
+def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
+    from supervisor import daemon, sandbox
+
+    unknown = [name for name in names if name not in settings.extensions]
+    if unknown:
+        _fail(f"no extension named {', '.join(map(repr, unknown))} in {config_path}")
+        return EXIT_USAGE
+    context = daemon.sandbox_context(settings, config_path=config_path, environ=os.environ)
+    for name in names:
+        print("\n".join(sandbox.explain_extension(name, settings.extensions[name], context)))
     return EXIT_OK
 
 
@@ -444,6 +460,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = add("check-config", _check_config, "validate a config file", is_async=False)
     sub.add_argument("config", metavar="CONFIG")
+    sub.add_argument(
+        "--explain",
+        metavar="NAME",
+        action="append",
+        help="print what extension NAME's sandbox grants and hides, and why (repeatable)",
+    )
     sub = add(
         "import",
         _import,

@@ -43,6 +43,7 @@ __all__ = (
     "GatewayConfig",
     "HttpConfig",
     "ProfileConfig",
+    "SandboxConfig",
     "Settings",
     "SpoolConfig",
     "ToolFilter",
@@ -200,6 +201,12 @@ def _absolute(value: str) -> str:
     return os.path.normpath(value)
 
 
+def _non_empty_path(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty_path", "a sandbox path must not be empty")
+    return value
+
+
 def _non_empty(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("empty_command", "command must not be empty")
@@ -273,6 +280,28 @@ class ToolFilter(_Frozen):
     deny: list[str] = []
 
 
+class SandboxConfig(_Frozen):
+    """What a confined extension may reach beyond its base (see :mod:`supervisor.sandbox`).
+
+    ``read``/``write``: paths; ``~`` and globs expand at each start, ``${VAR}`` at load.
+    ``sandbox: false`` in the file is ``enabled: false`` here (unconfined).
+    """
+
+    enabled: bool = True
+    network: Literal["none", "outbound", "all"] = "all"  # outbound: TCP connect, no bind
+    read: list[Annotated[_Expanded, AfterValidator(_non_empty_path)]] = []
+    write: list[Annotated[_Expanded, AfterValidator(_non_empty_path)]] = []
+
+
+def _sandbox_switch(value: Any) -> Any:
+    """``sandbox: true`` is the default sandbox; ``false`` opts out; anything else is a mapping."""
+    if isinstance(value, bool):
+        return {"enabled": value}
+    if isinstance(value, SandboxConfig | Mapping):
+        return value
+    raise PydanticCustomError("sandbox", "sandbox must be false, true or a mapping (network, read, write)")
+
+
 class ExtensionConfig(_Frozen):
     """One stdio MCP server. ``${VAR}`` expands in command, args, env values and cwd at load time.
 
@@ -313,6 +342,7 @@ class ExtensionConfig(_Frozen):
     ping_timeout: _Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
     memory_max: _MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
     tools_on_change: OnChange | None = None  # a pinned tool's definition changed; None: the top-level one
+    sandbox: Annotated[SandboxConfig, BeforeValidator(_sandbox_switch)] = SandboxConfig()
 
     @model_validator(mode="after")
     def _on_demand_is_not_autostart(self) -> ExtensionConfig:
@@ -452,9 +482,34 @@ class Settings(BaseSettings):
     start_slots: int | None = Field(None, ge=1, le=1024)  # starts at once; None: about two per core
     spool: SpoolConfig = SpoolConfig()
     gateway: GatewayConfig = GatewayConfig()
+    sandbox_defaults: SandboxConfig = (
+        SandboxConfig()
+    )  # the base of every extension's sandbox: (before extensions)
     extensions: dict[_Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
     profiles: dict[_Name, ProfileConfig] = {}  # client views, by name
     tools_on_change: OnChange = "warn"  # extensions without their own tools_on_change
+
+    @field_validator("extensions")
+    @classmethod
+    def _sandbox_defaults_merged(
+        cls, extensions: dict[str, ExtensionConfig], info: ValidationInfo
+    ) -> dict[str, ExtensionConfig]:
+        """Each extension's sandbox on top of ``sandbox_defaults``: network from the extension if
+        it gives one, paths from both. The result is what a reload compares."""
+        defaults = info.data.get("sandbox_defaults")
+        if defaults is None or defaults == SandboxConfig():
+            return extensions
+        merged = {}
+        for name, extension in extensions.items():
+            own = extension.sandbox
+            if own.enabled:
+                network = own.network if "network" in own.model_fields_set else defaults.network
+                own = SandboxConfig.model_construct(  # values validated (and ${VAR}-expanded) once already
+                    network=network, read=[*defaults.read, *own.read], write=[*defaults.write, *own.write]
+                )
+                extension = extension.model_copy(update={"sandbox": own})
+            merged[name] = extension
+        return merged
 
     @field_validator("profiles")
     @classmethod

@@ -28,7 +28,7 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import config, control, fdlimits, logs, process, resources
+from . import config, control, fdlimits, logs, process, resources, sandbox
 from .catalogs import CatalogStore, default_state_root, fingerprint, prune
 from .config import ExtensionConfig, Settings
 from .demand import Demand
@@ -47,7 +47,7 @@ from .spool import Spool, default_root
 from .startup import StartSlots, default_slots
 from .state import Snapshot, State
 
-__all__ = ("Daemon", "instance_key", "run")
+__all__ = ("Daemon", "instance_key", "run", "sandbox_context")
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +92,7 @@ class Daemon:
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
         self.pin_dir = default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
+        self.sandbox_context = sandbox_context(settings, config_path=config_path, environ=self._environ)
         self.metrics = Metrics(self.health)
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
@@ -121,6 +122,7 @@ class Daemon:
             demand=self._demand_of(name, config),
             pins=self._pins[name],
             start_slots=self.start_slots,
+            sandbox_context=self.sandbox_context,
         )
 
     def _configure_pins(self, settings: Settings) -> None:
@@ -160,6 +162,7 @@ class Daemon:
                 demand=demand,
                 pins=pins,
                 start_slots=self.start_slots,
+                sandbox_context=self.sandbox_context,
             )
 
         return Instances(name, make, config.max_instances)
@@ -453,12 +456,28 @@ def _health_of(
         "log_lines_max": ext.config.log_lines,
         "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
         "instances": per_client.health(usage) if per_client is not None else None,
+        "sandbox": snapshot.sandbox,
     }
 
 
 async def _settled(ext: Extension) -> Snapshot:
     """Wait until a start has an answer: running, or why not (backoff, failed, stopped)."""
     return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING))
+
+
+def sandbox_context(
+    settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
+) -> sandbox.Context:
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
+    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
+    return sandbox.daemon_context(
+        environ=environ,
+        config_path=config_path,
+        socket=settings.socket,
+        state=str(default_state_root(environ)),
+        spool=str(spool),
+        instance=instance_key(settings.socket),
+    )
 
 
 def instance_key(socket_path: str) -> str:
@@ -550,6 +569,7 @@ async def run(
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
+        await anyio.to_thread.run_sync(sandbox.sweep, daemon.sandbox_context.tmp)  # their temporary dirs
         await _prepare_spool(daemon.spool)
         await daemon.prune_catalogs()
         await daemon.autostart()
@@ -560,6 +580,9 @@ async def run(
         if daemon.containment is not None:
             await daemon.containment.close()
         await anyio.to_thread.run_sync(daemon.spool.close)
+        await anyio.to_thread.run_sync(
+            functools.partial(sandbox.sweep, daemon.sandbox_context.tmp, remove=True)
+        )
     notifier.close()
     log.info("daemon.stopped")
     return 0

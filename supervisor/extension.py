@@ -8,11 +8,12 @@ event, so any number of concurrent ``stop()`` calls share one teardown.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,7 +25,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from . import liveness, resources, secretrefs, startup, transport
+from . import liveness, resources, sandbox, secretrefs, startup, transport
 from .backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 from .callers import Asking, Budget, Caller
 from .demand import Demand, tasks_working
@@ -75,6 +76,8 @@ class Extension:
         demand: its on-demand start, saved listing and idle timer (``on_demand``, ``idle_stop``).
         pins: its pinned tool definitions (shared with its per-client instances).
         start_slots: the daemon's start slots, taken by each start (None: start at once).
+        sandbox_context: the daemon's layout for the sandbox (what to hide); None: only the
+            environment's (see :mod:`supervisor.sandbox`).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class Extension:
         demand: Demand | None = None,
         pins: Pins | None = None,
         start_slots: startup.StartSlots | None = None,
+        sandbox_context: sandbox.Context | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -140,6 +144,7 @@ class Extension:
         self._ticket: startup.Ticket | None = None  # while waiting for a start slot
         self._slow: str | None = None  # while a start is past its deadline but busy: says so
         self._handshaken = False  # a run completed its handshake (ends first_start_timeout)
+        self.sandbox = sandbox.sandbox_for(name, config, sandbox_context or sandbox.Context(environ))
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -156,6 +161,7 @@ class Extension:
             last_stderr=one_line(last) if last is not None else None,
             detail=detail,
             queued=queued,
+            sandbox=self.sandbox.describe(self.config.command) if self.sandbox else {"mode": "off"},
         )
 
     @property
@@ -515,21 +521,25 @@ class Extension:
         ticket = await self._take_slot()  # stop() lands here while queued: nothing to tear down
         try:
             env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
-            async with transport.connect(
-                [self.config.command, *self.config.args],
-                env=env,
-                cwd=self.config.cwd,
-                marker=marker,
-                stop_timeout=self.config.stop_timeout,
-                max_message_bytes=self.config.max_message_bytes,
-                on_stderr=self._on_stderr,
-                on_list_changed=self._list_changed,
-                on_notification=self._notified,
-                on_asked=self._answer,
-                hurry=self._hurry,
-                spool=self._spool,
-                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
-            ) as connection:
+            async with (
+                self._confined() as jail,
+                transport.connect(
+                    [self.config.command, *self.config.args],
+                    wrap=jail.wrap if jail is not None else None,
+                    env=env,
+                    cwd=self.config.cwd,
+                    marker=marker,
+                    stop_timeout=self.config.stop_timeout,
+                    max_message_bytes=self.config.max_message_bytes,
+                    on_stderr=self._on_stderr,
+                    on_list_changed=self._list_changed,
+                    on_notification=self._notified,
+                    on_asked=self._answer,
+                    hurry=self._hurry,
+                    spool=self._spool,
+                    stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
+                ) as connection,
+            ):
                 try:
                     return await self._serve(connection, ticket)
                 finally:
@@ -554,6 +564,18 @@ class Extension:
             log.info("extension.start_slot", waited=round(waited, 3))
             self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
         return ticket
+
+    @contextlib.asynccontextmanager
+    async def _confined(self) -> AsyncIterator[sandbox.Run | None]:
+        """This run's sandbox (its private temporary directory), removed once the run is over."""
+        if self.sandbox is None:
+            yield None
+            return
+        run = await self.sandbox.prepare()  # SpawnError: permanent, says why and how to opt out
+        try:
+            yield run
+        finally:
+            await run.remove()
 
     async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
         child = connection.child

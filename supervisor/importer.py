@@ -28,6 +28,7 @@ __all__ = (
     "Plan",
     "plan",
     "read_client",
+    "sandbox_of",
 )
 
 MAX_CLIENT_BYTES = 64 << 20  # ~/.claude.json keeps every project's history: far larger than a config
@@ -80,6 +81,7 @@ class Imported:
     name: str
     entry: dict[str, Any]
     variables: tuple[str, ...] = ()  # ${VAR} it needs from the daemon's environment (no default)
+    sandbox: str = ""  # what its sandbox grants, for the report
 
 
 @dataclass(slots=True)
@@ -167,7 +169,10 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
         if name != source:
             result.notes.append(f"{source}: renamed to '{name}' (letters, digits, '_' and '-' only, no '__')")
         result.notes += [f"{name}: {note}" for note in notes]
-        result.imported.append(Imported(source, name, entry, _variables(entry)))
+        granted, report = sandbox_of(entry)
+        if granted:
+            entry["sandbox"] = granted
+        result.imported.append(Imported(source, name, entry, _variables(entry), report))
     if client.table == ("mcpServers",) and isinstance(client.data.get("projects"), dict):
         for directory, settings in client.data["projects"].items():
             servers = settings.get("mcpServers") if isinstance(settings, dict) else None
@@ -252,6 +257,45 @@ def _first_start_allowance(entry: dict[str, Any]) -> list[str]:
         f"{runner} may download the server when first started: first_start_timeout: "
         f"{runners.FIRST_START_TIMEOUT} (start_timeout once it has started)"
     ]
+
+
+# Servers whose directory arguments are what they serve: those become write grants.
+FILE_SERVERS = (
+    "server-filesystem",
+    "mcp-server-filesystem",
+    "filesystem-mcp",
+    "mcp-server-git",
+    "server-git",
+)
+_PATHLIKE = ("/", "~", "${", "./", "../")
+_DEFAULT_SANDBOX = (
+    "the default (the system and its own installation read-only, its package caches, network all)"
+)
+
+
+def sandbox_of(entry: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The sandbox an imported server gets, and the report's words for it. Pure.
+
+    A file server (server-filesystem, mcp-server-git, ...) may write the operands after its
+    package name (and ``--repository PATH``); any other server gets the default, and the report
+    names the paths it is given, which it may need granted.
+    """
+    words = [str(entry["command"]), *map(str, entry.get("args", []))]
+    where = next((i for i, word in enumerate(words) if any(name in word for name in FILE_SERVERS)), None)
+    after = words[where + 1 :] if where is not None else words[1:]
+    paths = []
+    for i, word in enumerate(after):
+        value = word.split("=", 1)[1] if word.startswith("-") and "=" in word else word
+        named = i > 0 and after[i - 1] in ("--repository", "-r")
+        served = where is not None and not word.startswith("-")  # a file server's operands are its paths
+        if value and (value.startswith(_PATHLIKE) or named or served):
+            paths.append(value)
+    if where is None:
+        given = f"; it is given {', '.join(paths)}: grant what it must read or write" if paths else ""
+        return None, _DEFAULT_SANDBOX + given
+    if not paths:
+        return None, _DEFAULT_SANDBOX + "; it is given no directory to serve"
+    return {"write": paths}, f"may write {', '.join(paths)} (the directories it serves), network all"
 
 
 def _map_variables(text: str, *, home: str, workspace: str | None, inputs: Mapping[Any, Any]) -> str:

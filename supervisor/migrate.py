@@ -94,6 +94,7 @@ def run_import(
     for item in found.imported:
         verb = "replaced" if item.name in replaced else "imported"
         say(f"{verb} {item.name}: {shlex.join([item.entry['command'], *item.entry.get('args', [])])}")
+        say(f"  sandbox: {item.sandbox}")
     if request.dry_run:
         say(f"dry run: {request.config} and {client.path} left as they are")
         return len(found.imported)

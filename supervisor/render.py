@@ -17,6 +17,7 @@ __all__ = (
     "health_text",
     "profiles_table",
     "result_text",
+    "sandbox_text",
     "size",
     "status_table",
     "table",
@@ -232,14 +233,24 @@ def health_text(report: dict[str, Any]) -> str:
         f"spool   {spool['files']} files, {size(spool['bytes'])} of {size(spool['max_bytes'])} "
         f"(at most {spool['max_files']} files) in {spool['dir']}",
     ]
-    rows = [
-        ("NAME", "STATE", "RESTARTS", "CALLS", "ERRORS", "IN-FLIGHT", "STDERR LINES", "PROCS", "RSS", "CPU")
-    ]
+    header = (
+        "NAME",
+        "STATE",
+        "RESTARTS",
+        "CALLS",
+        "ERRORS",
+        "IN-FLIGHT",
+        "STDERR LINES",
+        "PROCS",
+        "RSS",
+        "CPU",
+    )
+    rows = [(*header, "SANDBOX")]
     for ext in report["extensions"]:
         ring = f"{ext['log_lines']}/{ext['log_lines_max']}"
-        rows.append((ext["name"], *_health_cells(ext, ring)))
+        rows.append((ext["name"], *_health_cells(ext, ring), sandbox_text(ext.get("sandbox"))))
         for n, instance in enumerate((ext.get("instances") or {}).get("each", ()), 1):  # per-client
-            rows.append((f"  {ext['name']}[{n}]", *_health_cells(instance, "-")))
+            rows.append((f"  {ext['name']}[{n}]", *_health_cells(instance, "-"), "-"))
     lines.append(table(rows))
     if contain := report.get("containment"):  # `--json` has each extension's own cgroup
         where = (
@@ -250,6 +261,14 @@ def health_text(report: dict[str, Any]) -> str:
         in_use, count, queued = slots["in_use"], slots["slots"], slots["queued"]
         lines.append(f"starts  {in_use} of {count} start slots in use, {queued} queued")
     return "\n".join(lines)
+
+
+def sandbox_text(sandbox: dict[str, Any] | None) -> str:
+    """``network outbound, 824ade12`` (the grants digest, shortened), or ``off``."""
+    if not sandbox or sandbox.get("mode") != "confined":
+        return "off" if sandbox else "-"
+    digest = sandbox.get("digest")
+    return f"network {sandbox.get('network')}" + (f", {digest[:8]}" if digest else "")
 
 
 def _health_cells(ext: dict[str, Any], ring: str) -> tuple[str, ...]:

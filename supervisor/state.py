@@ -112,6 +112,7 @@ class Snapshot:
     unresponsive: int = 0  # runs ended by liveness: "not answering"
     memory_exceeded: int = 0  # runs ended by memory_max
     resources: dict[str, Any] | None = None  # the tree's processes, RSS, CPU (filled in by status)
+    sandbox: dict[str, Any] | None = None  # mode ("confined" | "off"), network, grants digest
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -146,6 +147,7 @@ class Snapshot:
             "unresponsive": self.unresponsive,
             "memory_exceeded": self.memory_exceeded,
             "resources": self.resources,
+            "sandbox": self.sandbox,
         }
 
 

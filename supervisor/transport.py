@@ -211,6 +211,7 @@ async def connect(
     hurry: anyio.Event | None = None,
     spool: ExtensionSpool | None = None,
     stdin_timeout: float = STDIN_TIMEOUT,
+    wrap: process.Wrap | None = None,
 ) -> AsyncIterator[Connection]:
     """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
 
@@ -229,10 +230,12 @@ async def connect(
     at once: they run once per notification. With *on_asked*, the child is told at ``initialize``
     that its client offers sampling, elicitation and roots, and its requests for them go there.
 
+    *wrap* puts the resolved command line behind a launcher (the sandbox's; see :func:`process.spawn`).
+
     Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
     A message that cannot be encoded fails its sender only (see :class:`~supervisor.wire.Outbox`).
     """
-    child = await process.spawn(argv, env=env, cwd=cwd, marker=marker)
+    child = await process.spawn(argv, env=env, cwd=cwd, marker=marker, wrap=wrap)
     connection = Connection(child)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[bytes](0)

@@ -24,9 +24,15 @@ class TestSlowFirstStart:
         short_tmp: Path,
     ) -> None:
         """No deadline shorter than start_timeout ends a start; status shows the request and stderr."""
-        gate = short_tmp / "gate"
+        gates = short_tmp / "gates"  # not the socket directory itself: the sandbox hides that
+        gates.mkdir()
+        gate = gates / "gate"
         settings = extension_settings(
-            "slow_start.py", env={"SLOW_START_GATE": str(gate)}, start_timeout=20, call_timeout=0.5
+            "slow_start.py",
+            env={"SLOW_START_GATE": str(gate)},
+            start_timeout=20,
+            call_timeout=0.5,
+            sandbox={"read": [str(gates)]},  # it watches for the gate there
         )
         started = time.monotonic()
         daemon = daemons({"slow": settings})

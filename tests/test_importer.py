@@ -116,12 +116,36 @@ class TestFormats:
             "args": ["-y", "@modelcontextprotocol/server-filesystem", "/src/app", "app"],
             "env": {"HOME_COPY": "${HOME}", "SEP": "a/b"},
             "first_start_timeout": 300,
+            "sandbox": {"write": ["/src/app", "app"]},  # the directories it serves
         }
         assert found.skipped == [
             "github: ${input:github_token} (GitHub Personal Access Token) is asked by VS Code when the "
             "server starts, and a daemon cannot ask: add this server by hand, with the value in its env",
             "remote: not a stdio server ('url'); mcp-supervisor supervises stdio servers: keep it here",
         ]
+
+    def test_file_servers_may_write_what_they_serve_others_get_the_default(self) -> None:
+        """server-filesystem's directories become write grants; github gets the default; the
+        report says which."""
+        found = planned("claude_desktop_config.json")
+        got = {item.name: item for item in found.imported}
+        assert got["filesystem"].entry["sandbox"] == {"write": ["/Users/me/Desktop", "/Users/me/Downloads"]}
+        assert "may write /Users/me/Desktop, /Users/me/Downloads" in got["filesystem"].sandbox
+        assert "sandbox" not in got["github"].entry
+        assert got["github"].sandbox.startswith("the default")
+
+    @pytest.mark.parametrize(
+        ("args", "granted", "report"),
+        [
+            (["mcp-server-git", "--repository", "~/src/x"], {"write": ["~/src/x"]}, "may write ~/src/x"),
+            (["notes-mcp", "--db", "/home/me/.notes.db"], None, "it is given /home/me/.notes.db"),
+            (["-y", "@modelcontextprotocol/server-memory"], None, "the default"),
+        ],
+    )
+    def test_what_each_kind_of_server_gets(self, args: list[str], granted: Any, report: str) -> None:
+        made, said = importer.sandbox_of({"command": "uvx", "args": args})
+        assert made == granted
+        assert report in said
 
     def test_workspace_variables_without_a_workspace_are_reported(self) -> None:
         found = planned("vscode/.vscode/mcp.json", workspace=None)

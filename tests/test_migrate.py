@@ -58,7 +58,11 @@ class TestImport:
         config = work / "new" / "config.yaml"  # no file, no directory yet
         result = run("import", str(work / "clients" / "claude_desktop_config.json"), "-c", str(config))
         assert result.returncode == 0, result.stderr
-        assert "imported github: npx -y @modelcontextprotocol/server-github\n" in result.stdout
+        assert (
+            "imported github: npx -y @modelcontextprotocol/server-github\n  sandbox: the default"
+            in result.stdout
+        )
+        assert "  sandbox: may write /Users/me/Desktop, /Users/me/Downloads" in result.stdout  # filesystem's
         assert f"wrote {config}\n" in result.stdout
         assert stat.S_IMODE(config.stat().st_mode) == 0o600  # env values may be secrets
         check = run("check-config", str(config))

@@ -84,12 +84,24 @@ def ondemand(short_tmp: Path) -> Iterator[Callable[..., StatefulDaemon]]:
 
 
 def counted(pids: Path, **overrides: Any) -> dict[str, Any]:
-    """A fixture server that appends its pid to *pids* at each spawn."""
-    return extension_settings("counted.py", env={"COUNTED_PID_FILE": str(pids)}, **overrides)
+    """A fixture server that appends its pid to *pids* at each spawn (read it with :func:`spawns`).
+
+    The file goes in a directory beside *pids*, which its sandbox may write: not the socket
+    directory itself, which the sandbox hides.
+    """
+    own = _spawn_file(pids)
+    own.parent.mkdir(exist_ok=True)
+    granted = {"sandbox": {"write": [str(own.parent)]}}
+    return extension_settings("counted.py", env={"COUNTED_PID_FILE": str(own)}, **granted, **overrides)
+
+
+def _spawn_file(pids: Path) -> Path:
+    return pids.parent / "spawns" / pids.name
 
 
 def spawns(pids: Path) -> list[int]:
-    return [int(line) for line in pids.read_text().split()] if pids.exists() else []
+    own = _spawn_file(pids)
+    return [int(line) for line in own.read_text().split()] if own.exists() else []
 
 
 def dormant(record: dict[str, Any]) -> bool:
@@ -322,7 +334,10 @@ def test_a_listing_goes_when_its_extension_leaves_the_config(
 ) -> None:
     """Saved listings do not pile up: a reload or a start drops those the config no longer names."""
     daemon = ondemand(
-        {"fx": counted(short_tmp / "fx", on_demand=True), "gx": counted(short_tmp / "gx", on_demand=True)}
+        {
+            "fx": counted(short_tmp / "fx", on_demand=True),
+            "gx": counted(short_tmp / "gx", on_demand=True),
+        }
     )
     until(lambda: daemon.catalog_file("fx").exists() and daemon.catalog_file("gx").exists())
     settings = json.loads(daemon.config.read_text())

@@ -223,7 +223,9 @@ class TestHealth:
             "PROCS",
             "RSS",
             "CPU",
+            "SANDBOX",
         ]
+        assert table[3].split()[0] == "fx" and table[3].split()[-3:-1] == ["network", "all,"]
         assert json.loads((await daemon.cli("health", "--json")).stdout)["extensions"][0]["name"] == "fx"
         assert (
             "# TYPE mcp_supervisor_tool_calls_total counter"

@@ -233,7 +233,8 @@ class TestContract:
             ("ProtectHome", "read-only"),
             ("PrivateTmp", "yes"),
             ("UMask", "0077"),
-            ("CapabilityBoundingSet", ""),
+            ("CapabilityBoundingSet", "CAP_SETFCAP"),  # the sandbox maps root into a user namespace
+            ("RestrictNamespaces", "user mnt net"),  # the sandbox's, and no other kind
             ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6 AF_NETLINK"),
         ],
     )

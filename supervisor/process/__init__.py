@@ -25,7 +25,7 @@ import signal
 import struct
 import subprocess
 import termios
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +43,7 @@ __all__ = (
     "MARKER_ENV",
     "ChildProcess",
     "PipeReader",
+    "Wrap",
     "contain_in",
     "find_marked",
     "spawn",
@@ -51,6 +52,9 @@ __all__ = (
 )
 
 log = structlog.get_logger(__name__)
+
+# (resolved argv, complete env, cwd) -> the argv and env to start instead: a launcher in front.
+Wrap = Callable[[Sequence[str], Mapping[str, str], "str | None"], tuple[list[str], dict[str, str]]]
 
 
 @dataclass(slots=True)
@@ -213,21 +217,28 @@ async def spawn(
     cwd: str | None,
     marker: str,
     pipe_limit: int = 1 << 20,
+    wrap: Wrap | None = None,
 ) -> ChildProcess:
     """Start *argv* in a new session with stdio pipes; it dies with the daemon (PDEATHSIG).
 
     *env* is the complete environment; the marker is added to it. With a cgroup sub-tree
     (:func:`contain_in`) the child runs in a new cgroup of its own.
 
+    *wrap*, given the resolved command line, returns the one to start instead (the sandbox's
+    launcher, which execs the command in the same process).
+
     Error handling: raises :class:`SpawnError`, ``permanent`` when retrying cannot help.
     """
     env = {**env, MARKER_ENV: marker}
     command = spawner.resolve(argv[0], env=env, cwd=cwd)
+    full = [command, *argv[1:]]
+    if wrap is not None:
+        full, env = wrap(full, env, cwd)
     subtree = _containment.subtree
     with anyio.CancelScope(shield=True):  # a cancel here would leave a child nobody watches
         leaf = subtree.leaf(marker.removeprefix(_containment.prefix).replace(":", "-")) if subtree else None
         try:
-            popen = await spawner.popen([command, *argv[1:]], env=env, cwd=cwd, cgroup=leaf)
+            popen = await spawner.popen(full, env=env, cwd=cwd, cgroup=leaf)
         except BaseException:
             if leaf is not None:
                 Subtree.remove(leaf)

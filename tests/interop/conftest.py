@@ -132,26 +132,63 @@ def extensions(chain: Toolchain, work: Path) -> dict[str, dict[str, Any]]:
     (files / "hello.txt").write_text("hello from the interop test\n")
     common = {"start_timeout": START_TIMEOUT, "stop_timeout": 5, "call_timeout": 30, "env": chain.env}
 
+    memory = work / "memory"  # the sandbox grants the servers these directories, nothing else of work/
+    memory.mkdir()
+
     def memory_env(name: str) -> dict[str, str]:  # its default file is inside its package
-        return {**chain.env, "MEMORY_FILE_PATH": str(work / f"{name}.jsonl")}
+        return {**chain.env, "MEMORY_FILE_PATH": str(memory / f"{name}.jsonl")}
+
+    outside = work / "outside"  # given to a server-filesystem that the sandbox does not grant it
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for the confined server\n")
+    cold_cache = work / "npm-cold"  # an empty npm cache: `npx -y` downloads everything, confined
+
+    files_granted = {"sandbox": {"write": [str(files)]}}
+    memory_granted = {"sandbox": {"write": [str(memory)]}}
 
     # npx runs outside the npm prefix, so it resolves the package itself instead of the local bin.
     wrapped = {"command": "npx", "cwd": str(work)}
     return {
         "everything": {**common, "command": str(chain.bin / "mcp-server-everything")},
-        "filesystem": {**common, "command": str(chain.bin / "mcp-server-filesystem"), "args": [str(files)]},
-        "memory": {**common, "command": str(chain.bin / "mcp-server-memory"), "env": memory_env("memory")},
+        "filesystem": {
+            **common,
+            **files_granted,
+            "command": str(chain.bin / "mcp-server-filesystem"),
+            "args": [str(files)],
+        },
+        "memory": {
+            **common,
+            **memory_granted,
+            "command": str(chain.bin / "mcp-server-memory"),
+            "env": memory_env("memory"),
+        },
         "npx-everything": {**common, **wrapped, "args": npx("@modelcontextprotocol/server-everything")},
         "npx-filesystem": {
             **common,
             **wrapped,
+            **files_granted,
             "args": [*npx("@modelcontextprotocol/server-filesystem"), str(files)],
         },
         "npx-memory": {
             **common,
             **wrapped,
+            **memory_granted,
             "args": npx("@modelcontextprotocol/server-memory"),
             "env": memory_env("npx-memory"),
+        },
+        "npx-cold": {
+            **common,
+            **wrapped,
+            **memory_granted,
+            "args": npx("@modelcontextprotocol/server-memory"),
+            "env": {**memory_env("npx-cold"), "npm_config_cache": str(cold_cache)},  # granted as its cache
+            "sandbox": {**memory_granted["sandbox"], "network": "outbound"},
+        },
+        "fs-confined": {
+            **common,
+            **files_granted,
+            "command": str(chain.bin / "mcp-server-filesystem"),
+            "args": [str(files), str(outside)],
         },
         "time": {
             **common,

@@ -95,6 +95,15 @@ CASES = [
         wrapper=("npm", "sh", "node"),
         then=("read_graph", {}),
     ),
+    Case(  # a first start: an empty npm cache, network outbound (TCP connect only)
+        "npx-cold",
+        MEMORY_TOOLS,
+        "create_entities",
+        {"entities": [ENTITY]},
+        lambda t, i: "interop-entity" in t,
+        wrapper=("npm", "sh", "node"),
+        then=("read_graph", {}),
+    ),
     Case(
         "time",
         {"get_current_time", "convert_time"},
@@ -141,6 +150,25 @@ async def test_runs_lists_calls_and_stops_whole(interop: Interop, case: Case) ->
     assert interop.daemon.status()[case.name]["state"] == "stopped"
     alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+async def test_server_filesystem_is_refused_outside_its_grant(interop: Interop) -> None:
+    """Given two directories and granted one: the kernel hides the other from it (it says so in
+    its log and drops it), so it serves and writes the granted one and nothing outside."""
+    interop.ensure_running("fs-confined")
+    files, outside = interop.work / "files", interop.work / "outside"
+    async with gateway_session(interop.mcp_sock) as session:
+        allowed = text_of(await session.call_tool("fs-confined__list_allowed_directories", {}))
+        assert str(files) in allowed and str(outside) not in allowed
+        written = {"path": str(files / "new.txt"), "content": "written while confined"}
+        text_of(await session.call_tool("fs-confined__write_file", written))
+        refused = await session.call_tool(
+            "fs-confined__read_text_file", {"path": str(outside / "secret.txt")}
+        )
+        assert refused.is_error
+    assert (files / "new.txt").read_text() == "written while confined"
+    logs = interop.daemon.cli("logs", "fs-confined", "-n", "50").stdout
+    assert f"Cannot access directory {outside}" in logs, logs
 
 
 def test_an_unreachable_registry_is_named() -> None:

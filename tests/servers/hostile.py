@@ -1,0 +1,97 @@
+"""Hostile fixture: on request, tries what a malicious MCP server would (for the sandbox tests).
+
+Tool ``attempt(kind, target)`` makes one attempt and answers ``ok`` or ``refused: ERRNO_NAME
+(message)``; it never raises. Kinds:
+
+``read`` a file, ``write`` (append to) a file, ``list`` a directory, ``connect_tcp`` to
+127.0.0.1:PORT, ``bind_tcp`` on 127.0.0.1 (any port), ``kill`` PID with signal 0 (the
+permission check every signal goes through, without its effect), ``connect_abstract`` to the
+abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
+(PTRACE_ATTACH, wait for the stop, PTRACE_DETACH).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import socket
+
+import _raw
+
+_PTRACE_ATTACH, _PTRACE_DETACH = 16, 17
+_WALL = 0x40000000
+
+
+def _read(target: str) -> None:
+    with open(target, "rb") as file:
+        file.read(1)
+
+
+def _write(target: str) -> None:
+    with open(target, "a") as file:
+        file.write("# hostile was here\n")
+
+
+def _connect_tcp(target: str) -> None:
+    socket.create_connection(("127.0.0.1", int(target)), timeout=5).close()
+
+
+def _bind_tcp(target: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+
+
+def _connect_unix(address: str) -> None:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(address)
+
+
+def _ptrace(target: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    pid = int(target)
+    if libc.ptrace(_PTRACE_ATTACH, pid, None, None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    os.waitpid(pid, _WALL)  # the attach stop
+    libc.ptrace(_PTRACE_DETACH, pid, None, None)
+
+
+ATTEMPTS = {
+    "read": _read,
+    "write": _write,
+    "list": os.listdir,
+    "connect_tcp": _connect_tcp,
+    "bind_tcp": _bind_tcp,
+    "kill": lambda target: os.kill(int(target), 0),
+    "connect_abstract": lambda target: _connect_unix("\0" + target),
+    "connect_unix": _connect_unix,
+    "ptrace": _ptrace,
+}
+
+
+def attempt(args: _raw.Args) -> _raw.Content:
+    """Make one attempt; ``ok`` or why it was refused."""
+    try:
+        ATTEMPTS[str(args["kind"])](str(args.get("target", "")))
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        _raw.log(f"hostile: {args['kind']} {args.get('target')}: {exc}")  # as a real server would
+        return [_raw.text(f"refused: {name} ({exc.strerror or exc})")]
+    return [_raw.text("ok")]
+
+
+TOOLS = {
+    "attempt": _raw.Tool(
+        attempt,
+        "Try one hostile action.",
+        {"kind": {"type": "string"}, "target": {"type": "string"}},
+        ("kind",),
+    ),
+}
+
+
+if __name__ == "__main__":
+    _raw.serve("hostile", TOOLS)

@@ -1,0 +1,235 @@
+"""The sandbox's grants, computed from a config and the files on disk (no process started)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor import sandbox
+from supervisor.config import ExtensionConfig, Settings
+from supervisor.errors import SpawnError
+from supervisor.sandbox.install import installation
+from supervisor.sandbox.policy import Context, Spec, grants_for, package_caches
+
+
+def executable(path: Path, text: str = "#!/bin/sh\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def access(grants: sandbox.Grants) -> dict[str, str]:
+    return {grant.path: grant.access for grant in grants.entries}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+def context(home: Path, *protected: Path, cwd: Path | None = None) -> Context:
+    environ = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    return Context(environ, tuple(map(str, protected)), cwd=str(cwd or home.parent), tmp=str(home / "tmp"))
+
+
+class TestInstallation:
+    def test_a_venv_script_grants_the_venv_its_interpreter_and_its_editable_sources(
+        self, tmp_path: Path
+    ) -> None:
+        """venv/bin/tool (#! venv python) -> the venv, the base Python's prefix, the .pth's sources."""
+        base = tmp_path / "pythons" / "3.12"
+        real = executable(base / "bin" / "python3.12")
+        venv = tmp_path / "project" / ".venv"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").symlink_to(real)
+        (venv / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\n")
+        source = tmp_path / "src"
+        source.mkdir()
+        site = venv / "lib" / "python3.12" / "site-packages"
+        site.mkdir(parents=True)
+        (site / "__editable__.x.pth").write_text(f"{source}\nimport os; print('not a path')\n")
+        tool = executable(venv / "bin" / "tool", f"#!{venv / 'bin' / 'python'}\n")
+        found, executables = installation(str(tool), path_env="", home="/nonexistent")
+        assert {str(venv), str(base), str(source)} <= set(found)
+        assert str(real) in executables
+
+    def test_an_npm_bin_link_grants_the_whole_node_modules(self, tmp_path: Path) -> None:
+        """A package's entry point needs its dependencies beside it: the outermost node_modules."""
+        modules = tmp_path / "prefix" / "node_modules"
+        entry = executable(modules / "@scope" / "server" / "dist" / "index.js", "#!/usr/bin/env node\n")
+        (modules / ".bin").mkdir(parents=True)
+        (modules / ".bin" / "server").symlink_to(entry)
+        found, _ = installation(str(modules / ".bin" / "server"), path_env="/usr/bin", home="/nonexistent")
+        assert str(modules) in found
+        assert not any(path.startswith(str(modules) + "/") for path in found)
+
+    def test_a_command_in_a_home_bin_grants_that_directory_not_the_home(self, home: Path) -> None:
+        """~/bin/tool: its prefix would be the home itself, too broad; ~/bin instead."""
+        tool = executable(home / "bin" / "tool")
+        found, _ = installation(str(tool), path_env="", home=str(home))
+        assert str(home / "bin") in found
+        assert str(home) not in found
+
+
+class TestGrants:
+    def test_the_base_covers_system_directories_a_file_argument_and_the_private_caches(
+        self, home: Path
+    ) -> None:
+        """System read-only, the script's directory, pip's cache writable; nothing of the home."""
+        script = executable(home.parent / "servers" / "server.py")
+        grants = grants_for(
+            Spec(), command=sys.executable, args=[str(script)], cwd=None, roots=[], context=context(home)
+        )
+        granted = access(grants)
+        assert granted["/usr"] == granted["/etc"] == "read"
+        assert granted[str(script.parent)] == "read"
+        assert granted[str(home / ".cache" / "pip")] == "write"
+        assert str(home) not in granted
+        assert granted["/etc/shadow"] == "hidden"  # inside /etc: covered
+        assert str(home / ".ssh") not in granted  # not granted at all: nothing to hide
+
+    def test_a_file_argument_beside_a_protected_path_grants_only_the_file(self, home: Path) -> None:
+        """A script next to the daemon's config: the file, not its directory."""
+        directory = home.parent / "etc"
+        script = executable(directory / "server.py")
+        (directory / "config.yaml").write_text("{}")
+        ctx = context(home, directory / "config.yaml")
+        granted = access(
+            grants_for(Spec(), command="/bin/sh", args=[str(script)], cwd=None, roots=[], context=ctx)
+        )
+        assert granted[str(script)] == "read"
+        assert str(directory) not in granted
+
+    def test_a_grant_covering_secrets_and_the_daemon_hides_them(self, home: Path) -> None:
+        """`read: [~]` shows the home but hides ~/.ssh and the daemon's state inside it."""
+        state = home / ".local" / "state" / "mcp-supervisor"
+        state.mkdir(parents=True)
+        ctx = context(home, state)
+        granted = access(
+            grants_for(Spec(read=("~",)), command="/bin/sh", args=[], cwd=None, roots=[], context=ctx)
+        )
+        assert granted[str(home)] == "read"
+        assert granted[str(home / ".ssh")] == granted[str(state)] == "hidden"
+
+    def test_naming_a_secret_shows_it_but_never_the_daemons_own(self, home: Path) -> None:
+        """`read: [~/.ssh]` is the user's explicit choice; the daemon's paths stay hidden whatever."""
+        sockets = home / "run"
+        sockets.mkdir()
+        spec = Spec(read=("~/.ssh", "~"))
+        granted = access(
+            grants_for(spec, command="/bin/sh", args=[], cwd=None, roots=[], context=context(home, sockets))
+        )
+        assert granted[str(sockets)] == "hidden"
+        assert str(home / ".ssh") not in granted or granted[str(home / ".ssh")] != "hidden"
+
+    def test_a_symlink_into_the_daemons_own_is_never_followed(self, home: Path) -> None:
+        """A server that plants `shared/x -> <socket dir>` under its glob grant gets nothing of it."""
+        sockets, shared = home.parent / "run", home / "shared"
+        sockets.mkdir()
+        shared.mkdir()
+        (shared / "x").symlink_to(sockets)
+        (shared / "y").mkdir()
+        ctx = context(home, sockets)
+        granted = access(
+            grants_for(
+                Spec(read=("~/shared/*",)), command="/bin/sh", args=[], cwd=None, roots=[], context=ctx
+            )
+        )
+        assert granted[str(shared / "y")] == "read"
+        assert str(shared / "x") not in granted and str(sockets) not in granted
+
+    def test_globs_and_tilde_expand_and_write_covers_read(self, home: Path) -> None:
+        """`~/p*` matches each project; a path granted for writing is not also listed as readable."""
+        for name in ("p1", "p2", "other"):
+            (home / name).mkdir()
+        spec = Spec(read=("~/p*",), write=("~/p2",))
+        granted = access(
+            grants_for(spec, command="/bin/sh", args=[], cwd=None, roots=[], context=context(home))
+        )
+        assert granted[str(home / "p1")] == "read"
+        assert granted[str(home / "p2")] == "write"
+        assert str(home / "other") not in granted
+
+    def test_cwd_and_roots_are_readable(self, home: Path) -> None:
+        cwd, root = home / "work", home / "docs"
+        grants = grants_for(
+            Spec(), command="/bin/sh", args=[], cwd=str(cwd), roots=[str(root)], context=context(home)
+        )
+        assert access(grants)[str(cwd)] == access(grants)[str(root)] == "read"
+
+    def test_the_digest_follows_the_grants(self, home: Path) -> None:
+        """Same config, same digest; one more path or another network mode, another digest."""
+        digests = {
+            grants_for(spec, command="/bin/sh", args=[], cwd=None, roots=[], context=context(home)).digest
+            for spec in (Spec(), Spec(), Spec(read=("/srv",)), Spec(network="none"))
+        }
+        assert len(digests) == 3
+
+
+class TestPackageCaches:
+    @pytest.mark.parametrize(
+        ("command", "caches"),
+        [
+            ("/usr/bin/npx", {".npm"}),
+            ("/x/uvx", {".cache/uv", ".local/share/uv/python", ".local/share/uv/tools", ".cache/pip"}),
+            ("/usr/bin/python3", {".cache/pip"}),
+            ("/usr/bin/docker", set()),
+        ],
+    )
+    def test_each_family_gets_its_own(self, command: str, caches: set[str]) -> None:
+        """npx writes ~/.npm, uvx uv's cache and data, a Python pip's; a stranger none of them."""
+        found = package_caches([command], {"HOME": "/h"})
+        assert {os.path.relpath(path, "/h") for path in found} == caches
+
+    def test_the_wrappers_own_variables_win(self) -> None:
+        found = package_caches(["npx"], {"HOME": "/h", "npm_config_cache": "/elsewhere/npm"})
+        assert set(found) == {"/elsewhere/npm"}
+
+
+class TestSandboxOf:
+    def test_sandbox_false_is_unconfined(self) -> None:
+        config = ExtensionConfig(command="ls", sandbox=False)
+        assert sandbox.sandbox_for("x", config, Context({})) is None
+
+    def test_defaults_are_merged_under_each_extension(self) -> None:
+        """sandbox_defaults: network unless the extension gives one; paths from both."""
+        settings = Settings(
+            sandbox_defaults={"network": "none", "read": ["/a"]},
+            extensions={"x": {"command": "ls", "sandbox": {"write": ["/b"]}}, "y": {"command": "ls"}},
+        )
+        made = sandbox.sandbox_for("x", settings.extensions["x"], Context({}))
+        assert made is not None and made.spec == Spec("none", ("/a",), ("/b",))
+        assert settings.extensions["y"].sandbox.network == "none"
+
+    def test_true_is_the_default_and_a_change_of_the_defaults_changes_every_extension(self) -> None:
+        """`sandbox: true` is `{}`; new defaults make each config compare different (a reload restarts it)."""
+        before = Settings(extensions={"x": {"command": "ls", "sandbox": True}})
+        after = Settings(sandbox_defaults={"read": ["/srv"]}, extensions={"x": {"command": "ls"}})
+        assert before.extensions["x"] == Settings(extensions={"x": {"command": "ls"}}).extensions["x"]
+        assert before.extensions["x"] != after.extensions["x"]
+
+    def test_relative_paths_are_relative_to_cwd(self, home: Path) -> None:
+        work = home / "work"
+        (work / "data").mkdir(parents=True)
+        grants = grants_for(
+            Spec(write=("data",)), command="/bin/sh", args=[], cwd=str(work), roots=[], context=context(home)
+        )
+        assert access(grants)[str(work / "data")] == "write"
+
+    def test_too_many_paths_are_refused_before_anything_starts(self, home: Path) -> None:
+        """A glob matching more than MAX_GRANTS paths is a permanent spawn error naming the cause."""
+        many = home / "many"
+        many.mkdir()
+        for i in range(sandbox.MAX_GRANTS + 1):
+            (many / f"d{i}").mkdir()
+        config = ExtensionConfig(command="/bin/sh", sandbox={"read": [f"{many}/*"]})
+        made = sandbox.sandbox_for("x", config, context(home))
+        assert made is not None
+        with pytest.raises(SpawnError, match="narrow its globs") as caught:
+            made.grants("/bin/sh")
+        assert caught.value.permanent
