@@ -85,9 +85,14 @@ class TestSlowStart:
         short_tmp: Path,
     ) -> None:
         """Still using CPU at start_timeout: status says slow start, and it runs without a restart."""
-        gate = short_tmp / "gate"
+        gates = short_tmp / "gates"  # not the socket directory itself: the sandbox hides that
+        gates.mkdir()
+        gate = gates / "gate"
         env = {"SLOW_START_BUSY": "1", "SLOW_START_GATE": str(gate)}
-        daemon = daemons({"busy": extension_settings("slow_start.py", env=env, start_timeout=2)})
+        settings = extension_settings(
+            "slow_start.py", env=env, start_timeout=2, sandbox={"read": [str(gates)]}
+        )
+        daemon = daemons({"busy": settings})
         seen: dict[str, Any] = {}
 
         def slow() -> bool:

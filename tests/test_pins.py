@@ -261,7 +261,17 @@ def pinned(short_tmp: Path) -> Iterator[Callable[..., PinDaemon]]:
 
 
 def shifty(definitions: Path, **overrides: Any) -> dict[str, Any]:
-    return extension_settings("shifty.py", env={"SHIFTY_TOOLS": str(definitions)}, **overrides)
+    """The fixture, reading *definitions* (in a directory of its own, granted: the sandbox hides the
+    daemon's socket directory, where the tests keep their files)."""
+    sandbox = {"read": [str(definitions.parent)]}
+    return extension_settings(
+        "shifty.py", env={"SHIFTY_TOOLS": str(definitions)}, sandbox=sandbox, **overrides
+    )
+
+
+def _definitions_in(directory: Path) -> Path:
+    (directory / "shifty").mkdir(exist_ok=True)
+    return directory / "shifty" / "tools.json"
 
 
 def define(path: Path, description: str) -> None:
@@ -312,7 +322,7 @@ class TestThroughTheDaemon:
     ) -> None:
         """A list_changed that changes a description: held (not listed, refused on mcp.sock and HTTP),
         shown by status and tools, logged without the text; approve brings the new definition."""
-        definitions = short_tmp / "tools.json"
+        definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
         http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}}
         daemon = pinned({"fx": shifty(definitions, tools_on_change="hold")}, gateway=http)
@@ -374,7 +384,7 @@ class TestThroughTheDaemon:
     def test_warn_serves_a_tool_changed_at_a_restart_and_shows_it_until_approved(
         self, pinned: Callable[..., PinDaemon], short_tmp: Path
     ) -> None:
-        definitions = short_tmp / "tools.json"
+        definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
         daemon = pinned({"fx": shifty(definitions)})  # tools_on_change: warn, the default
         daemon.wait_state("fx", "running")
@@ -401,7 +411,7 @@ class TestThroughTheDaemon:
     def test_allow_repins_silently_but_still_logs(
         self, pinned: Callable[..., PinDaemon], short_tmp: Path
     ) -> None:
-        definitions = short_tmp / "tools.json"
+        definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
         daemon = pinned({"fx": shifty(definitions)}, tools_on_change="allow")
         daemon.wait_state("fx", "running")
@@ -416,7 +426,7 @@ class TestThroughTheDaemon:
     ) -> None:
         """A tool changed while the daemon was down is held from the first listing of the next daemon;
         the pin file is 0600 and goes when the extension leaves the config."""
-        definitions = short_tmp / "tools.json"
+        definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
         extensions = {"fx": shifty(definitions, tools_on_change="hold")}
         first = pinned(extensions)
@@ -441,7 +451,7 @@ class TestThroughTheDaemon:
         self, pinned: Callable[..., PinDaemon], short_tmp: Path
     ) -> None:
         """A change one client's own instance sees holds the tool for every client."""
-        definitions = short_tmp / "tools.json"
+        definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
         daemon = pinned({"fx": shifty(definitions, tools_on_change="hold", instances="per-client")})
         daemon.wait_state("fx", "running")

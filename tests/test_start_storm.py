@@ -87,8 +87,12 @@ class TestStartSlots:
         quick = extension_settings("quick.py")
         extensions = {"first": _never(short_tmp), "second": quick, "third": quick}
         daemon = _storm(daemons(extensions, start=False), start_slots=1)
-        until(lambda: [r["queued"] for r in _status(daemon).values()] == [None, 1, 2], within=30)
-        assert _status(daemon)["first"]["pid"]
+
+        def queued() -> bool:  # the slot's holder has a pid once its sandbox is ready and it spawned
+            status = _status(daemon)
+            return [r["queued"] for r in status.values()] == [None, 1, 2] and bool(status["first"]["pid"])
+
+        until(queued, within=30)
         table = daemon.cli("status").stdout
         assert "for a start slot (place 2)" in table, table
 
