@@ -511,6 +511,22 @@ class Settings(BaseSettings):
             merged[name] = extension
         return merged
 
+    @field_validator("extensions")
+    @classmethod
+    def _prefixes_are_unique(cls, extensions: dict[str, ExtensionConfig]) -> dict[str, ExtensionConfig]:
+        """Two extensions on one gateway prefix would take each other's names as they start and stop."""
+        owners: dict[str, str] = {}
+        for name, ext in extensions.items():
+            prefix = ext.prefix or name
+            if (other := owners.setdefault(prefix, name)) != name:
+                raise PydanticCustomError(
+                    "shared_prefix",
+                    "extensions '{first}' and '{second}' both use the gateway prefix '{prefix}' (an "
+                    "extension's prefix defaults to its name); give one of them its own 'prefix:'",
+                    {"first": other, "second": name, "prefix": prefix},
+                )
+        return extensions
+
     @field_validator("profiles")
     @classmethod
     def _profiles_name_extensions(

@@ -285,6 +285,21 @@ class TestErrors:
         (error,) = errors_of(write("extensions:\n  a: {command: x, prefix: a__b}\n"))
         assert error.startswith("extensions.a.prefix (line 2): invalid name 'a__b'")
 
+    @pytest.mark.parametrize(
+        "extensions",
+        [
+            "  fs-home: {command: x, prefix: fs}\n  fs-work: {command: x, prefix: fs}\n",
+            "  fs-home: {command: x, prefix: fs-work}\n  fs-work: {command: x}\n",  # its default prefix
+        ],
+    )
+    def test_a_shared_prefix_names_both_extensions(self, write, extensions):
+        """Two extensions on one gateway prefix would take each other's names as they start and stop."""
+        (error,) = errors_of(write("extensions:\n" + extensions))
+        assert error.startswith(
+            "extensions (line 1): extensions 'fs-home' and 'fs-work' both use the gateway"
+        )
+        assert "give one of them its own 'prefix:'" in error
+
     def test_empty_command(self, write):
         """An empty command is an error."""
         assert errors_of(write("extensions:\n  a: {command: ''}\n")) == (

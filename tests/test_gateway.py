@@ -127,10 +127,12 @@ class TestSurface:
                 await session.get_prompt("nobody__greet")
 
     async def test_name_budget_and_collisions(self, gateway) -> None:
-        """Two extensions sharing a prefix and a 20-character budget: every tool reachable, names legal."""
-        long = extension_settings("rich.py", prefix="p", env={"RICH_TOOL_PREFIX": "a_rather_long_name_"})
+        """Prefixes `p` and `p_` whose tools meet (`_echo` and `echo`) and a 20-character budget:
+        every tool reachable, names legal."""
+        one = extension_settings("rich.py", prefix="p", env={"RICH_TOOL_PREFIX": "_"})
+        long = extension_settings("rich.py", env={"RICH_TOOL_PREFIX": "a_rather_long_name_"})
         daemon = gateway(
-            {"one": {**RICH, "prefix": "p"}, "two": {**RICH, "prefix": "p"}, "long": long},
+            {"one": one, "two": {**RICH, "prefix": "p_"}, "long": long},
             gateway={"max_name_length": 20},
         )
         async with gateway_session(mcp_sock(daemon)) as session:
@@ -138,14 +140,14 @@ class TestSurface:
             names = [t.name for t in tools]
             assert len(names) == len(set(names)) == 3 * RICH_TOOLS
             assert all(len(n) <= 20 for n in names), names
-            assert "p__echo" in names  # "one" sorts first and keeps the plain name
+            assert "p___echo" in names  # "one" sorts first and keeps the plain name
             echoes = [t.name for t in tools if t.description == "The echo tool."]
             results = {first_text(await session.call_tool(name, {"text": name})) for name in echoes}
             assert results == set(echoes) and len(results) == 3
         records = json.loads(daemon.cli("tools", "--json").stdout)["tools"]
         assert {r["exposed"] for r in records} == set(names)
         renamed = [r for r in records if r["extension"] == "two" and r["name"] == "echo"]
-        assert renamed[0]["collision"] and "taken by one/echo" in renamed[0]["collision"]
+        assert renamed[0]["collision"] and "taken by one/_echo" in renamed[0]["collision"]
         assert renamed[0]["outputSchema"] and renamed[0]["title"] == "Echo"  # the whole definition
         assert any(c.startswith("two/echo is exposed as") for c in daemon.status()["two"]["name_collisions"])
 
