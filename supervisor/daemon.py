@@ -107,6 +107,8 @@ class Daemon:
         self._configure_pins(settings)
         self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
         self._instances = {name: self._instances_of(name, c) for name, c in settings.extensions.items()}
+        for ext in self._extensions.values():  # the gateway listens before autostart launches them
+            _expect_launch(ext)
 
     def _make(self, name: str, config: ExtensionConfig) -> Extension:
         return Extension(
@@ -135,13 +137,20 @@ class Daemon:
                 store = PinStore(self.pin_dir, name)  # a bounded read, as a saved catalog's
                 self._pins[name] = Pins(name, mode=mode, store=store, on_change=self.gateway.invalidate)
 
-    def _demand_of(self, name: str, config: ExtensionConfig) -> Demand | None:
-        if not config.on_demand and config.idle_stop is None:
-            return None
+    def _demand_of(self, name: str, config: ExtensionConfig) -> Demand:
+        """Its saved listing (every extension's: the gateway keeps its names while it is stopped),
+        and with ``on_demand`` or ``idle_stop`` its start on a call and its idle timer."""
         env = {**self._environ, **config.env}
         store = CatalogStore(self.catalogs, name, fingerprint(config.command, config.args, config.cwd, env))
         holds = functools.partial(self.gateway.holds, name)
-        return Demand(idle_stop=config.idle_stop, store=store, start=self._start_on_demand, holds=holds)
+        stands_in = config.on_demand or config.idle_stop is not None
+        return Demand(
+            idle_stop=config.idle_stop,
+            store=store,
+            start=self._start_on_demand,
+            holds=holds,
+            stands_in=stands_in,
+        )
 
     def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
         pins = self._pins[name]  # the extension's: what one instance sees changed, all clients see
@@ -385,11 +394,10 @@ class Daemon:
         return report
 
     async def prune_catalogs(self) -> None:
-        """Delete the saved listings of extensions the config no longer starts on demand."""
-        configs = {name: ext.config for name, ext in self._extensions.items()}
-        keep = {name for name, c in configs.items() if c.on_demand or c.idle_stop is not None}  # _demand_of's
-        await anyio.to_thread.run_sync(prune, self.catalogs, keep)
-        await anyio.to_thread.run_sync(prune, self.pin_dir, set(configs))  # every extension has pins
+        """Delete the saved listings and pins of extensions the config no longer has."""
+        names = set(self._extensions)
+        await anyio.to_thread.run_sync(prune, self.catalogs, names)
+        await anyio.to_thread.run_sync(prune, self.pin_dir, names)  # every extension has pins
 
     def _load(self) -> Settings:
         """The config file again; whatever goes wrong reading it is a ConfigError, never the daemon's end."""
@@ -418,6 +426,7 @@ class Daemon:
         for name in (*changed, *added):
             self._extensions[name] = self._make(name, new.extensions[name])
             self._instances[name] = self._instances_of(name, new.extensions[name])
+            _expect_launch(self._extensions[name], was_live=was_live.get(name, False))
         # Keep the daemon's own order the config's order.
         self._extensions = {n: self._extensions[n] for n in new.extensions}
         for name in (*changed, *added):
@@ -438,6 +447,12 @@ class Daemon:
                 stoppers.start_soon(ext.stop)
             for instances in self._instances.values():
                 stoppers.start_soon(instances.stop_all)
+
+
+def _expect_launch(ext: Extension, *, was_live: bool = False) -> None:
+    """Let calls wait for what :meth:`Daemon._launch` is about to start (not a learning run)."""
+    if was_live or (ext.config.autostart and not ext.config.on_demand):
+        ext.expect_start()
 
 
 _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only

@@ -1,8 +1,11 @@
 """On-demand extensions: the saved listing, the start hook and the idle timer of one extension.
 
-An :class:`~supervisor.extension.Extension` with ``on_demand`` or ``idle_stop`` gets one
-:class:`Demand`. Its owner writes it; the idle timer runs inside the run's helper task group
-(the watcher owns it), one timer per run, so it dies with the child and is never orphaned.
+Every configured :class:`~supervisor.extension.Extension` gets one :class:`Demand`: its listing
+is saved for all (the gateway keeps its names while it does not run, across daemon restarts
+too); only with ``on_demand`` or ``idle_stop`` does the saved listing stand in for the child's
+in lists, and does a call start it. Its owner writes it; the idle timer runs inside the run's
+helper task group (the watcher owns it), one timer per run, so it dies with the child and is
+never orphaned.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ class Demand:
         store: where its listing is saved; None: not saved.
         start: the daemon's hook that starts the extension (under its per-name lock).
         holds: whether a gateway client holds a subscription to one of its resources.
+        stands_in: whether the saved listing is what clients see while the child does not run
+            (``on_demand``, ``idle_stop``); else it only keeps the extension's gateway names.
     """
 
     def __init__(
@@ -99,11 +104,13 @@ class Demand:
         store: CatalogStore | None,
         start: StartHook,
         holds: Callable[[], bool] = lambda: False,
+        stands_in: bool = True,
     ) -> None:
         self.idle_stop = idle_stop
         self.store = store
         self.start = start
         self.holds = holds
+        self.stands_in = stands_in
         self.saved: Listing | None = store.load() if store is not None else None  # bounded read
         self.learning = False  # this run was started only to learn the listing
         self.last_active = time.monotonic()
@@ -123,9 +130,10 @@ class Demand:
         return self.saved if self.saved is not None and self.saved == listing else listing
 
     async def save(self, listing: Listing) -> None:
-        """Remember *listing* (at once) and write it (in a thread)."""
-        self.saved = listing
-        if self.store is not None:
+        """Remember *listing* (at once) and write it (in a thread) unless it is the one saved:
+        :meth:`same` hands that back, so a restart with an unchanged listing writes nothing."""
+        unchanged, self.saved = listing is self.saved, listing
+        if self.store is not None and not unchanged:
             await anyio.to_thread.run_sync(self.store.save, listing)
 
     async def serve(

@@ -26,13 +26,17 @@ class UnknownExtension(SupervisorError):
 
 
 class ExtensionUnavailable(SupervisorError):
-    """The extension is not running. ``retryable`` when it is on its way back (starting, backoff)."""
+    """The extension is not running. ``retryable`` when it is on its way back (starting, backoff);
+    else *advice* may say what brings it back."""
 
-    def __init__(self, name: str, state: str, *, retryable: bool, detail: str | None = None) -> None:
+    def __init__(
+        self, name: str, state: str, *, retryable: bool, detail: str | None = None, advice: str | None = None
+    ) -> None:
         message = f"extension {name!r} is {state}"
         if detail:
             message += f" ({detail})"
-        message += "; try again shortly" if retryable else ""
+        if retryable or advice:
+            message += "; try again shortly" if retryable else f"; {advice}"
         super().__init__(message)
         self.name, self.state, self.retryable = name, state, retryable
 

@@ -129,6 +129,7 @@ class Extension:
         self._answered_at = 0.0  # when the child last answered a call or reported progress (liveness)
         self._asked = 0  # the child's requests we are answering: it waits on us, so it is alive
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
+        self._launching = False  # the daemon starts it shortly (autostart, a reload): calls wait
         self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
         self._scope: anyio.CancelScope | None = None
@@ -181,7 +182,7 @@ class Extension:
 
     def listing(self) -> Listing:
         """What the running child offers (dormant: the saved listing). Shared: do not change it."""
-        if self._demand is None:
+        if self._demand is None or not self._demand.stands_in:
             return self._listing
         if self.dormant:
             return self._demand.saved or Listing()
@@ -193,6 +194,24 @@ class Extension:
         """:meth:`listing` as gateway clients see it: without the tools ``tools_on_change: hold`` holds."""
         listing = self.listing()
         return self.pins.shown(listing) if self.pins is not None else listing
+
+    def known_listing(self) -> Listing:
+        """What its gateway names are kept for while it does not run, as clients would see it
+        (held tools left out): its current or last run's listing, else the saved one (an earlier
+        daemon's too). Shared."""
+        known = self._listing  # kept in backoff; emptied once the watcher ends
+        if not (known.tools or known.prompts) and self._demand is not None and self._demand.saved is not None:
+            known = self._demand.saved
+        return self.pins.shown(known) if self.pins is not None else known
+
+    @property
+    def on_the_way(self) -> bool:
+        """Not running now, but a call would wait for it: starting, in backoff, or in a restart."""
+        state = self._snapshot.state
+        if state is State.RUNNING:
+            return self._stop_requested and self._restarting > 0
+        coming = self._restarting > 0 or self._launching
+        return state.is_transient or (coming and state in (State.STOPPING, State.STOPPED))
 
     def needs_listing(self) -> bool:
         """An on-demand extension with no saved listing: one run at daemon start learns it."""
@@ -226,6 +245,7 @@ class Extension:
         child exited cleanly), waits for that ending to finish, then starts. *learn*: the run
         is only to learn the listing; once idle it stops, even without ``idle_stop``.
         """
+        self._launching = False  # from here its state says what a call waits for
         while self._done is not None and not self._done.is_set():
             if not (self._stop_requested or self._ending):
                 return
@@ -238,9 +258,13 @@ class Extension:
             self._demand.learning = learn
         await tg.start(self._watch)
 
+    def expect_start(self) -> None:
+        """The daemon is about to start it (autostart, a reload): a call meanwhile waits as for a start."""
+        self._launching = True
+
     def request_stop(self) -> None:
         """Ask the watcher to stop, without waiting for it. Idempotent. Calls no longer start it."""
-        self._armed = False
+        self._armed = self._launching = False
         self._end()
 
     def _stop_idle(self) -> None:
@@ -469,10 +493,14 @@ class Extension:
                 continue
             on_the_way = state.is_transient or state is State.RUNNING  # RUNNING: just crashed, or stopping
             on_the_way = on_the_way or (self.dormant and state is State.STOPPING)  # idle stop, then a start
-            restarting = self._restarting and state in (State.STOPPING, State.STOPPED)
+            restarting = (self._restarting or self._launching) and state in (State.STOPPING, State.STOPPED)
             if not (on_the_way or restarting):
                 raise ExtensionUnavailable(
-                    self.name, state.value, retryable=False, detail=self._snapshot.last_error
+                    self.name,
+                    state.value,
+                    retryable=False,
+                    detail=self._snapshot.last_error,
+                    advice=f"start it with `mcp-supervisor start {self.name}`",
                 )
             await changed.wait()
 

@@ -73,7 +73,8 @@ class Instances:
         if not client.lasting:
             raise ExtensionUnavailable(self.name, "per-client", retryable=False, detail=SESSIONLESS)
         if self.held:
-            raise ExtensionUnavailable(self.name, "stopped", retryable=False)  # as the shared one says
+            advice = f"start it with `mcp-supervisor start {self.name}`"  # as the shared one says
+            raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
         self._prune()
         if len(self._by_client) + len(self._retiring) >= self.limit:
             detail = f"all {self.limit} per-client instances are in use (max_instances)"

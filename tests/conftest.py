@@ -72,6 +72,20 @@ def first_text(result: types.CallToolResult) -> str:
     return block.text
 
 
+@pytest.fixture(scope="session", autouse=True)
+def state_directory() -> Iterator[Path]:
+    """Saved catalogs of the daemons under test go to a directory of this session, not ~/.local/state."""
+    path = Path(tempfile.mkdtemp(prefix="mcps-state-"))
+    before = os.environ.get("STATE_DIRECTORY")
+    os.environ["STATE_DIRECTORY"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("STATE_DIRECTORY", None)
+    else:
+        os.environ["STATE_DIRECTORY"] = before
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -200,7 +200,9 @@ class TestBookkeeping:
         first = instances.of(old)
         await instances.stop_all(hold=True)
         for client in (old, new):
-            with pytest.raises(ExtensionUnavailable, match=r"'fx' is stopped$"):
+            with pytest.raises(
+                ExtensionUnavailable, match=r"'fx' is stopped; start it with `mcp-supervisor start fx`$"
+            ):
                 instances.of(client)
         instances.resume()
         assert instances.of(old) is not first and instances.of(new) is not first

@@ -332,7 +332,8 @@ def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_ca
 def test_a_listing_goes_when_its_extension_leaves_the_config(
     ondemand: Callable[..., StatefulDaemon], short_tmp: Path
 ) -> None:
-    """Saved listings do not pile up: a reload or a start drops those the config no longer names."""
+    """Saved listings do not pile up: a reload or a start drops those the config no longer names.
+    An extension that is no longer on demand keeps its own: it holds the extension's gateway names."""
     daemon = ondemand(
         {
             "fx": counted(short_tmp / "fx", on_demand=True),
@@ -347,10 +348,15 @@ def test_a_listing_goes_when_its_extension_leaves_the_config(
     assert not daemon.catalog_file("gx").exists() and daemon.catalog_file("fx").exists()
     assert daemon.terminate() == 0
 
-    settings["extensions"]["fx"]["on_demand"] = False  # no longer on demand: nothing to serve it from
+    settings["extensions"]["fx"]["on_demand"] = False
     daemon.config.write_text(json.dumps(settings))
     daemon.start()
-    until(lambda: not daemon.catalog_file("fx").exists())
+    daemon.wait_state("fx", "running")
+    assert daemon.catalog_file("fx").exists()
+    del settings["extensions"]["fx"]
+    daemon.config.write_text(json.dumps(settings))
+    assert daemon.cli("reload").returncode == 0
+    assert not daemon.catalog_file("fx").exists()
     assert daemon.terminate() == 0
 
 

@@ -205,9 +205,14 @@ class TestRoute:
         def ext(name: str, *tools: str) -> SimpleNamespace:
             config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=["rm*"]))
             snapshot = SimpleNamespace(state=State.RUNNING)
-            listing = lambda: _listing(*tools)  # noqa: E731
+            listing = _listing(*tools)
             return SimpleNamespace(
-                name=name, config=config, snapshot=lambda: snapshot, listing=listing, offered=listing
+                name=name,
+                config=config,
+                snapshot=lambda: snapshot,
+                listing=lambda: listing,
+                offered=lambda: listing,
+                known_listing=lambda: listing,
             )
 
         backend = SimpleNamespace(extensions=lambda: [ext("fs", "read_file", "rm_file"), ext("git", "log")])
@@ -235,7 +240,12 @@ class TestRoute:
         snapshot = SimpleNamespace(state=State.RUNNING)
         listing = lambda: _listing(*tools)  # noqa: E731
         fs = SimpleNamespace(
-            name="fs", config=config, snapshot=lambda: snapshot, listing=listing, offered=listing
+            name="fs",
+            config=config,
+            snapshot=lambda: snapshot,
+            listing=listing,
+            offered=listing,
+            known_listing=listing,
         )
         gateway = Gateway(SimpleNamespace(extensions=lambda: [fs]), spool_dir=tmp_path, profiles={})
         assert gateway.route("fs__read_file") == ("fs", "read_file")

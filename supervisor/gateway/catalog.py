@@ -1,8 +1,10 @@
 """What the gateway's clients see: every live extension's listing, renamed, filtered and sorted.
 
-Pure: :func:`build` turns :class:`Source` values (an extension's name, prefix, tool filter and
-current :class:`~supervisor.state.Listing`) into a :class:`Catalog`. The gateway rebuilds it
-when an extension changes and compares catalogs to decide which list_changed to send.
+Pure: :func:`build` turns :class:`Source` values (an extension's name, prefix, tool filter,
+current :class:`~supervisor.state.Listing` and last known one) into a :class:`Catalog`. The
+gateway rebuilds it when an extension changes and compares catalogs to decide which
+list_changed to send. Names are assigned over every configured extension's last known listing
+as well as what is listed now, so that a name never changes owner as extensions start and stop.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ KINDS = ("tools", "prompts", "resources")  # the list_changed kinds; templates g
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One live extension as the catalog sees it."""
+    """One configured extension as the catalog sees it."""
 
     extension: str
     prefix: str
     allow: Sequence[str]
     deny: Sequence[str]
-    listing: Listing
+    listing: Listing  # what clients see of it now (nothing while it is stopped)
+    known: Listing | None = None  # its last known listing when that differs: its names are kept
 
 
 def visible(name: str, allow: Sequence[str], deny: Sequence[str]) -> bool:
@@ -84,6 +87,16 @@ def _unique(items: Iterable[types.Tool | types.Prompt]) -> list:
     return [item for item in items if not (item.name in seen or seen.add(item.name))]
 
 
+def _named(source: Source, kind: str) -> list:
+    """What a source's names are assigned over: what it lists and what it last listed, unique."""
+    items = getattr(source.listing, kind)
+    if source.known is not None:
+        items = (*items, *getattr(source.known, kind))
+    if kind == "tools":
+        items = (t for t in items if visible(t.name, source.allow, source.deny))
+    return _unique(items)
+
+
 def build(sources: Iterable[Source], budget: int = 64) -> Catalog:
     """The catalog of *sources*, names within *budget* characters. Pure."""
     sources = tuple(sorted(sources, key=lambda s: s.extension))
@@ -92,10 +105,10 @@ def build(sources: Iterable[Source], budget: int = 64) -> Catalog:
     }
     offered = {s.extension: _unique(s.listing.prompts) for s in sources}
     tool_names = NameTable.build(
-        ((s.extension, s.prefix, t.name) for s in sources for t in shown[s.extension]), budget
+        ((s.extension, s.prefix, t.name) for s in sources for t in _named(s, "tools")), budget
     )
     prompt_names = NameTable.build(
-        ((s.extension, s.prefix, p.name) for s in sources for p in offered[s.extension]), budget
+        ((s.extension, s.prefix, p.name) for s in sources for p in _named(s, "prompts")), budget
     )
     tools = [
         t.model_copy(update={"name": tool_names.exposed(s.extension, t.name)})

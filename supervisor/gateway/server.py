@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
 from ..extension import Extension
 from ..pins import held_message
-from ..state import Snapshot, State
+from ..state import Listing, Snapshot, State
 from . import catalog as catalogs
 from . import inputrequired, passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
@@ -49,6 +49,7 @@ INSTRUCTIONS = (
 )
 _MAX_ROUTES = 4096  # cached routes (catalog names x views in use); past it, the cache starts over
 _LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
+_NOTHING = Listing()  # what a stopped extension lists (one object: catalogs compare listings by identity)
 ResultT = TypeVar("ResultT")
 
 
@@ -224,17 +225,17 @@ class Gateway:
     def catalog(self) -> Catalog:
         if self._stale:
             self._stale = False
-            sources = [
-                Source(
-                    ext.name,
-                    ext.config.prefix or ext.name,
-                    ext.config.tools.allow,
-                    ext.config.tools.deny,
-                    ext.offered(),  # without held tools (tools_on_change: hold): hidden, so refused
+            sources = []
+            for ext in self._backend.extensions():
+                listed = ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
+                listing = ext.offered() if listed else _NOTHING  # held tools (tools_on_change: hold) left out
+                known = ext.known_listing()  # its names stay its own while it does not run
+                config = ext.config
+                prefix = config.prefix or ext.name
+                known_if_other = known if known is not listing else None
+                sources.append(
+                    Source(ext.name, prefix, config.tools.allow, config.tools.deny, listing, known_if_other)
                 )
-                for ext in self._backend.extensions()
-                if ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
-            ]
             self._catalog = catalogs.build(sources, self._budget)
         return self._catalog
 
@@ -354,6 +355,8 @@ class Gateway:
         if meta is not None:  # search mode: search_tools, describe_tool, call_tool
             return meta
         target = catalog.tool_names.resolve(params.name)
+        if target is None:  # perhaps a tool of an extension on its way whose tools are not known yet
+            target = await self._resolved_once_running(params.name)
         if target is None or not view.admits(*target, params.name):
             return self._unknown_tool(params.name, view)
         extension, tool = target
@@ -373,20 +376,42 @@ class Gateway:
                 return _tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
 
+    def _owner_by_prefix(self, name: str) -> Extension | None:
+        """The extension whose prefix *name* has (prefixes are unique in the config)."""
+        return next(
+            (e for e in self._backend.extensions() if name.startswith(expose(e.config.prefix or e.name, ""))),
+            None,
+        )
+
+    async def _resolved_once_running(self, name: str) -> tuple[str, str] | None:
+        """*name* resolved again once the extension its prefix names runs, if it is on its way
+        (starting, in backoff or a restart, with no listing known yet): within its call_timeout."""
+        ext = self._owner_by_prefix(name)
+        if ext is None or not ext.on_the_way:
+            return None
+        with anyio.move_on_after(ext.config.call_timeout):
+            await ext.wait_for(lambda s: s.state is State.RUNNING or not ext.on_the_way)
+        return self.catalog().tool_names.resolve(name)
+
     def _unknown_tool(self, name: str, view: View) -> types.CallToolResult:
         """A tool this client cannot call: name the filter that hides it, or the extension not running."""
         if (hidden := hidden_reason(self.catalog(), view, name, self._budget)) is not None:
             raise MCPError(types.INVALID_PARAMS, hidden)
         if (held := self._held_reason(name)) is not None:
             raise MCPError(types.INVALID_PARAMS, held)
-        for ext in self._backend.extensions():
-            if name.startswith(expose(ext.config.prefix or ext.name, "")):
-                state = ext.snapshot().state
-                if state is not State.RUNNING:
-                    return _tool_error(
-                        f"extension {ext.name!r} is {state.value}; "
-                        f"start it with `mcp-supervisor start {ext.name}`, then list tools again"
-                    )
+        ext = self._owner_by_prefix(name)
+        state = ext.snapshot().state if ext is not None else State.RUNNING
+        if ext is not None and ext.on_the_way:
+            timeout = ext.config.call_timeout
+            detail = f"not running after {timeout:g}s"
+            return _tool_error(
+                str(ExtensionUnavailable(ext.name, state.value, retryable=True, detail=detail))
+            )
+        if ext is not None and state is not State.RUNNING:
+            return _tool_error(
+                f"extension {ext.name!r} is {state.value}; "
+                f"start it with `mcp-supervisor start {ext.name}`, then list tools again"
+            )
         raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}; list tools again")
 
     def _held_reason(self, name: str) -> str | None:

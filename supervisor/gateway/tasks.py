@@ -373,8 +373,9 @@ class TaskRouter:
 
 
 def _task_support(ext: Extension, tool: str) -> str | None:
-    """The tool's ``execution.taskSupport`` in the listing clients see (a dormant one's saved listing)."""
-    for candidate in ext.listing().tools:
+    """The tool's ``execution.taskSupport`` in its last known listing (the running child's; else the
+    one its gateway names are kept for: a call to it waits for a restart, or says it is stopped)."""
+    for candidate in ext.known_listing().tools:
         if candidate.name == tool:
             return candidate.execution.task_support if candidate.execution is not None else None
     return None
