@@ -155,7 +155,7 @@ class Daemon:
     def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
         pins = self._pins[name]  # the extension's: what one instance sees changed, all clients see
 
-        def make() -> Extension:
+        def make(client: Client) -> Extension:
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
             holds = functools.partial(self.gateway.holds, name)
             demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
@@ -167,7 +167,7 @@ class Daemon:
                 hurry=self.hurry,
                 spool=self.spool.for_extension(name),
                 on_call=functools.partial(self.metrics.observe_call, name),
-                on_notification=self.gateway.notify,
+                on_notification=functools.partial(self.gateway.notify, owner=client),  # its log: client's
                 demand=demand,
                 pins=pins,
                 start_slots=self.start_slots,

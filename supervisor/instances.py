@@ -49,9 +49,12 @@ class Client(Protocol):
 
 
 class Instances:
-    """The per-client instances of extension *name*: at most *limit* at once, retiring ones included."""
+    """The per-client instances of extension *name*: at most *limit* at once, retiring ones included.
 
-    def __init__(self, name: str, make: Callable[[], Extension], limit: int) -> None:
+    *make* builds the instance of the client it is given (its log messages are that client's).
+    """
+
+    def __init__(self, name: str, make: Callable[[Client], Extension], limit: int) -> None:
         self.name = name
         self.limit = limit
         self.held = False  # stopped by hand: no client gets an instance until resume()
@@ -79,7 +82,7 @@ class Instances:
         if len(self._by_client) + len(self._retiring) >= self.limit:
             detail = f"all {self.limit} per-client instances are in use (max_instances)"
             raise ExtensionUnavailable(self.name, "busy", retryable=True, detail=detail)
-        ext = self._by_client[client] = self._make()
+        ext = self._by_client[client] = self._make(client)
         if client not in self._hooked:
             self._hooked.add(client)
             client.on_close(lambda: self._closed(client))

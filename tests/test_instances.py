@@ -191,7 +191,9 @@ class _Client:
 class TestBookkeeping:
     @pytest.fixture
     def instances(self, make_extension: Callable[..., Extension]) -> Instances:
-        return Instances("fx", lambda: make_extension(fast_config("quick.py", on_demand=True)), limit=2)
+        return Instances(
+            "fx", lambda client: make_extension(fast_config("quick.py", on_demand=True)), limit=2
+        )
 
     @pytest.mark.anyio
     async def test_a_hold_refuses_new_instances_until_resumed(self, instances: Instances) -> None:

@@ -278,6 +278,21 @@ class TestRootsChanged:
             await session.send_roots_list_changed()
             await eventually(lambda: "asker: roots changed" in logs(daemon))
 
+    @pytest.mark.parametrize("path", list(PATHS))
+    async def test_a_clients_own_instance_hears_of_its_roots_change(self, start, path) -> None:
+        """With `instances: per-client` the child that got the client's roots is the client's own."""
+        daemon = start({"asker": {**ASKER, "instances": "per-client"}})
+
+        def told() -> bool:
+            return any(e.get("line") == "asker: roots changed" for e in daemon.events())
+
+        async with gateway_session(mcp_sock(daemon), list_roots_callback=list_home) as session:
+            await session.list_tools()  # opens the fast path
+            assert json.loads(first_text(await call(session, "roots", path))) == ["file:///home/client"]
+            assert len(daemon.status()["asker"]["instances"]) == 1
+            await session.send_roots_list_changed()
+            await eventually(told)
+
 
 class TestConfig:
     def test_roots_are_absolute_paths(self) -> None:

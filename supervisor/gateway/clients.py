@@ -36,8 +36,9 @@ MAX_LOG_DATA = 16 << 10  # characters of one log message's data kept for clients
 class Downstream:
     """The gateway's state for one client connection (an SDK server ``Connection``)."""
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, context: Any = None) -> None:
         self.connection = connection
+        self.context = context  # its first request's context: which view (profile) it has
         self.log_level: str | None = None  # None: the client never asked for log messages
         self.subscriptions: set[str] = set()  # exposed resource URIs
         self.dropped_logs = 0

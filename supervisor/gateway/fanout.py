@@ -72,7 +72,7 @@ class Fanout(TaskOwner):
             or not connection.has_standalone_channel
         ):
             return None  # 2026-07-28 clients get their events through subscriptions/listen
-        client = Downstream(connection)
+        client = Downstream(connection, ctx.request)
         scope = anyio.CancelScope()
         self._clients[id(connection)] = client
         connection.exit_stack.callback(self._forget, id(connection), scope)
@@ -156,9 +156,17 @@ class Fanout(TaskOwner):
         for kind in sorted(kinds):
             await self.bus.publish(_EVENTS[kind])
 
-    def log(self, level: str, data: Any, logger: str, source: object = None) -> None:
-        """A log message of Extension *source*: to the clients, and the requests in it, that asked."""
-        clients = [client for client in self._clients.values() if client.wants(level)]
+    def log(
+        self,
+        level: str,
+        data: Any,
+        logger: str,
+        source: object = None,
+        hears: Callable[[Downstream], bool] = lambda client: True,
+    ) -> None:
+        """A log message of Extension *source*: to the requests in it that asked, and to the
+        clients that asked and *hears* lets hear it (what their view shows; their own instances)."""
+        clients = [client for client in self._clients.values() if client.wants(level) and hears(client)]
         requests = [request for request in self._request_logs.get(id(source), ()) if level in request.levels]
         if not clients and not requests:
             return

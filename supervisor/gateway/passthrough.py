@@ -43,6 +43,7 @@ __all__ = (
     "capability_refusal",
     "client_of",
     "current_link",
+    "known_client",
     "note",
     "result_type",
 )
@@ -128,6 +129,11 @@ def client_of(connection: Connection) -> _Client:
             client = connection.state[_STATE_KEY] = _Client(lasting=connection.has_standalone_channel)
             connection.exit_stack.callback(client.close)
     return client
+
+
+def known_client(connection: Connection) -> object | None:
+    """:func:`client_of` *connection* if it was ever needed (a call, an instance), else None. Sync."""
+    return connection.state.get(_STATE_KEY)
 
 
 def _refusal(connection: Connection, method: str) -> str | None:

@@ -29,7 +29,7 @@ from ..state import Listing, Snapshot, State
 from . import catalog as catalogs
 from . import inputrequired, passthrough, spoollinks, tasks
 from .catalog import Catalog, Source
-from .clients import MAX_SUBSCRIPTIONS
+from .clients import MAX_SUBSCRIPTIONS, Downstream
 from .fanout import Fanout
 from .listen import Listen
 from .names import expose, expose_uri, parse_uri
@@ -293,13 +293,30 @@ class Gateway:
             log.info("gateway.lists_changed", kinds=sorted(kinds), clients=len(self.fanout))
             await self.fanout.lists_changed(kinds)
 
-    def notify(self, extension: str, notification: types.ServerNotification, source: object = None) -> None:
-        """Route a child's log message or resource update (from Extension *source*) to the clients
-        that asked. Sync."""
+    def notify(
+        self,
+        extension: str,
+        notification: types.ServerNotification,
+        source: Extension | None = None,
+        owner: object = None,
+    ) -> None:
+        """Route a child's log message or resource update (from Extension *source*, the per-client
+        instance of *owner* if it is one) to the clients that asked. Sync.
+
+        A client hears the log messages of the extensions its view shows, and of a per-client
+        extension only its own instance's (the shared one serves the control socket: nobody's).
+        """
         if isinstance(notification, types.LoggingMessageNotification):
             params = notification.params
             logger = f"{extension}/{params.logger}" if params.logger else extension
-            self.fanout.log(params.level, params.data, logger, source)
+            per_client = source is not None and source.config.instances == "per-client"
+
+            def hears(client: Downstream) -> bool:
+                if per_client and (owner is None or passthrough.known_client(client.connection) is not owner):
+                    return False
+                return self.views.of(client.context).sees(extension)
+
+            self.fanout.log(params.level, params.data, logger, source, hears)
         elif isinstance(notification, types.ResourceUpdatedNotification):
             self.fanout.resource_updated(expose_uri(extension, notification.params.uri))
 
@@ -536,10 +553,14 @@ class Gateway:
         return types.EmptyResult()
 
     async def _roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
-        """Children whose roots came from this client list them again; no other child saw them."""
+        """Children whose roots came from this client list them again (its own instances too);
+        no other child saw them."""
         client = passthrough.client_of(ctx.session._connection)
         for ext in self._backend.extensions():
             await ext.roots_changed(client)
+            own = self._backend.existing_instance(ext.name, client)
+            if own is not None and own is not ext:
+                await own.roots_changed(client)
 
     # ---- forwarding ----------------------------------------------------------------------
 
