@@ -27,6 +27,8 @@ import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 
+from .wire import SENDING
+
 __all__ = ("MARK", "RawCalls", "encode")
 
 PREFIX = "mcpsv-"
@@ -140,6 +142,8 @@ class RawCalls:
             raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
         if self._on_request is not None:
             self._on_request(request_id, method, params)
+        if (sending := SENDING.get()) is not None:
+            sending(request_id)
         waiter = self._waiting[request_id] = _Waiter()
         sent = True  # from here the child may have it (a cancel for an id it never saw is harmless)
         try:

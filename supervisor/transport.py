@@ -27,7 +27,7 @@ from .process import ChildProcess
 from .rawcalls import MARK, RawCalls
 from .spool import ExtensionSpool
 from .state import Listing
-from .wire import InboundRequests, Outbox, check_encodable
+from .wire import InboundRequests, Outbox, Watched, check_encodable
 
 __all__ = ("Connection", "LineSplitter", "connect")
 
@@ -73,6 +73,7 @@ class Connection:
         self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
         self.failure: str | None = None  # why it ended, unless the child's exit says it all
         self.ready = False  # the handshake completed: only then is the stop graceful (stdin, then wait)
+        self.watched = Watched()  # requests we stopped waiting for: their late answers and progress
 
     def end(self, failure: str | None = None) -> None:
         if not self.ended.is_set():
@@ -249,7 +250,7 @@ async def connect(
         raw.close()
         connection.end(failure)
 
-    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw)
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched)
 
     async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
@@ -381,11 +382,13 @@ class _StdoutPump:
         spool: ExtensionSpool | None,
         inbound: InboundRequests,
         raw: RawCalls,
+        watched: Watched,
     ) -> None:
         self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
         self.spool = spool
         self.inbound = inbound
         self.raw = raw
+        self.watched = watched
         self.eof = anyio.Event()
         self.settled = anyio.Event()  # after stop_delivering(): what was read is delivered
         self.waiting = False  # parked in read(): everything read so far has been handled
@@ -460,6 +463,8 @@ class _StdoutPump:
                     message = self._route(parsed)
             else:
                 message = _parse(line)
+                if self.watched.ids:
+                    self.watched.see(message)
             if message is None:  # a raw call's: delivered
                 continue
             if not self.inbound.admit(message):
@@ -472,6 +477,8 @@ class _StdoutPump:
 
     def _route(self, message: Any) -> SessionMessage | Exception | None:
         """A parsed line to its raw call (None), or validated for the session."""
+        if self.watched.ids:
+            self.watched.see(message)
         if self.raw.route(message):
             return None
         try:

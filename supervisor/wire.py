@@ -4,12 +4,15 @@
 it, so a message that cannot be encoded (a lone surrogate in a client's arguments, nesting too
 deep) fails its sender only, never the stdin pump whose failure would end the connection.
 :class:`InboundRequests` bounds the requests from the child that the session answers at once.
+:class:`Watched` hears of late answers and progress for requests we stopped waiting for, and
+:data:`SENDING` tells whoever asks the id of each request the current task sends.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
 
@@ -19,9 +22,49 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 from mcp.shared.message import SessionMessage
 
-__all__ = ("InboundRequests", "Outbox", "check_encodable")
+__all__ = ("SENDING", "InboundRequests", "Outbox", "Watched", "check_encodable")
 
 log = structlog.get_logger(__name__)
+
+# Told the id of each request the current task sends to a child (the session's or a raw one).
+SENDING: ContextVar[Callable[[types.RequestId], None] | None] = ContextVar(
+    "mcp_supervisor_sending", default=None
+)
+
+
+class Watched:
+    """Ids of our requests to the child whose late answer or progress someone wants to hear of.
+
+    The stdout pump shows it every message (:meth:`see`) while it watches any; each watcher is
+    told ``True`` when the child answers its request, ``False`` for each progress of it. Sync;
+    its owner (:mod:`supervisor.callers`) bounds how many ids it watches.
+    """
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        self.ids: dict[types.RequestId, Callable[[bool], None]] = {}
+
+    def see(self, message: Any) -> None:
+        """A message from the child: parsed JSON (a dict) or a ``SessionMessage``."""
+        inner = getattr(message, "message", None)
+        if inner is not None:
+            if isinstance(inner, types.JSONRPCResponse | types.JSONRPCError):
+                self._tell(inner.id, True)
+            elif isinstance(inner, types.JSONRPCNotification) and inner.method == "notifications/progress":
+                self._tell((inner.params or {}).get("progressToken"), False)
+        elif isinstance(message, dict):
+            if "method" not in message:
+                self._tell(message.get("id"), True)
+            elif message.get("method") == "notifications/progress":
+                params = message.get("params")
+                self._tell(params.get("progressToken") if isinstance(params, dict) else None, False)
+
+    def _tell(self, request_id: Any, answered: bool) -> None:
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            watcher = self.ids.get(request_id)
+            if watcher is not None:
+                watcher(answered)
 
 
 class InboundRequests:
@@ -77,8 +120,11 @@ class Outbox:
 
     async def send(self, item: SessionMessage, /) -> None:
         message = item.message
-        if self._on_request is not None and isinstance(message, types.JSONRPCRequest):
-            self._on_request(message.id, message.method, message.params)
+        if isinstance(message, types.JSONRPCRequest):
+            if self._on_request is not None:
+                self._on_request(message.id, message.method, message.params)
+            if (sending := SENDING.get()) is not None:
+                sending(message.id)
         try:
             if (data := _encode(message)) is not None:
                 await self._sink.send(data)

@@ -7,6 +7,7 @@ clients answer on mcp.sock (both the fast path and the SDK's path), and through 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -21,10 +22,12 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from pydantic import ValidationError
 
-from supervisor import client
+from supervisor import callers, client
+from supervisor.callers import MAX_ABANDONED
 from supervisor.config import ExtensionConfig
 from supervisor.gateway.passthrough import MAX_ASKS
 from supervisor.methods import PROGRESS_INTERVAL
+from supervisor.wire import Watched
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session
@@ -240,6 +243,98 @@ class TestRefused:
             assert f"{MAX_ASKS} requests waiting already" in results[0]
             release.set()
         assert sum(text.startswith("cancel") for text in results) == MAX_ASKS
+
+
+ASKS_AFTER_CANCEL = {**ASKER, "env": {"ASKER_IGNORE_CANCEL": "1"}}  # goes on with a cancelled call
+
+
+def accept_as(who: str, asked: list[str]) -> Any:
+    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"answer": who})
+
+    return answer
+
+
+class TestAbandoned:
+    """A call the gateway stopped waiting for may still be served, and ask: never for another client."""
+
+    @pytest.mark.parametrize("path", list(PATHS))
+    async def test_a_question_for_a_cancelled_call_never_reaches_another_client(self, start, path) -> None:
+        """B cancels its call; the child goes on and asks while only A has a call in flight: the
+        child gets an error, A is never asked. Once the child answered B's call, A is asked again."""
+        daemon = start({"asker": ASKS_AFTER_CANCEL})
+        asked: list[str] = []
+        sock = mcp_sock(daemon)
+        async with (
+            gateway_session(sock, elicitation_callback=accept_as("a", asked)) as a,
+            gateway_session(sock, elicitation_callback=accept_as("b", asked)) as b,
+            anyio.create_task_group() as tg,
+        ):
+            await b.list_tools()  # opens the fast path
+            tg.start_soon(a.call_tool, "asker__wait", {"seconds": 30})
+            await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
+            async with anyio.create_task_group() as gives_up:
+                gives_up.start_soon(functools.partial(call, b, "slow", path, delay=1.5, message="b's"))
+                await eventually(lambda: daemon.status()["asker"]["in_flight"] == 2)
+                gives_up.cancel_scope.cancel()
+            await eventually(lambda: "asker: slow -> " in logs(daemon), within=10)
+            assert "asker: cancel ignored" in logs(daemon)
+            assert "slow -> error -32600" in logs(daemon) and "calls from 2 clients are in flight" in logs(
+                daemon
+            )
+            assert asked == []  # nobody was asked a question that may not be theirs
+            with anyio.fail_after(10):  # the child answered b's call: it no longer counts
+                while (mine := await a.call_tool("asker__elicit", {"message": "a's"})).is_error:  # noqa: ASYNC110
+                    await anyio.sleep(0.1)  # its answer may still be on its way to the daemon
+            assert first_text(mine) == 'accept {"answer": "a"}' and asked == ["a's"]
+            tg.cancel_scope.cancel()
+
+    async def test_a_question_for_a_timed_out_call_never_reaches_another_client(self, start) -> None:
+        """B's call hits call_timeout (2 s) and is cancelled; the child asks for it a second later
+        (within call_timeout of its last sign of life), while A's call waits for A's own answer:
+        A is asked its own question only."""
+        daemon = start({"asker": {**ASKS_AFTER_CANCEL, "call_timeout": 2}})
+        asked: list[str] = []
+        release = anyio.Event()
+
+        async def hold(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            asked.append(params.message)
+            await release.wait()
+            return types.ElicitResult(action="decline")
+
+        sock = mcp_sock(daemon)
+        async with (
+            gateway_session(sock, elicitation_callback=hold) as a,
+            gateway_session(sock, **ANSWERING) as b,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(a.call_tool, "asker__elicit", {"message": "a's"})
+            await eventually(lambda: asked == ["a's"])
+            timed_out = await b.call_tool("asker__slow", {"delay": 3, "message": "b's"})
+            assert timed_out.is_error and "did not answer within 2s" in first_text(timed_out)
+            await eventually(lambda: "asker: slow -> " in logs(daemon), within=10)
+            assert "calls from 2 clients are in flight" in logs(daemon)
+            assert asked == ["a's"]
+            release.set()
+
+    async def test_abandoned_calls_are_bounded_per_run(self) -> None:
+        """Past MAX_ABANDONED, the one due to end first is folded into a time of ambiguity."""
+        watched = Watched()
+        left = callers._Abandoned(watched)
+        for n in range(MAX_ABANDONED + 10):
+            call = callers._Call(None, callers.Budget(anyio.CancelScope(), 60 + n, 600))
+            call.sending(f"mcpsv-{n}")
+            left.add(call)
+        assert len(left) == MAX_ABANDONED and len(watched.ids) == MAX_ABANDONED
+        assert left in left.clients()  # what was folded in makes any question ambiguous
+        last = f"mcpsv-{MAX_ABANDONED + 9}"
+        until = left._left[last].until
+        progress = {"progressToken": last, "progress": 1}
+        watched.see({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
+        assert left._left[last].until > until  # the child still works on it: it counts longer
+        watched.see({"jsonrpc": "2.0", "id": last, "result": {}})  # the child answered it: it goes
+        assert len(left) == MAX_ABANDONED - 1 and last not in watched.ids
 
 
 class TestDisconnect:

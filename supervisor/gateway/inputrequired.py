@@ -20,10 +20,11 @@ Nothing is sent to the child twice.
 - Bounds: :data:`MAX_PARKED_PER_CLIENT` calls of one client and :data:`MAX_PARKED` in all may wait
   for input. At a bound, the call left unanswered longest (its result went out, no retry came) is
   ended to make room; with none such, a child's question past them gets an error at once. A
-  parked call waits for the retry as a handshake-era call waits for its client's answer: within
-  its ``call_timeout_max`` (then the child gets ``notifications/cancelled``), and on mcp.sock no
-  longer than the client's connection. A call that ended meanwhile leaves a short reason
-  (:data:`MAX_RETIRED` of them) that a late retry gets as its error.
+  parked call waits for each retry within its ``call_timeout`` (a client that walked away must
+  not hold the child's call, nor make every other client's question on that child ambiguous, for
+  ``call_timeout_max``), within ``call_timeout_max`` in all, and on mcp.sock no longer than the
+  client's connection; then the child gets ``notifications/cancelled``. A call that ended
+  meanwhile leaves a short reason (:data:`MAX_RETIRED` of them) that a late retry gets as its error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -100,6 +102,7 @@ class _Call:
     attendant: ServerRequestContext[Any] | None = None  # the attending request (its log messages)
     outcome: tuple[Any, BaseException | None] | None = None
     parked_at: float | None = None  # when its last input-required result went out, unanswered since
+    patience: float | None = None  # its extension's call_timeout: how long a retry may take
 
     def wake(self) -> None:
         self.changed.set()
@@ -161,9 +164,10 @@ class _Caller:
             refusal = f"the call has {MAX_ASKS} requests waiting for the client already"
         return refusal if refusal is not None else self._table.room_for(call)
 
-    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         if (refusal := self.refusal(request.method)) is not None:
             raise MCPError(passthrough.NOT_ANSWERABLE, refusal)
+        self._call.patience = patience
         pending = self._table.ask(self._call, request)
         try:
             await pending.answered.wait()
@@ -238,13 +242,20 @@ class InputRequired(TaskOwner):
             call.outcome = outcome
             call.wake()
             if not call.attended:
-                self._retire(call, f"ended before the client's answers came ({_describe(outcome)})")
+                self._retire(call, self._why_ended(call, outcome))
             if link is not call.client:
                 link.close()
+
+    def _why_ended(self, call: _Call, outcome: tuple[Any, BaseException | None]) -> str:
+        patience, parked_at = call.patience, call.parked_at
+        if patience is not None and parked_at is not None and time.monotonic() >= parked_at + patience:
+            return f"got no retry within call_timeout ({patience:g}s) after its input-required result"
+        return f"ended before the client's answers came ({_describe(outcome)})"
 
     async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
         call.attended, call.relay, call.parked_at = True, LatestProgress(ctx.session.report_progress), None
         call.attendant = ctx
+        call.scope.deadline = math.inf  # a retry came in time
         parked = False
         try:
             while call.outcome is None:
@@ -252,6 +263,8 @@ class InputRequired(TaskOwner):
                     await anyio.lowlevel.checkpoint()  # a child's questions sent together go out together
                     if call.outcome is None and call.pending:  # (a question may be withdrawn meanwhile)
                         parked, call.parked_at = True, time.monotonic()
+                        if call.patience is not None:  # no retry by then: the call ends
+                            call.scope.deadline = call.parked_at + call.patience
                         return self._input_required(call)
                     continue
                 await call.changed.wait()

@@ -183,7 +183,7 @@ class SessionCaller:
             return "the calling client's transport cannot take requests from the server for this call"
         return refusal
 
-    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         metadata = ServerMessageMetadata(related_request_id=self._ctx.request_id)
         session, answer_type = self._ctx.session, result_type(request)
         return await client_of(self._connection).run(
@@ -247,7 +247,7 @@ class LinkedCaller:
             return "the calling client is not known to the gateway"
         return _refusal(self._link.connection, method)
 
-    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         connection = self._link.connection
         assert connection is not None
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)

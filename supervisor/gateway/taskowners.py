@@ -101,7 +101,7 @@ class TaskCaller:
     def refusal(self, method: str) -> str | None:
         return self._caller.refusal(method)
 
-    async def ask(self, request: types.ServerRequest) -> types.ClientResult:
+    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         params = request.params
         meta = params.meta if params is not None else None
         related = meta.get(RELATED_TASK) if isinstance(meta, dict) else None
@@ -109,4 +109,4 @@ class TaskCaller:
             renamed = {**related, "taskId": self._rename(related["taskId"])}
             params = params.model_copy(update={"meta": {**meta, RELATED_TASK: renamed}})  # type: ignore[dict-item]
             request = request.model_copy(update={"params": params})
-        return await self._caller.ask(request)
+        return await self._caller.ask(request, patience)

@@ -3,14 +3,17 @@
 Tools: ``elicit(message)`` (asks for ``{"answer": string}``), ``sample(prompt)`` (asks for a
 completion), ``roots()`` (lists the client's roots), each answering with what came back, or
 ``error <code>: <message>`` (a tool error) when the request failed; ``later(delay)`` answers at
-once and elicits *delay* seconds later, outside any call; ``wait(seconds)``. Each outcome is also
-written to stderr as ``asker: <tool> -> <outcome>``, and ``asker: roots changed`` when the client
-says its roots changed.
+once and elicits *delay* seconds later, outside any call; ``wait(seconds)``; ``slow(delay,
+message)`` elicits after *delay* seconds. Each outcome is also written to stderr as ``asker: <tool>
+-> <outcome>``, and ``asker: roots changed`` when the client says its roots changed. With
+``ASKER_IGNORE_CANCEL=1`` it ignores ``notifications/cancelled`` (MCP allows that): a cancelled
+call goes on, asks, and is answered (``asker: cancel ignored`` on stderr).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from typing import Any
@@ -39,6 +42,7 @@ TOOLS = [
     _tool("wait", seconds={"type": "number"}),
     _tool("both", message={"type": "string"}, prompt={"type": "string"}),
     _tool("work", message={"type": "string"}, steps={"type": "integer"}),
+    _tool("slow", delay={"type": "number"}, message={"type": "string"}),
 ]
 PROMPTS = [types.Prompt(name="confirm", arguments=[types.PromptArgument(name="message")])]
 
@@ -112,14 +116,17 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     if name == "later":
         TASKS[0].start_soon(_later, ctx, float(args.get("delay", 0.2)))
         return types.CallToolResult(content=[types.TextContent(text="later")])
+    if name == "slow":
+        await anyio.sleep(float(args.get("delay", 1)))
+        name = "elicit"
     try:
         text, error = await _ask(ctx, name, args), False
     except MCPError as exc:
         text, error = f"error {exc.code}: {exc.message}", True
     except anyio.get_cancelled_exc_class():
-        say(f"{name} -> cancelled")
+        say(f"{params.name} -> cancelled")
         raise
-    say(f"{name} -> {text}")
+    say(f"{params.name} -> {text}")
     return types.CallToolResult(content=[types.TextContent(text=text)], is_error=error)
 
 
@@ -147,8 +154,27 @@ async def main() -> None:
     )
     async with anyio.create_task_group() as tg, stdio_server() as (read, write):
         TASKS.append(tg)
+        if os.environ.get("ASKER_IGNORE_CANCEL"):
+            read = _without_cancels(read, tg)
         await server.run(read, write, server.create_initialization_options())
         tg.cancel_scope.cancel()
+
+
+def _without_cancels(read: Any, tg: anyio.abc.TaskGroup) -> Any:
+    """*read* without the client's notifications/cancelled: the server never hears of them."""
+    send, receive = anyio.create_memory_object_stream[Any](16)
+
+    async def pump() -> None:
+        async with send, read:
+            async for item in read:
+                message = getattr(item, "message", None)
+                if getattr(message, "method", None) == "notifications/cancelled":
+                    say("cancel ignored")
+                    continue
+                await send.send(item)
+
+    tg.start_soon(pump)
+    return receive
 
 
 if __name__ == "__main__":
