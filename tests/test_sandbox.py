@@ -59,7 +59,12 @@ class SandboxedDaemon:
             self.config.write_text(json.dumps({"socket": self.socket, **config}))
             env_socket = {}
         self.log = directory / "daemon.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MCP_SUPERVISOR_"))}
+        # Its state under its own HOME (not the session's STATE_DIRECTORY): the test reads it there.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("XDG_", "MCP_SUPERVISOR_")) and k != "STATE_DIRECTORY"
+        }
         path = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # `make run` puts the venv first
         self.env = {**env, "HOME": str(self.home), "PATH": path, **env_socket}
         with self.log.open("ab") as log:
