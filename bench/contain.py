@@ -29,9 +29,10 @@ from typing import Any
 
 import anyio
 
-from supervisor import client, process
-from supervisor.proctree import cgroups, guardian
-from supervisor.proctree.cgroups import Subtree
+from supervisor.control import client
+from supervisor.process import cgroups, guardian
+from supervisor.process import children as process
+from supervisor.process.cgroups import Subtree
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "servers"

@@ -30,7 +30,7 @@ from _daemon import BIN, daemon, fixture, wait_for
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from supervisor import client as control
+from supervisor.control import client as control
 
 TOKEN = "hostile-bench-token-0123456789"
 GOALS = {"rss_mib": 200, "fds": 512, "p99_ms": 100}

@@ -10,7 +10,7 @@ default inline limit, so a spooling daemon warms that path too):
   ``/proc/self/status``).
 * ``daemon``: a fresh daemon (``python -m supervisor daemon``, temp dir under /tmp holding
   config, socket and spool) runs the fixture as extension ``media``; the call goes through the
-  control socket (``supervisor.client.request``). Measured: the request's wall time (the reply
+  control socket (``supervisor.control.client.request``). Measured: the request's wall time (the reply
   parsed), the DAEMON's peak RSS increase (``/proc/<pid>/status``), the content types that came
   back and the reply line's size.
 
@@ -45,7 +45,7 @@ from urllib.parse import unquote, urlparse
 
 import anyio
 
-from supervisor import client
+from supervisor.control import client
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {

@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from supervisor import client
+from supervisor.control import client
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "servers"

@@ -30,10 +30,11 @@ from typing import Any
 
 import anyio
 
-from supervisor import logs, sandbox
-from supervisor.config import ExtensionConfig
+from supervisor import logs
+from supervisor.config.settings import ExtensionConfig
 from supervisor.extension import Extension
-from supervisor.state import State
+from supervisor.extension.state import State
+from supervisor.process import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "servers"

@@ -29,7 +29,7 @@ import anyio
 import psutil
 from _daemon import daemon, fixture, wait_for
 
-from supervisor import client
+from supervisor.control import client
 
 
 async def _status_latency(socket: str, calls: int) -> dict[str, float]:

@@ -28,8 +28,8 @@ import anyio
 from _daemon import BIN, daemon, fixture, wait_for
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
-from supervisor import process
 from supervisor.daemon import instance_key
+from supervisor.process import children as process
 
 HUNG_AFTER = 15.0
 

@@ -32,8 +32,9 @@ from typing import Any
 import anyio
 from _daemon import Running, daemon, fixture, wait_for
 
-from supervisor import client, process
+from supervisor.control import client
 from supervisor.daemon import instance_key
+from supervisor.process import children as process
 
 
 def _cpu_times() -> tuple[float, float]:

@@ -17,20 +17,18 @@ import os
 import socket
 import stat
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .errors import SupervisorError
-
-if TYPE_CHECKING:
-    from .fdlimits import Spare
+from supervisor.errors import SupervisorError
 
 __all__ = (
     "ACCEPT_RETRY_DELAY",
     "TRANSIENT_ACCEPT_ERRORS",
+    "Spare",
     "Stream",
     "UntrustedPeer",
     "accept",
@@ -212,7 +210,7 @@ async def next_client(
     """The next client of *listener*; transient accept errors (EMFILE, ...) are logged as *event*
     and retried after :data:`ACCEPT_RETRY_DELAY`, so the accept loop neither dies nor spins.
 
-    With a *spare* fd (:class:`supervisor.fdlimits.Spare`), running out of fds gives it up for
+    With a *spare* fd (:class:`Spare`), running out of fds gives it up for
     this accept: the client gets in even then (the spare is taken again on the next call).
     """
     while True:
@@ -355,3 +353,32 @@ def identity(path: str) -> tuple[int, int]:
     """(device, inode) of *path*: tells our socket file from one that replaced it."""
     st = os.stat(path)
     return st.st_dev, st.st_ino
+
+
+class Spare:
+    """One fd held in reserve: given up when an accept fails for want of fds, taken again later."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self.take()
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def take(self) -> None:
+        """Hold the spare again, if there is an fd for it (sync, cheap when held)."""
+        if self._fd is None:
+            with contextlib.suppress(OSError):  # out of fds: no spare until some are free
+                self._fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    def release(self) -> bool:
+        """Give the spare up for one accept; False if it was not held."""
+        if self._fd is None:
+            return False
+        os.close(self._fd)
+        self._fd = None
+        return True
+
+    def close(self) -> None:
+        self.release()

@@ -16,10 +16,10 @@ import anyio
 import mcp_types as types
 import pytest
 
-from supervisor import process
-from supervisor.config import ExtensionConfig
+from supervisor.config.settings import ExtensionConfig
 from supervisor.extension import Extension
-from supervisor.state import Snapshot, State
+from supervisor.extension.state import Snapshot, State
+from supervisor.process import children as process
 
 SERVERS = Path(__file__).parent / "servers"
 

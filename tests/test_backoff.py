@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
+from supervisor.extension.backoff import Backoff, Outcome, OutcomeKind, RestartPolicy
 
 NO_JITTER = Backoff(initial=0.5, maximum=30, multiplier=2, jitter=0)
 

@@ -22,9 +22,11 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from supervisor import cli, config, control
+from supervisor import cli
+from supervisor.config import settings as config
+from supervisor.control import server as control
 from supervisor.errors import UnknownExtension
-from supervisor.state import ExitStatus, Snapshot, State
+from supervisor.extension.state import ExitStatus, Snapshot, State
 
 WAIT = 10  # seconds any single step may take
 

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from supervisor import cli, clientkeys, config
-from supervisor.config import ExtensionConfig, ToolFilter
+from supervisor import cli
+from supervisor.config import clientkeys
+from supervisor.config import settings as config
+from supervisor.config.settings import ExtensionConfig, ToolFilter
 from supervisor.gateway.catalog import visible
 
 

@@ -1,4 +1,4 @@
-"""Tests for supervisor.config: models, sources and their order, expansion, and error reporting."""
+"""Tests for supervisor.config.settings: models, sources and their order, expansion, and error reporting."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from supervisor import config
-from supervisor.config import (
+from supervisor.config import settings as config
+from supervisor.config.settings import (
     BackoffConfig,
     ConfigError,
     ExtensionConfig,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import configfile
-from supervisor.config import ConfigError, ExtensionConfig, load
+from supervisor.config import file as configfile
+from supervisor.config.settings import ConfigError, ExtensionConfig, load
 
 SOCKET = {"MCP_SUPERVISOR_SOCKET": "/run/test/control.sock"}
 

@@ -25,8 +25,8 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.subscriptions import ToolsListChanged
 
 from supervisor import cli
-from supervisor.gateway.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
-from supervisor.process import MARKER_ENV
+from supervisor.cli.connect.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
+from supervisor.process.children import MARKER_ENV
 from tests.conftest import SERVERS
 
 pytestmark = pytest.mark.anyio

@@ -24,10 +24,12 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client, process, proctree
+from supervisor.control import client
 from supervisor.daemon import instance_key
-from supervisor.proctree import cgroups
-from supervisor.proctree.cgroups import Subtree
+from supervisor.process import cgroups
+from supervisor.process import children as process
+from supervisor.process import tree as proctree
+from supervisor.process.cgroups import Subtree
 
 from .conftest import eventually, extension_settings, server_argv
 

@@ -21,10 +21,11 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
 
-from supervisor import client, control
+from supervisor.control import client
+from supervisor.control import server as control
+from supervisor.daemon.metrics import Metrics
 from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
-from supervisor.metrics import Metrics
-from supervisor.state import ExitStatus, Snapshot, State
+from supervisor.extension.state import ExitStatus, Snapshot, State
 
 from .conftest import eventually
 

@@ -26,7 +26,9 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from supervisor import cli, client, control, sockets
+from supervisor import cli, sockets
+from supervisor.control import client
+from supervisor.control import server as control
 
 pytestmark = pytest.mark.anyio
 

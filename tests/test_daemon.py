@@ -19,11 +19,13 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import client, config, process
 from supervisor import daemon as daemon_module
-from supervisor.config import Settings
+from supervisor.config import settings as config
+from supervisor.config.settings import Settings
+from supervisor.control import client
 from supervisor.daemon import instance_key
 from supervisor.errors import ConfigError
+from supervisor.process import children as process
 
 from .conftest import extension_settings
 

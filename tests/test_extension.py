@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from supervisor.errors import CallFailed, ExtensionUnavailable
 from supervisor.extension import Extension
-from supervisor.state import Snapshot, State
+from supervisor.extension.state import Snapshot, State
 
 from .conftest import eventually, fast_config, first_text, running
 

@@ -18,9 +18,9 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.gateway import fastpath
-from supervisor.gateway.connect import HELLO_METHOD
 from supervisor.gateway.fastpath import FastCall, expose_links
-from supervisor.gateway.listeners import MAX_IN_FLIGHT
+from supervisor.gateway.hello import HELLO_METHOD
+from supervisor.gateway.unix import MAX_IN_FLIGHT
 
 from .conftest import eventually, extension_settings
 from .test_daemon import Daemon, daemons  # noqa: F401 - the fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import fdlimits
+from supervisor.daemon import fdlimits
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,7 +47,7 @@ class TestSoftLimit:
         out = _run(
             """
             import resource
-            from supervisor import fdlimits
+            from supervisor.daemon import fdlimits
             resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
             print(fdlimits.raise_soft_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             """
@@ -62,7 +62,7 @@ class TestSpare:
         script = f"""
             import os, resource, anyio
             from supervisor import sockets
-            from supervisor.fdlimits import Spare
+            from supervisor.sockets import Spare
 
             async def main():
                 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.state import SHOWN_LINE_CAP, one_line
+from supervisor.extension.state import SHOWN_LINE_CAP, one_line
 
 from .conftest import extension_settings
 from .test_daemon import Daemon, daemons, until  # noqa: F401 - the fixture

@@ -19,8 +19,8 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, ClientSession, MCPError, StdioServerParameters, stdio_client
 
-from supervisor.gateway.clients import MAX_LOG_DATA
-from supervisor.gateway.listeners import MAX_CONNECTIONS, MAX_MESSAGE
+from supervisor.gateway.notify.downstream import MAX_LOG_DATA
+from supervisor.gateway.unix import MAX_CONNECTIONS, MAX_MESSAGE
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session, raw_exchange, unix_transport

@@ -12,9 +12,9 @@ import pytest
 from mcp import Client, MCPError
 from mcp.shared.subscriptions import ResourceUpdated
 
-from supervisor.gateway.clients import MAX_LOG_DATA, MAX_PENDING_LOGS, MAX_SUBSCRIPTIONS
-from supervisor.gateway.listen import MAX_LISTENS
-from supervisor.gateway.requestlogs import RequestLog
+from supervisor.gateway.notify.downstream import MAX_LOG_DATA, MAX_PENDING_LOGS, MAX_SUBSCRIPTIONS
+from supervisor.gateway.notify.listen import MAX_LISTENS
+from supervisor.gateway.notify.requestlogs import RequestLog
 
 from .conftest import eventually, first_text
 from .gateway_client import gateway_session, unix_transport

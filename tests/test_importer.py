@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import config, importer, runners
-from supervisor.configfile import add_extensions, extension_names
+from supervisor.config import importer, runners
+from supervisor.config import settings as config
+from supervisor.config.file import add_extensions, extension_names
+from supervisor.config.migrate import workspace_of
 from supervisor.errors import ConfigError
-from supervisor.migrate import workspace_of
 
 SAMPLES = Path(__file__).parent / "data" / "clientconfigs"
 HOME = "/home/me"

@@ -20,9 +20,9 @@ import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 
-from supervisor.gateway import inputrequired
-from supervisor.gateway.inputrequired import MAX_PARKED, MAX_PARKED_PER_CLIENT
-from supervisor.gateway.requeststate import HANDLE_BYTES, Seal
+from supervisor.gateway.asks import inputrequired
+from supervisor.gateway.asks.inputrequired import MAX_PARKED, MAX_PARKED_PER_CLIENT
+from supervisor.gateway.asks.requeststate import HANDLE_BYTES, Seal
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session, unix_transport

@@ -11,7 +11,7 @@ import pytest
 
 from supervisor.errors import ExtensionUnavailable
 from supervisor.extension import Extension
-from supervisor.instances import Instances
+from supervisor.extension.instances import Instances
 
 from .conftest import extension_settings, fast_config, first_text
 from .gateway_client import gateway_session

@@ -15,9 +15,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from supervisor import daemon as daemon_module
-from supervisor import process
-from supervisor.config import Settings
+from supervisor.config.settings import Settings
 from supervisor.gateway.http import HttpLimits, serve_http
+from supervisor.process import children as process
 
 from .conftest import eventually, first_text
 from .test_daemon import alive, daemons, until  # noqa: F401 - the fixture

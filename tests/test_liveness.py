@@ -14,11 +14,11 @@ from anyio.abc import TaskGroup
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from supervisor.config import ExtensionConfig
+from supervisor.config.settings import ExtensionConfig
 from supervisor.errors import CallFailed
 from supervisor.extension import Extension
-from supervisor.liveness import is_unresponsive
-from supervisor.state import State
+from supervisor.extension.liveness import is_unresponsive
+from supervisor.extension.state import State
 
 from .conftest import extension_settings, fast_config, first_text, running
 from .gateway_client import gateway_session

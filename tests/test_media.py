@@ -17,10 +17,10 @@ import mcp_types as types
 import pytest
 from anyio.abc import TaskGroup
 
-from supervisor import client
+from supervisor.child.spool import Spool
+from supervisor.control import client
 from supervisor.extension import Extension
-from supervisor.spool import Spool
-from supervisor.state import State
+from supervisor.extension.state import State
 
 from .conftest import SERVERS, fast_config, first_text, running
 

@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 import pytest
 
-from supervisor import client
+from supervisor.control import client
 
 from .conftest import extension_settings, first_text
 from .gateway_client import gateway_session

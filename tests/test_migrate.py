@@ -22,8 +22,8 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from supervisor import process
 from supervisor.daemon import instance_key
+from supervisor.process import children as process
 from tests.conftest import SERVERS
 
 SAMPLES = Path(__file__).parent / "data" / "clientconfigs"

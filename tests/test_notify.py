@@ -13,7 +13,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.notify import MAX_STATUS_CHARS, Notifier, keep_watchdog
+from supervisor.daemon.systemd import MAX_STATUS_CHARS, Notifier, keep_watchdog
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,8 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client, process
+from supervisor.control import client
 from supervisor.daemon import instance_key
+from supervisor.process import children as process
 
 from .conftest import extension_settings
 
@@ -236,7 +237,7 @@ class TestHealth:
 class TestMetrics:
     def test_series_of_a_forgotten_extension_start_over_when_it_returns(self) -> None:
         """The kept label children go with forget(): a reloaded extension's calls count again."""
-        from supervisor.metrics import Metrics
+        from supervisor.daemon.metrics import Metrics
 
         process_keys = ("rss_bytes", "threads", "open_fds", "asyncio_tasks", "uptime_s")
         health = {

@@ -22,12 +22,13 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from pydantic import ValidationError
 
-from supervisor import callers, client
-from supervisor.callers import MAX_ABANDONED
-from supervisor.config import ExtensionConfig
-from supervisor.gateway.passthrough import MAX_ASKS
-from supervisor.methods import PROGRESS_INTERVAL
-from supervisor.wire import Watched
+from supervisor.child.wire import Watched
+from supervisor.config.settings import ExtensionConfig
+from supervisor.control import client
+from supervisor.control.methods import PROGRESS_INTERVAL
+from supervisor.extension import asking as callers
+from supervisor.extension.asking import MAX_ABANDONED
+from supervisor.gateway.asks.callers import MAX_ASKS
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session

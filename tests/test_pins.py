@@ -16,10 +16,11 @@ import pytest
 from mcp import MCPError
 from structlog.testing import capture_logs
 
-from supervisor import config, process
+from supervisor.config import settings as config
 from supervisor.errors import SupervisorError
-from supervisor.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
-from supervisor.state import Listing
+from supervisor.extension.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
+from supervisor.extension.state import Listing
+from supervisor.process import children as process
 
 from .conftest import extension_settings, first_text
 from .gateway_client import gateway_session

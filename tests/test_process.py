@@ -14,8 +14,8 @@ import anyio
 import psutil
 import pytest
 
-from supervisor import process
 from supervisor.errors import SpawnError
+from supervisor.process import children as process
 from supervisor.process import spawner
 
 from .conftest import eventually, server_argv
@@ -49,7 +49,7 @@ asyncio.run(main())
 
 LOOP_STALL_PROBE = """
 import anyio, os, sys, time
-from supervisor import process
+from supervisor.process import children as process
 from supervisor.process import spawner
 heap = bytearray(1 << 30)  # a big daemon: copying its page tables makes a fork() slow
 for i in range(0, len(heap), 4096):
@@ -317,7 +317,7 @@ class TestDeathSignal:
         """PDEATHSIG: SIGKILL of the spawning process takes its direct child down with it."""
         parent_code = (
             "import anyio, os, sys\n"
-            "from supervisor import process\n"
+            "from supervisor.process import children as process\n"
             "async def main():\n"
             "    child = await process.spawn([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
             "                                env=dict(os.environ), cwd=None, marker=sys.argv[1])\n"

@@ -8,7 +8,7 @@ from typing import Any
 import pydantic_core
 import pytest
 
-from supervisor.rawcalls import encode
+from supervisor.child.rawcalls import encode
 
 
 def _json(message: Any) -> bytes:

@@ -14,11 +14,17 @@ import pydantic
 import pytest
 from anyio.abc import TaskGroup
 
-from supervisor import render
-from supervisor.config import ExtensionConfig
+from supervisor.cli import render
+from supervisor.config.settings import ExtensionConfig
 from supervisor.extension import Extension
-from supervisor.resources import CACHE_SECONDS, Sampler, cgroup_memory_limit, enforce_memory_max, run_usage
-from supervisor.state import State
+from supervisor.extension.state import State
+from supervisor.process.usage import (
+    CACHE_SECONDS,
+    Sampler,
+    cgroup_memory_limit,
+    enforce_memory_max,
+    run_usage,
+)
 
 from . import test_operations
 from .conftest import eventually, extension_settings, fast_config, first_text, running

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.gateway.resume import (
+from supervisor.cli.connect.resume import (
     HEAD,
     MAX_IN_FLIGHT,
     PARSE_WHOLE,

@@ -22,8 +22,11 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client, process, render, sandbox
+from supervisor.cli import render
+from supervisor.control import client
 from supervisor.daemon import instance_key
+from supervisor.process import children as process
+from supervisor.process import sandbox
 
 from .conftest import extension_settings
 from .test_daemon import accepts, until

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import sandbox
-from supervisor.sandbox import landlock, launch
+from supervisor.process import sandbox
+from supervisor.process.sandbox import landlock, launch
 
 LAUNCH = [sys.executable, "-I", "-S", str(sandbox.LAUNCHER)]
 SYSTEM = ["-r", "/usr", "-r", "/bin", "-r", "/lib", "-r", "/lib64", "-r", "/etc"]
@@ -30,7 +30,7 @@ class TestLandlock:
         (tmp_path / "secret").write_text("s")
         script = textwrap.dedent(f"""
             import sys
-            from supervisor.sandbox import landlock
+            from supervisor.process.sandbox import landlock
             rules = landlock.Ruleset("all")
             for path in sys.path + ["/usr", "/lib", "/lib64", "/etc", "{tmp_path}/granted"]:
                 try:
@@ -117,7 +117,8 @@ class TestKernelWithout:
         permanent error naming `network: outbound` and `sandbox: false` (see test_sandbox)."""
         limit = 'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"'  # in a user namespace of its own
         probe = (
-            "from supervisor import sandbox as s\nfor n in (True, False): print(s.probe(network_namespace=n))"
+            "from supervisor.process import sandbox as s\n"
+            "for n in (True, False): print(s.probe(network_namespace=n))"
         )
         done = run("unshare", "-U", "-r", "sh", "-c", limit, "sh", sys.executable, "-c", probe)
         refused, allowed = done.stdout.splitlines()
@@ -129,7 +130,7 @@ class TestKernelWithout:
 class TestCredentials:
     """Who the daemon runs as: a regular user, root as the systemd unit has it, root bare."""
 
-    PROBE = "from supervisor import sandbox; print(sandbox.probe(network_namespace=True))"
+    PROBE = "from supervisor.process import sandbox; print(sandbox.probe(network_namespace=True))"
 
     @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs a system Python")
     def test_a_regular_user_is_confined_without_any_privilege(self, short_tmp: Path) -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import sandbox
-from supervisor.config import ExtensionConfig, Settings
+from supervisor.config.settings import ExtensionConfig, Settings
 from supervisor.errors import SpawnError
-from supervisor.sandbox.install import installation
-from supervisor.sandbox.policy import Context, Spec, grants_for, package_caches
+from supervisor.process import sandbox
+from supervisor.process.sandbox.install import installation
+from supervisor.process.sandbox.policy import Context, Spec, grants_for, package_caches
 
 
 def executable(path: Path, text: str = "#!/bin/sh\n") -> Path:

@@ -11,10 +11,10 @@ from typing import Any
 import mcp_types as types
 import pytest
 
+from supervisor.extension.state import Listing
 from supervisor.gateway import catalog as catalogs
-from supervisor.gateway.search import Index, stem, tokenize
-from supervisor.gateway.views import EVERYTHING, META_TOOLS, View, Views, hidden_reason
-from supervisor.state import Listing
+from supervisor.gateway.view.profiles import EVERYTHING, META_TOOLS, View, Views, hidden_reason
+from supervisor.gateway.view.search import Index, stem, tokenize
 
 from .conftest import SERVERS
 
@@ -198,9 +198,9 @@ def test_search_limit_is_honoured(limit: int) -> None:
 class TestRoute:
     def test_the_fast_path_route_honours_views(self, tmp_path: Any) -> None:
         """Gateway.route: a direct target only when the client's view admits it; else the handler decides."""
+        from supervisor.extension.state import State
         from supervisor.gateway.server import Gateway
-        from supervisor.gateway.views import Chosen
-        from supervisor.state import State
+        from supervisor.gateway.view.profiles import Chosen
 
         def ext(name: str, *tools: str) -> SimpleNamespace:
             config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=["rm*"]))
@@ -230,10 +230,10 @@ class TestRoute:
 
     def test_cached_routes_follow_the_catalog_and_the_profiles_and_stay_bounded(self, tmp_path: Any) -> None:
         """The fast path's route cache: a listing change, a profile change, and its size bound."""
+        from supervisor.extension.state import State
         from supervisor.gateway import server
         from supervisor.gateway.server import Gateway
-        from supervisor.gateway.views import Chosen
-        from supervisor.state import State
+        from supervisor.gateway.view.profiles import Chosen
 
         tools = ["read_file"]
         config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=[]))

@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import config
+from supervisor.config import settings as config
+from supervisor.config.secrets import MAX_SECRET_BYTES, EnvTemplate, Reference, read_secret, resolve
 from supervisor.errors import ConfigError, SpawnError
-from supervisor.secretrefs import MAX_SECRET_BYTES, EnvTemplate, Reference, read_secret, resolve
 
 from .conftest import extension_settings, first_text
 from .gateway_client import gateway_session

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from supervisor import client
+from supervisor.control import client
 
 from .conftest import extension_settings
 from .test_daemon import Daemon, alive, daemons, until  # noqa: F401 - the fixture

@@ -7,8 +7,8 @@ import time
 import anyio
 import pytest
 
-from supervisor import startup
-from supervisor.startup import StartSlots, StartTimeout, default_slots, within_start_limit
+from supervisor.extension import startup
+from supervisor.extension.startup import StartSlots, StartTimeout, default_slots, within_start_limit
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 

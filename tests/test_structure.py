@@ -1,4 +1,9 @@
-"""The package's shape: public surfaces are declared, and imports flow one way."""
+"""The package's shape: public surfaces are declared, and imports flow one way, down the layers.
+
+The layers, bottom first (:data:`LAYERS`): a module may import, at run time, modules of its
+own layer's packages and of the layers below, never above. Inside a package the same holds
+for its declared order (:data:`INSIDE`). No module is part of an import cycle.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -13,12 +19,27 @@ import pytest
 import supervisor
 
 PACKAGE = Path(supervisor.__file__).parent
-MODULES = sorted(  # dotted, relative to the package: "daemon", "gateway", "gateway.names", ...
+MODULES = sorted(  # dotted, relative to the package: "daemon", "gateway.names", ...
     info.name.removeprefix("supervisor.")
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="supervisor.")
     if not info.name.endswith("__main__")
 )
-NODES = sorted({m.split(".")[0] for m in MODULES})  # a subpackage is one node of the import graph
+
+# Bottom first. Foundations, then the way a request travels: config values, processes, a
+# child's stdio, the extension that owns it, the gateway and the control socket that reach
+# extensions, the daemon that composes them, the CLI that drives it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "paths"),
+    ("logs", "sockets"),
+    ("config",),
+    ("process",),
+    ("child",),
+    ("extension",),
+    ("gateway",),
+    ("control",),
+    ("daemon",),
+    ("cli",),
+)
 
 
 def source(module: str) -> Path:
@@ -26,30 +47,36 @@ def source(module: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
-def runtime_imports(module: str) -> set[str]:
-    """The top-level supervisor modules *module* imports at run time (TYPE_CHECKING blocks excluded)."""
+@cache
+def runtime_imports(module: str) -> frozenset[str]:
+    """The supervisor modules *module* imports at run time (TYPE_CHECKING blocks excluded), dotted."""
     tree = ast.parse(source(module).read_text())
-    depth = module.count(".") + (1 if source(module).name == "__init__.py" else 0)
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             return
         if isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: resolve against this module's place in the package
-                base = module.split(".")[: max(0, depth + 1 - node.level)] if node.level <= depth + 1 else []
-                target = [*base, *(node.module.split(".") if node.module else [])]
-                found.update([target[0]] if target else [alias.name for alias in node.names])
-            elif node.module and node.module.startswith("supervisor"):
-                parts = node.module.split(".")
-                found.update([parts[1]] if len(parts) > 1 else [alias.name for alias in node.names])
+            assert not node.level, f"{module}: relative import (the package uses absolute ones)"
+            if node.module and node.module.startswith("supervisor"):
+                base = node.module.removeprefix("supervisor").removeprefix(".")
+                for alias in node.names:
+                    name = f"{base}.{alias.name}" if base else alias.name
+                    found.add(name if name in MODULES else base)
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("supervisor."))
+            found.update(
+                a.name.removeprefix("supervisor.") for a in node.names if a.name.startswith("supervisor.")
+            )
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
-    return (found & set(NODES)) - {module.split(".")[0]}
+    return frozenset(found - {module, ""})
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[0]
+    return next(n for n, names in enumerate(LAYERS) if top in names)
 
 
 class TestPublicSurface:
@@ -69,22 +96,18 @@ class TestPublicSurface:
         assert not missing, f"{name}: missing from __all__: {missing}"
 
 
-class TestImports:
-    def test_only_the_config_file_reader_reads_yaml(self) -> None:
-        """Nothing but configfile.py imports YAML; config.py and the import command use configfile."""
-        readers = [m for m in MODULES if "import yaml" in source(m).read_text()]
-        assert readers == ["configfile"]
-        assert {m for m in MODULES if "configfile" in runtime_imports(m)} == {"config", "importer", "migrate"}
+class TestLayers:
+    def test_every_package_has_a_layer(self) -> None:
+        assert {m.split(".")[0] for m in MODULES} == {name for names in LAYERS for name in names}
 
-    def test_config_is_imported_only_by_the_edges(self) -> None:
-        """At run time only daemon and cli import config; extension gets a plain value."""
-        assert {m for m in MODULES if "config" in runtime_imports(m)} <= {"daemon", "cli"}
+    @pytest.mark.parametrize("name", MODULES)
+    def test_imports_go_down_the_layers(self, name: str) -> None:
+        """No module imports, at run time, from a layer above its own."""
+        upward = sorted(m for m in runtime_imports(name) if layer(m) > layer(name))
+        assert not upward, f"{name} imports from above: {upward}"
 
     def test_no_cycles(self) -> None:
-        """The import graph is acyclic: data flows one way."""
-        graph: dict[str, set[str]] = {node: set() for node in NODES}
-        for module in MODULES:
-            graph[module.split(".")[0]] |= runtime_imports(module)
+        """The module import graph is acyclic: data flows one way."""
         visiting: list[str] = []
         done: set[str] = set()
 
@@ -93,15 +116,33 @@ class TestImports:
             if module in done:
                 return
             visiting.append(module)
-            for dependency in graph[module]:
+            for dependency in sorted(runtime_imports(module)):
                 walk(dependency)
             visiting.pop()
             done.add(module)
 
-        for node in NODES:
-            walk(node)
+        for module in MODULES:
+            walk(module)
 
-    @pytest.mark.parametrize("leaf", ["state", "errors", "backoff", "paths"])
-    def test_leaves_stay_leaves(self, leaf: str) -> None:
-        """The vocabulary modules depend on nothing above them."""
-        assert runtime_imports(leaf) <= {"state", "errors"}
+
+class TestBoundaries:
+    def test_only_the_config_file_reader_reads_yaml(self) -> None:
+        """Nothing but config/file.py imports YAML; settings and the client-file commands use it."""
+        readers = [m for m in MODULES if "import yaml" in source(m).read_text()]
+        assert readers == ["config.file"]
+        users = {m for m in MODULES if "config.file" in runtime_imports(m)}
+        assert users == {"config.settings", "config.importer", "config.migrate"}
+
+    def test_settings_are_loaded_only_at_the_edges(self) -> None:
+        """At run time only the daemon and the CLI import the settings; the rest gets plain values."""
+        users = {m.split(".")[0] for m in MODULES if "config.settings" in runtime_imports(m)}
+        assert users <= {"config", "daemon", "cli"}
+
+    def test_the_guardian_imports_the_standard_library_only(self) -> None:
+        """It runs in a bare ``python -I -S``: its own modules, and nothing that pulls in more."""
+        reached, todo = set(), ["process.guardian"]
+        while todo:
+            module = todo.pop()
+            reached.add(module)
+            todo += [m for m in runtime_imports(module) if m not in reached]
+        assert reached <= {"process", "process.guardian", "process.tree", "process.cgroups"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import fdlimits
-from supervisor.config import Settings
+from supervisor.config.settings import Settings
+from supervisor.daemon import fdlimits
 
 SYSTEMD = Path(__file__).parent.parent / "systemd"
 UNIT = SYSTEMD / "mcp-supervisor.service"

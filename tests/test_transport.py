@@ -16,11 +16,11 @@ import pytest
 from anyio.abc import TaskGroup
 from structlog.testing import capture_logs
 
+from supervisor.child.connection import LineSplitter
+from supervisor.child.spool import Spool
 from supervisor.errors import CallFailed
 from supervisor.extension import Extension
-from supervisor.spool import Spool
-from supervisor.state import Snapshot, State
-from supervisor.transport import LineSplitter
+from supervisor.extension.state import Snapshot, State
 
 from .conftest import eventually, fast_config, first_text, running
 

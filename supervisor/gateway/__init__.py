@@ -1,11 +1,12 @@
 """The MCP gateway: one MCP server view of every running extension, for every client on the host.
 
-Modules: ``names`` (the pure name table), ``catalog`` (what the clients see, from listings),
-``server`` (the lowlevel SDK ``Server``, its handlers and forwarding), ``fanout`` and
-``clients`` (notifications to every client; one object per client connection), ``spoollinks``
-(serving spool files), ``listeners`` (``mcp.sock``), ``http`` (streamable HTTP), ``connect``
-(the stdio pump a client configures). It reads extension snapshots and borrows their sessions;
-it never opens or closes one.
+Where a client comes in: ``unix`` (``mcp.sock``) and ``http/`` (streamable HTTP). What serves
+it: ``server`` (the SDK's lowlevel ``Server`` and its handlers) and ``fastpath`` (plain tool
+calls without the SDK), both routing through ``catalog`` and ``names`` (the pure name table)
+within the client's view (``view/``). A child's questions go back to the calling client
+(``asks/``), tasks are routed by id (``tasks/``), notifications reach the clients that want
+them (``notify/``), and the spool's links are served by ``spoollinks``. It reads extension
+snapshots and borrows their sessions; it never opens or closes one.
 """
 
-__all__ = ()  # the modules are the public surface: gateway.server.Gateway, gateway.listeners, ...
+__all__ = ()  # the modules are the public surface

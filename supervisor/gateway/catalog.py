@@ -1,7 +1,7 @@
 """What the gateway's clients see: every live extension's listing, renamed, filtered and sorted.
 
 Pure: :func:`build` turns :class:`Source` values (an extension's name, prefix, tool filter,
-current :class:`~supervisor.state.Listing` and last known one) into a :class:`Catalog`. The
+current :class:`~supervisor.extension.state.Listing` and last known one) into a :class:`Catalog`. The
 gateway rebuilds it when an extension changes and compares catalogs to decide which
 list_changed to send. Names are assigned over every configured extension's last known listing
 as well as what is listed now, so that a name never changes owner as extensions start and stop.
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import mcp_types as types
 
-from ..state import Listing
-from .names import Collision, NameTable, expose_uri
+from supervisor.child.listing import Listing
+from supervisor.gateway.names import Collision, NameTable, expose_uri
 
 __all__ = ("KINDS", "Catalog", "Source", "build", "visible")
 

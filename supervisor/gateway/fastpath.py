@@ -2,7 +2,7 @@
 
 Most of what a gateway does is pass tool calls through. On ``mcp.sock`` such a call is
 recognised from its line, resolved by name, sent to the child as plain JSON
-(:mod:`supervisor.rawcalls`) and answered with the child's result, its links rewritten as
+(:mod:`supervisor.child.rawcalls`) and answered with the child's result, its links rewritten as
 :meth:`Gateway._call_tool` rewrites them; the SDK never builds a model of it. Everything else
 (another method, a ``_meta`` beyond a progress token, an unknown or hidden tool, a client not
 yet past its handshake) takes the SDK's path, which is the reference for behaviour: the same
@@ -25,17 +25,17 @@ import mcp_types as types
 import pydantic_core
 import structlog
 
-from ..errors import CallFailed, ExtensionUnavailable
-from ..rawcalls import encode
-from . import passthrough
-from .names import expose_uri
-from .passthrough import ClientLink, LinkedCaller
-from .progress import LatestProgress
-from .toolerrors import is_tool_error, raw_tool_error
+from supervisor.child.rawcalls import encode
+from supervisor.errors import CallFailed, ExtensionUnavailable
+from supervisor.gateway.asks import callers as passthrough
+from supervisor.gateway.asks.callers import ClientLink, LinkedCaller
+from supervisor.gateway.names import expose_uri
+from supervisor.gateway.progress import LatestProgress
+from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
-    from ..extension import Extension
-    from .server import Gateway
+    from supervisor.extension import Extension
+    from supervisor.gateway.server import Gateway
 
 __all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "expose_links", "parse")
 

@@ -21,21 +21,24 @@ from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
 from mcp.shared.dispatcher import ProgressFnT
 
-from .. import __version__
-from ..errors import CallFailed, ExtensionUnavailable, SupervisorError
-from ..extension import Extension
-from ..pins import held_message
-from ..state import Listing, Snapshot, State
-from . import catalog as catalogs
-from . import inputrequired, passthrough, spoollinks, tasks
-from .catalog import Catalog, Source
-from .clients import MAX_SUBSCRIPTIONS, Downstream
-from .fanout import Fanout
-from .listen import Listen
-from .names import expose, expose_uri, parse_uri
-from .releases import Releases
-from .toolerrors import is_tool_error
-from .views import View, Views, call_meta, hidden_reason
+from supervisor import __version__
+from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
+from supervisor.extension import Extension
+from supervisor.extension.pins import held_message
+from supervisor.extension.state import Listing, Snapshot, State
+from supervisor.gateway import catalog as catalogs
+from supervisor.gateway import spoollinks
+from supervisor.gateway.asks import callers as passthrough
+from supervisor.gateway.asks import inputrequired
+from supervisor.gateway.catalog import Catalog, Source
+from supervisor.gateway.names import expose, expose_uri, parse_uri
+from supervisor.gateway.notify.downstream import MAX_SUBSCRIPTIONS, Downstream
+from supervisor.gateway.notify.fanout import Fanout
+from supervisor.gateway.notify.listen import Listen
+from supervisor.gateway.notify.releases import Releases
+from supervisor.gateway.tasks import router as tasks
+from supervisor.gateway.toolerrors import is_tool_error
+from supervisor.gateway.view.profiles import View, Views, call_meta, hidden_reason
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import mcp_types as types
 
-from ..errors import CallFailed, ExtensionUnavailable
+from supervisor.errors import CallFailed, ExtensionUnavailable
 
 __all__ = ("is_tool_error", "raw_tool_error")
 

@@ -21,10 +21,9 @@ from typing import Any
 import anyio
 import structlog
 
-from .. import process
-from ..proctree import cgroups, guardian
-from ..proctree.cgroups import Subtree
-from . import reaper, spawner
+from supervisor.process import cgroups, guardian, reaper, spawner
+from supervisor.process import children as process
+from supervisor.process.cgroups import Subtree
 
 __all__ = ("MODES", "Containment")
 

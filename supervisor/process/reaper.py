@@ -3,10 +3,10 @@
 Without it, a double-forked descendant is handed to PID 1, which in a container started
 without an init may never reap it; and it is out of the daemon's reach. With it, such a
 process becomes a child of the daemon (a "stranger": we did not spawn it), which the
-teardown scan can find (:func:`supervisor.proctree.members`) and which :func:`reap_strangers`
+teardown scan can find (:func:`supervisor.process.tree.members`) and which :func:`reap_strangers`
 reaps when it exits.
 
-Our own children are reaped by whoever spawned them (:mod:`supervisor.process`, through
+Our own children are reaped by whoever spawned them (:mod:`supervisor.process.children`, through
 their pidfd), never here: they are registered with :func:`track` under :data:`lock` in the
 same step as the fork, so a SIGCHLD handled in between cannot take one for a stranger.
 Children in the daemon's own session are never taken either (every tree lives in sessions
@@ -20,7 +20,7 @@ import ctypes
 import os
 import threading
 
-from .. import proctree
+from supervisor.process import tree as proctree
 
 __all__ = ("become_subreaper", "is_subreaper", "lock", "reap_strangers", "track", "tracked", "untrack")
 

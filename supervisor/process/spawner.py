@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpawnError
-from . import reaper
+from supervisor.errors import SpawnError
+from supervisor.process import reaper
 
 __all__ = ("popen", "resolve", "shim_argv", "submit")
 

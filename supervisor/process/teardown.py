@@ -1,9 +1,9 @@
 """Killing a child's whole process tree: through its cgroup, or by scanning ``/proc``.
 
-With a cgroup (see :mod:`supervisor.proctree.cgroups`) the tree is exactly the cgroup's members:
+With a cgroup (see :mod:`supervisor.process.cgroups`) the tree is exactly the cgroup's members:
 SIGTERM, then ``cgroup.kill``, which the kernel applies atomically with respect to forks,
 waiting on ``cgroup.events`` (an epoll event, no polling), then the cgroup is removed.
-Without one, :mod:`supervisor.proctree` finds the tree and kills it by pidfd, stopping what
+Without one, :mod:`supervisor.process.tree` finds the tree and kills it by pidfd, stopping what
 it finds until a scan finds nothing new.
 """
 
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from .. import proctree
-from ..proctree.cgroups import Subtree, member_of, populated
-from . import reaper
+from supervisor.process import reaper
+from supervisor.process import tree as proctree
+from supervisor.process.cgroups import Subtree, member_of, populated
 
 if TYPE_CHECKING:
-    from . import ChildProcess
+    from supervisor.process.children import ChildProcess
 
 __all__ = ("terminate_tree", "wait_until")
 

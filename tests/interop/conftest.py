@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import process
+from supervisor.process import children as process
 
 from ..test_daemon import Daemon, until
 

@@ -8,7 +8,7 @@ unread answers, on uvicorn's protocol), ``guard`` (Host, Origin and the token; p
 ``listener`` (uvicorn in the daemon's task group).
 """
 
-from .limits import HttpLimits
-from .listener import HttpApp, Listening, build_app, serve_http
+from supervisor.gateway.http.limits import HttpLimits
+from supervisor.gateway.http.listener import HttpApp, Listening, build_app, serve_http
 
 __all__ = ("HttpApp", "HttpLimits", "Listening", "build_app", "serve_http")

@@ -23,8 +23,8 @@ import anyio
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ...logs import Throttled
-from .limits import HttpLimits
+from supervisor.gateway.http.limits import HttpLimits
+from supervisor.logs import Throttled
 
 __all__ = ("Bodies",)
 

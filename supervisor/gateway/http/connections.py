@@ -28,8 +28,8 @@ import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from ...logs import Throttled
-from .limits import HttpLimits
+from supervisor.gateway.http.limits import HttpLimits
+from supervisor.logs import Throttled
 
 __all__ = ("BoundedProtocol", "Connections")
 

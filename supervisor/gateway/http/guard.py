@@ -18,9 +18,9 @@ import structlog
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ...logs import Throttled
-from ...paths import is_loopback
-from ..views import SCOPE_KEY, Views
+from supervisor.gateway.view.profiles import SCOPE_KEY, Views
+from supervisor.logs import Throttled
+from supervisor.paths import is_loopback
 
 __all__ = ("Guard", "ProfilePaths")
 

@@ -16,6 +16,7 @@ class HttpLimits:
     """
 
     max_connections: int = 256  # at the cap the idlest connection not serving a request makes room
+    backlog: int = 64  # connections accepted in one go, before any of them is refused
     header_timeout: float = 10.0  # a request's headers, from its first byte (or the connection's start)
     body_timeout: float = 60.0  # its body, from the end of its headers
     keep_alive: float = 15.0  # an idle connection between two requests

@@ -32,14 +32,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ... import fdlimits
-from ...errors import SupervisorError
-from ..server import Gateway
-from .bodies import Bodies
-from .connections import BoundedProtocol, Connections
-from .guard import Guard, ProfilePaths
-from .limits import HttpLimits
-from .sessions import Sessions
+from supervisor.errors import SupervisorError
+from supervisor.gateway.http.bodies import Bodies
+from supervisor.gateway.http.connections import BoundedProtocol, Connections
+from supervisor.gateway.http.guard import Guard, ProfilePaths
+from supervisor.gateway.http.limits import HttpLimits
+from supervisor.gateway.http.sessions import Sessions
+from supervisor.gateway.server import Gateway
 
 __all__ = ("HttpApp", "Listening", "build_app", "serve_http")
 
@@ -103,13 +102,13 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(fdlimits.ACCEPT_BURST)
+        sock.listen(backlog)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
@@ -133,7 +132,7 @@ async def serve_http(
     Raises:
         SupervisorError: the address cannot be bound.
     """
-    sock = _bind(host, port)
+    sock = _bind(host, port, limits.backlog)
     bound = sock.getsockname()[1]
     http = build_app(
         gateway, host=host, port=bound, token=token, metrics=metrics, health=health, limits=limits
@@ -146,7 +145,7 @@ async def serve_http(
         access_log=False,
         lifespan="on",
         timeout_keep_alive=int(limits.keep_alive),
-        backlog=fdlimits.ACCEPT_BURST,  # asyncio accepts up to this many at once, before any is refused
+        backlog=limits.backlog,  # asyncio accepts up to this many at once, before any is refused
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
         server_header=False,
     )

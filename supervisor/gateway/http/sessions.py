@@ -29,8 +29,8 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Receive, Scope, Send
 
-from ...logs import Throttled
-from .limits import HttpLimits
+from supervisor.gateway.http.limits import HttpLimits
+from supervisor.logs import Throttled
 
 __all__ = ("Sessions",)
 

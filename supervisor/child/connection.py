@@ -1,0 +1,567 @@
+"""A child's stdio as an MCP client session.
+
+:func:`connect` spawns the child, pumps its pipes and yields a :class:`Connection` holding a
+handshake-era ``ClientSession``. It replaces the SDK's ``stdio_client``, which leaks
+grandchildren, misses a crash while a grandchild holds stdout, and splits lines in quadratic
+time. The connection ends when the child exits, its stdout breaks, or a message exceeds the
+size cap; the context's exit kills the whole process tree, shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+import pydantic_core
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp import ClientSession
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.message import SessionMessage
+
+from supervisor.child.listing import Listing
+from supervisor.child.rawcalls import MARK, RawCalls
+from supervisor.child.spool import ExtensionSpool
+from supervisor.child.wire import InboundRequests, Outbox, Watched, check_encodable
+from supervisor.process import children as process
+from supervisor.process.children import ChildProcess
+
+__all__ = ("Connection", "LineSplitter", "connect")
+
+log = structlog.get_logger(__name__)
+
+STDERR_LINE_CAP = 8 << 10  # longer stderr lines are truncated, not buffered
+EXIT_FLUSH_GRACE = 0.25  # after an exit, wait this long for bytes still in the pipe (not for spooling)
+MAX_LISTED = 10_000  # per listing: a server paginating forever must not grow our cache forever
+MAX_INBOUND_REQUESTS = 32  # requests from the child being answered at once; more are dropped
+STDIN_TIMEOUT = 30.0  # default: a child that reads nothing of a pending message this long is stuck
+
+ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, must not block
+Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
+# The child asks its client something (sampling, elicitation, roots): the answer, or an error for it.
+Asked = Callable[["Connection", types.ServerRequest], Awaitable[types.ClientResult | types.ErrorData]]
+ResultT = TypeVar("ResultT")
+
+_LIST_METHODS = {
+    "tools": "tools/list",
+    "prompts": "prompts/list",
+    "resources": "resources/list",
+    "templates": "resources/templates/list",
+}
+_LIST_CHANGED: dict[type, str] = {
+    types.ToolListChangedNotification: "tools",
+    types.PromptListChangedNotification: "prompts",
+    types.ResourceListChangedNotification: "resources",
+}
+
+
+class Connection:
+    """One live child: its process, its MCP session and why the connection ended.
+
+    Other tasks may send requests concurrently; only the task that entered :func:`connect`
+    ends the connection.
+    """
+
+    def __init__(self, child: ChildProcess) -> None:
+        self.child = child
+        self.session: ClientSession | None = None
+        self.raw: RawCalls | None = None  # plain-JSON tool calls beside the session (the fast path)
+        self.capabilities = types.ServerCapabilities()  # what the child's initialize declared
+        self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
+        self.failure: str | None = None  # why it ended, unless the child's exit says it all
+        self.ready = False  # the handshake completed: only then is the stop graceful (stdin, then wait)
+        self.watched = Watched()  # requests we stopped waiting for: their late answers and progress
+
+    def end(self, failure: str | None = None) -> None:
+        if not self.ended.is_set():
+            self.failure = failure
+            self.ended.set()
+
+    async def handshake(self, on_step: Callable[[str], None] | None = None) -> Listing:
+        """``initialize``, then every list the child declares: the extension is usable once this returns.
+
+        Tools must list cleanly; a failing prompt or resource listing is logged and left empty,
+        so one optional feature cannot keep the tools from clients. *on_step* is told each
+        request before it is sent ("initialize", "tools/list", ...), for the status record.
+        """
+        step = on_step or (lambda method: None)
+        step("initialize")
+        result = await self._session.initialize()
+        self.capabilities = result.capabilities
+        step(_LIST_METHODS["tools"])
+        tools = await self.list("tools")
+        optional: dict[str, list[Any]] = {}
+        for kind in ("prompts", "resources", "templates"):
+            if self.offers(kind):
+                step(_LIST_METHODS[kind])
+            try:
+                optional[kind] = await self.list(kind)
+            except Exception as exc:  # MCPError or a malformed listing
+                log.warning("extension.listing_failed", kind=kind, error=_one_line(exc))
+                optional[kind] = []
+        self.ready = True
+        return Listing.of(tools, **optional)
+
+    def offers(self, kind: str) -> bool:
+        """Whether the child declared *kind* ("tools", "prompts", "resources", "templates")."""
+        capabilities = self.capabilities
+        return {
+            "tools": capabilities.tools is not None,
+            "prompts": capabilities.prompts is not None,
+            "resources": capabilities.resources is not None,
+            "templates": capabilities.resources is not None,
+        }[kind]
+
+    async def list(self, kind: str) -> list[Any]:
+        """Every page of one listing, at most :data:`MAX_LISTED` items; [] if not declared."""
+        if not self.offers(kind):
+            return []
+        fetch, attribute = {
+            "tools": (self._session.list_tools, "tools"),
+            "prompts": (self._session.list_prompts, "prompts"),
+            "resources": (self._session.list_resources, "resources"),
+            "templates": (self._session.list_resource_templates, "resource_templates"),
+        }[kind]
+        items: list[Any] = []
+        cursor: str | None = None
+        while len(items) < MAX_LISTED:
+            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await fetch(params=params)
+            found = getattr(page, attribute)
+            items += found
+            if not found or page.next_cursor in (None, "", cursor):  # done, or paging in place
+                break
+            cursor = page.next_cursor
+        return items[:MAX_LISTED]
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> types.CallToolResult:
+        """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel.
+
+        Error handling: ``MCPError(INVALID_PARAMS)`` when the call cannot be encoded as JSON
+        (a lone surrogate, nesting too deep); nothing is sent then.
+        """
+        check_encodable({"name": name, "arguments": arguments})  # before the SDK trips over it
+        return await self._session.call_tool(name, arguments, progress_callback=progress)
+
+    async def call_tool_raw(
+        self, name: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """Forward one call as plain JSON and return the child's result object, unvalidated
+        beyond its shape (see :mod:`supervisor.child.rawcalls`); cancelling sends the child a cancel.
+
+        Error handling: as :meth:`call_tool`; ``ValueError`` for an answer that is no tool result.
+        """
+        assert self.raw is not None, "used outside connect()"
+        return await self.raw.call_tool(name, arguments, progress)
+
+    async def request_raw(
+        self, method: str, params: dict[str, Any], *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """Forward any request as plain JSON and return the child's result object, unvalidated
+        (for what the SDK's session would refuse: a task-augmented call answers a task, not a
+        tool result). Errors as :meth:`call_tool_raw`."""
+        assert self.raw is not None, "used outside connect()"
+        return await self.raw.request(method, params, progress)
+
+    async def roots_changed(self) -> None:
+        """Tell the child its roots changed (it lists them again if it cares)."""
+        await self._session.send_notification(types.RootsListChangedNotification())
+
+    async def request(
+        self,
+        request: types.ClientRequest,
+        result_type: type[ResultT],
+        *,
+        progress: ProgressFnT | None = None,
+    ) -> ResultT:
+        """Forward any client request as is (prompts/get, resources/read, completion/complete, ...).
+
+        Error handling: as :meth:`call_tool`, for params that cannot be encoded.
+        """
+        check_encodable(request.model_dump(by_alias=True, mode="json", exclude_none=True))
+        return await self._session.send_request(request, result_type, progress_callback=progress)
+
+    @property
+    def _session(self) -> ClientSession:
+        assert self.session is not None, "used outside connect()"
+        return self.session
+
+
+@asynccontextmanager
+async def connect(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    marker: str,
+    stop_timeout: float,
+    max_message_bytes: int,
+    on_stderr: Callable[[str], None],
+    on_list_changed: ListChanged,
+    on_notification: Notified,
+    on_asked: Asked | None = None,
+    hurry: anyio.Event | None = None,
+    spool: ExtensionSpool | None = None,
+    stdin_timeout: float = STDIN_TIMEOUT,
+    wrap: process.Wrap | None = None,
+) -> AsyncIterator[Connection]:
+    """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
+
+    Resource handling: the task that enters this context must exit it. Exiting closes the
+    session, then closes stdin, waits *stop_timeout* (none if the handshake did not complete),
+    and kills the process tree, shielded
+    from cancellation; *hurry* cuts the graces short. The pipes are drained until the tree is
+    gone, so a child blocked on a full pipe still shuts down gracefully.
+
+    Oversized media in the child's results goes to *spool* before anything parses it into
+    models (see :mod:`supervisor.child.spool`).
+
+    Bounds: at most ``MAX_INBOUND_REQUESTS`` requests from the child are answered at once
+    (more are dropped with a warning); a message to the child that it does not read within
+    *stdin_timeout* ends the connection. *on_list_changed* and *on_notification* must return
+    at once: they run once per notification. With *on_asked*, the child is told at ``initialize``
+    that its client offers sampling, elicitation and roots, and its requests for them go there.
+
+    *wrap* puts the resolved command line behind a launcher (the sandbox's; see :func:`process.spawn`).
+
+    Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
+    A message that cannot be encoded fails its sender only (see :class:`~supervisor.child.wire.Outbox`).
+    """
+    child = await process.spawn(argv, env=env, cwd=cwd, marker=marker, wrap=wrap)
+    connection = Connection(child)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_send, write_recv = anyio.create_memory_object_stream[bytes](0)
+    inbound = InboundRequests(MAX_INBOUND_REQUESTS)
+    drains: list[anyio.CancelScope] = []
+
+    raw = connection.raw = RawCalls(write_send, child.stdin, spool.sent if spool is not None else None)
+
+    def end(failure: str | None) -> None:
+        read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
+        raw.close()
+        connection.end(failure)
+
+    stdout = _StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched)
+
+    async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
+        scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
+        drains.append(scope)
+        with scope:
+            await pump(*args)
+
+    bad_messages = 0
+
+    async def on_message(message: Any) -> None:
+        nonlocal bad_messages
+        if isinstance(message, Exception):
+            bad_messages += 1
+            if bad_messages <= 10 or bad_messages % 1000 == 0:  # a junk flood must not flood our log
+                log.warning("extension.bad_message", error=_one_line(message), count=bad_messages)
+        elif (kind := _LIST_CHANGED.get(type(message))) is not None:
+            on_list_changed(kind)
+        elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+            on_notification(message)
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        log.info("extension.log", level=params.level, logger=params.logger)
+
+    asking = _asking_callbacks(connection, on_asked) if on_asked is not None else {}
+    try:
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(drain, stdout.run)
+            pumps.start_soon(drain, _pump_stderr, child, on_stderr)
+            pumps.start_soon(_pump_stdin, child, write_recv, end, stdin_timeout)
+            pumps.start_soon(_watch_exit, child, stdout, end)
+            outbox = Outbox(write_send, inbound, spool.sent if spool is not None else None)
+            try:
+                async with ClientSession(
+                    read_recv, outbox, message_handler=on_message, logging_callback=on_log, **asking
+                ) as session:
+                    connection.session = session
+                    yield connection
+            finally:
+                write_send.close()
+                raw.close()  # however the connection ended: raw calls fail now, as the session's do
+                # A start cut short has nothing to save, and a child still loading its code
+                # notices stdin's EOF only once loaded: SIGTERM it at once, freeing the CPU.
+                grace = stop_timeout if connection.ready else 0.0
+                await process.terminate_tree(child, grace=grace, hurry=hurry)
+                for scope in drains:
+                    scope.cancel()
+                pumps.cancel_scope.cancel()
+    finally:
+        if not child.terminated:  # failed before the pumps ran: nothing graceful left to do
+            await process.terminate_tree(child, grace=0)
+
+
+def _asking_callbacks(connection: Connection, on_asked: Asked) -> dict[str, Any]:
+    """The session's callbacks for the child's sampling, elicitation and roots requests.
+
+    Giving them is what declares the capabilities to the child at ``initialize``.
+    """
+
+    async def sampling(
+        context: Any, params: types.CreateMessageRequestParams
+    ) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.CreateMessageRequest(params=params))
+
+    async def elicitation(
+        context: Any, params: types.ElicitRequestParams
+    ) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.ElicitRequest(params=params))
+
+    async def roots(context: Any) -> types.ClientResult | types.ErrorData:
+        return await on_asked(connection, types.ListRootsRequest())
+
+    return {"sampling_callback": sampling, "elicitation_callback": elicitation, "list_roots_callback": roots}
+
+
+class LineSplitter:
+    """Cuts a byte stream into lines in linear time, holding at most one partial line.
+
+    A partial line is kept as 4 MiB segments plus a tail, and joined once, into ``bytes``,
+    when its newline comes. A big message so costs two copies at the peak (the segments and
+    the joined line), and the segments are big enough to live in their own mappings, which
+    go back to the system when freed whatever the chunk sizes were. ``bytes``, unlike a
+    ``bytearray``, is parsed without another copy.
+    """
+
+    SEGMENT = 4 << 20
+
+    def __init__(self) -> None:
+        self._segments: list[bytes] = []
+        self._tail = bytearray()
+        self.pending = 0  # bytes of the partial line
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        lines: list[bytes] = []
+        start = 0
+        while (newline := chunk.find(b"\n", start)) >= 0:
+            if self.pending:
+                lines.append(b"".join((*self._segments, self._tail, chunk[start:newline])))
+                self.discard()
+            else:
+                lines.append(chunk[start:newline])
+            start = newline + 1
+        if start < len(chunk):
+            self._tail += memoryview(chunk)[start:]
+            self.pending += len(chunk) - start
+            if len(self._tail) >= self.SEGMENT:
+                self._segments.append(bytes(self._tail))
+                self._tail = bytearray()
+        return lines
+
+    def discard(self) -> None:
+        self._segments, self._tail, self.pending = [], bytearray(), 0
+
+    def take_partial(self) -> bytes:
+        """Hand out the partial line (an over-long one, or what remains at EOF) and forget it."""
+        partial = b"".join((*self._segments, self._tail))
+        self.discard()
+        return partial
+
+
+class _StdoutPump:
+    """Delivers the child's stdout lines as messages; once the session is gone or broken, drains."""
+
+    def __init__(
+        self,
+        child: ChildProcess,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        max_message_bytes: int,
+        end: Callable[[str | None], None],
+        spool: ExtensionSpool | None,
+        inbound: InboundRequests,
+        raw: RawCalls,
+        watched: Watched,
+    ) -> None:
+        self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
+        self.spool = spool
+        self.inbound = inbound
+        self.raw = raw
+        self.watched = watched
+        self.eof = anyio.Event()
+        self.settled = anyio.Event()  # after stop_delivering(): what was read is delivered
+        self.waiting = False  # parked in read(): everything read so far has been handled
+        self._closing = False
+
+    def caught_up(self) -> bool:
+        """All bytes the child wrote are delivered (or discarded): nothing more is on its way."""
+        return self.eof.is_set() or (self.waiting and self.child.stdout.drained())
+
+    def stop_delivering(self) -> None:
+        """Deliver what was already read (however long spooling it takes), then discard the rest."""
+        self._closing = True
+        if self.waiting or self.eof.is_set():  # nothing in hand
+            self.settled.set()
+
+    async def run(self) -> None:
+        splitter = LineSplitter()
+        delivering = True
+        final_read = False
+        try:
+            while True:
+                if self._closing and not self.settled.is_set():
+                    # Once more for what is buffered on our side of the pipe, then no more.
+                    if not delivering or final_read or not self.child.stdout.buffered:
+                        delivering = False
+                        self.settled.set()
+                    final_read = True
+                self.waiting = True
+                chunk = await self.child.stdout.read()
+                self.waiting = False
+                if not chunk:
+                    break
+                if not delivering:
+                    continue
+                lines = splitter.feed(chunk)
+                del chunk
+                limit = self.max_message_bytes
+                if splitter.pending > limit or any(len(line) > limit for line in lines):
+                    delivering = False
+                    lines.clear()
+                    splitter.discard()
+                    log.error("extension.message_too_large", limit=limit)
+                    self.end(f"it sent a message over the {limit}-byte limit")
+                    continue
+                delivering = await self._deliver(lines)
+        finally:
+            self.waiting = False
+            self.eof.set()
+            self.settled.set()
+        if delivering and not self._closing:  # EOF: an exit explains itself; give its event a moment
+            with anyio.move_on_after(EXIT_FLUSH_GRACE):
+                await self.child.exited.wait()
+            self.end(None if self.child.exited.is_set() else "it closed its stdout")
+
+    async def _deliver(self, lines: list[bytes]) -> bool:
+        lines.reverse()
+        while lines:
+            line = lines.pop()
+            if not line or line.isspace():
+                continue
+            if self.spool is not None and self.spool.needs_look(len(line)):
+                box = [line]  # the worker thread gets the only reference: the line is freed once parsed
+                del line
+                parsed = await anyio.to_thread.run_sync(_parse_and_spool, box, self.spool)
+                message = parsed if isinstance(parsed, Exception) else self._route(parsed)
+            elif MARK in line:  # perhaps a raw call's answer or progress: parse once, plainly
+                parsed = _parse_plain(line)
+                if isinstance(parsed, Exception):
+                    self.raw.unreadable(line)  # its call, if it names one, fails now instead of timing out
+                    message = parsed
+                else:
+                    message = self._route(parsed)
+            else:
+                message = _parse(line)
+                if self.watched.ids:
+                    self.watched.see(message)
+            if message is None:  # a raw call's: delivered
+                continue
+            if not self.inbound.admit(message):
+                continue
+            try:
+                await self.sink.send(message)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return False
+        return True
+
+    def _route(self, message: Any) -> SessionMessage | Exception | None:
+        """A parsed line to its raw call (None), or validated for the session."""
+        if self.watched.ids:
+            self.watched.see(message)
+        if self.raw.route(message):
+            return None
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(message, by_name=False))
+        except ValueError as exc:
+            return exc
+
+
+def _parse_and_spool(box: list[bytes], spool: ExtensionSpool) -> Any:
+    """Parse a large line into plain JSON and move its oversized media to the spool."""
+    message = _parse_plain(box.pop())
+    if not isinstance(message, Exception):
+        spool.rewrite(message)
+    return message
+
+
+def _parse_plain(line: bytes) -> Any:
+    """Plain JSON (NaN and infinities allowed, as the session's parser allows them), or the
+    exception that says why not."""
+    try:
+        return pydantic_core.from_json(line)
+    except ValueError as exc:
+        return exc
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        return exc
+
+
+async def _pump_stdin(
+    child: ChildProcess,
+    source: MemoryObjectReceiveStream[bytes],
+    end: Callable[[str | None], None],
+    stall_after: float,
+) -> None:
+    """Write each encoded message; a child that reads none of one within *stall_after* s is stuck."""
+    try:
+        async with source:
+            async for data in source:
+                child.stdin.write(data)
+                del data
+                with anyio.move_on_after(stall_after) as waited:
+                    await child.stdin.drain()
+                if waited.cancelled_caught:
+                    log.error("extension.stdin_stalled", seconds=stall_after)
+                    end(f"it did not read its stdin for {stall_after:g}s")
+                    return
+    except (OSError, RuntimeError, anyio.BrokenResourceError):  # BrokenPipe, connection lost
+        end("the child closed its stdin")
+
+
+async def _pump_stderr(child: ChildProcess, on_line: Callable[[str], None]) -> None:
+    splitter = LineSplitter()
+    while chunk := await child.stderr.read():
+        lines = splitter.feed(chunk)
+        if splitter.pending > STDERR_LINE_CAP:  # a line with no end in sight: emit what we have
+            lines.append(splitter.take_partial())
+        for line in lines:
+            on_line(_decode(line[:STDERR_LINE_CAP]))
+    if splitter.pending:
+        on_line(_decode(splitter.take_partial()[:STDERR_LINE_CAP]))
+
+
+async def _watch_exit(child: ChildProcess, stdout: _StdoutPump, end: Callable[[str | None], None]) -> None:
+    await child.exited.wait()
+    # Deliver what the child wrote before it died, then end the session, without waiting for
+    # an EOF that a grandchild holding the pipe would delay forever. The grace is for bytes
+    # still in the pipe; lines already read are delivered however long spooling them takes.
+    with anyio.move_on_after(EXIT_FLUSH_GRACE):
+        while not stdout.caught_up():  # noqa: ASYNC110 - a pipe's emptiness fires no event
+            await anyio.sleep(0.001)
+    stdout.stop_delivering()
+    await stdout.settled.wait()
+    end(None)
+
+
+def _decode(line: bytes | bytearray) -> str:
+    return line.decode("utf-8", "replace").rstrip("\r")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

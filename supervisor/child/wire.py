@@ -1,0 +1,194 @@
+"""JSON-RPC messages between the daemon and a child, where a bad one must cost only itself.
+
+:class:`Outbox` is the session's write stream: each message is encoded in the task that sends
+it, so a message that cannot be encoded (a lone surrogate in a client's arguments, nesting too
+deep) fails its sender only, never the stdin pump whose failure would end the connection.
+:class:`InboundRequests` bounds the requests from the child that the session answers at once.
+:class:`Watched` hears of late answers and progress for requests we stopped waiting for, and
+:data:`SENDING` tells whoever asks the id of each request the current task sends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from types import TracebackType
+from typing import Any
+
+import mcp_types as types
+import structlog
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp import MCPError
+from mcp.shared.message import SessionMessage
+
+__all__ = ("SENDING", "InboundRequests", "Outbox", "Watched", "check_encodable")
+
+log = structlog.get_logger(__name__)
+
+# Told the id of each request the current task sends to a child (the session's or a raw one).
+SENDING: ContextVar[Callable[[types.RequestId], None] | None] = ContextVar(
+    "mcp_supervisor_sending", default=None
+)
+
+
+class Watched:
+    """Ids of our requests to the child whose late answer or progress someone wants to hear of.
+
+    The stdout pump shows it every message (:meth:`see`) while it watches any; each watcher is
+    told ``True`` when the child answers its request, ``False`` for each progress of it. Sync;
+    its owner (:mod:`supervisor.extension.asking`) bounds how many ids it watches.
+    """
+
+    __slots__ = ("ids",)
+
+    def __init__(self) -> None:
+        self.ids: dict[types.RequestId, Callable[[bool], None]] = {}
+
+    def see(self, message: Any) -> None:
+        """A message from the child: parsed JSON (a dict) or a ``SessionMessage``."""
+        inner = getattr(message, "message", None)
+        if inner is not None:
+            if isinstance(inner, types.JSONRPCResponse | types.JSONRPCError):
+                self._tell(inner.id, True)
+            elif isinstance(inner, types.JSONRPCNotification) and inner.method == "notifications/progress":
+                self._tell((inner.params or {}).get("progressToken"), False)
+        elif isinstance(message, dict):
+            if "method" not in message:
+                self._tell(message.get("id"), True)
+            elif message.get("method") == "notifications/progress":
+                params = message.get("params")
+                self._tell(params.get("progressToken") if isinstance(params, dict) else None, False)
+
+    def _tell(self, request_id: Any, answered: bool) -> None:
+        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+            watcher = self.ids.get(request_id)
+            if watcher is not None:
+                watcher(answered)
+
+
+class InboundRequests:
+    """Requests from the child that the session is still answering, at most *limit* at once.
+
+    The session answers each in a task of its own, and a child that floods requests (pings)
+    while not reading our answers would otherwise grow the daemon by one task per request.
+    Dropped requests get no answer: answering needs the stdin the flood is clogging.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.dropped = 0
+        self._ids: set[types.RequestId] = set()
+
+    def admit(self, message: SessionMessage | Exception) -> bool:
+        inner = message.message if isinstance(message, SessionMessage) else None
+        if isinstance(inner, types.JSONRPCRequest):
+            if inner.id in self._ids or len(self._ids) >= self.limit:  # a repeated id is refused too
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("extension.requests_dropped", dropped=self.dropped, limit=self.limit)
+                return False
+            self._ids.add(inner.id)
+        elif isinstance(inner, types.JSONRPCNotification) and inner.method == "notifications/cancelled":
+            request_id = (inner.params or {}).get("requestId")
+            if isinstance(request_id, str | int):
+                self.settle(request_id)  # its handler is cancelled and writes nothing
+        return True
+
+    def settle(self, request_id: types.RequestId) -> None:
+        self._ids.discard(request_id)
+
+
+class Outbox:
+    """The session's write stream: encodes each message in the task that sends it.
+
+    So a message that cannot be encoded fails only its sender, never the stdin pump (whose
+    failure would end the connection): a request (a call whose arguments hold a lone
+    surrogate, or nest too deep) raises ``INVALID_PARAMS`` to its caller; a response or a
+    notification goes out with the offending characters replaced.
+    """
+
+    def __init__(
+        self,
+        sink: MemoryObjectSendStream[bytes],
+        inbound: InboundRequests,
+        on_request: Callable[[types.RequestId, str, Any], None] | None = None,
+    ) -> None:
+        self._sink = sink
+        self._inbound = inbound
+        self._on_request = on_request  # sees (id, method, params) of each request before it goes
+
+    async def send(self, item: SessionMessage, /) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest):
+            if self._on_request is not None:
+                self._on_request(message.id, message.method, message.params)
+            if (sending := SENDING.get()) is not None:
+                sending(message.id)
+        try:
+            if (data := _encode(message)) is not None:
+                await self._sink.send(data)
+        finally:
+            if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+                self._inbound.settle(message.id)
+
+    async def aclose(self) -> None:
+        self._sink.close()
+
+    async def __aenter__(self) -> Outbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self._sink.close()
+
+
+def _encode(message: types.JSONRPCMessage) -> bytes | None:
+    """One line of JSON for the child, or None to send nothing.
+
+    Error handling: raises MCPError(INVALID_PARAMS) for a request that cannot be encoded.
+    """
+    try:
+        return _dump(message)
+    except (ValueError, RecursionError) as exc:  # a lone surrogate, nesting too deep
+        reason = _one_line(exc)
+    if isinstance(message, types.JSONRPCRequest):
+        raise MCPError(code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})")
+    log.warning("extension.message_repaired", kind=type(message).__name__, error=reason)
+    try:
+        plain = message.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        return json.dumps(plain, ensure_ascii=False, separators=(",", ":")).encode(errors="replace") + b"\n"
+    except (ValueError, RecursionError):
+        pass
+    if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):  # still answer the request
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message="the answer could not be encoded")
+        return _dump(types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
+    return None  # a notification nobody can encode: dropped
+
+
+def check_encodable(value: Any) -> None:
+    """Raise ``MCPError(INVALID_PARAMS)`` unless *value* can be sent as strict JSON in UTF-8.
+
+    Refused: lone surrogates, NaN and infinities (``NaN`` is not JSON, though a lenient
+    encoder writes it), nesting deeper than Python's recursion limit.
+    """
+    try:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
+    except (ValueError, TypeError, RecursionError) as exc:
+        reason = _one_line(exc)
+        raise MCPError(
+            code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})"
+        ) from None
+
+
+def _dump(message: types.JSONRPCMessage) -> bytes:
+    return message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

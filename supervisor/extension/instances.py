@@ -1,0 +1,194 @@
+"""Per-client instances: one child per gateway client for ``instances: per-client`` extensions.
+
+A stateful server (a browser, a shell) shared by two clients mixes their state. Per client, each
+gateway connection gets an :class:`~supervisor.extension.Extension` of its own (its own child,
+spool directory and containment), made on that client's first use and started by its first
+call like an on-demand one. Its watcher runs in the daemon's task group like any other; the
+connection's close only asks it to stop (sync), the watcher tears the tree down, and the
+daemon's shutdown waits for it. The control socket's calls use the shared instance (the
+daemon's own Extension of that name), whose listing is also the one clients see.
+
+A client is a connection that lasts: on ``mcp.sock`` the stream, over streamable HTTP the MCP
+session (``Mcp-Session-Id``; its DELETE or idle expiry closes it). A 2026-07-28 request over HTTP
+has no session, so no client to give an instance to: it is refused rather than given a child
+that would live for one request (a stateful server would forget everything between calls).
+
+Operations act on every instance: :meth:`Instances.stop_all` (``stop NAME``) also *holds* them,
+so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
+:meth:`Instances.restart_all` restarts the running ones, each with the usual restart semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from supervisor.errors import ExtensionUnavailable
+from supervisor.extension import Extension
+from supervisor.process.usage import Sampler
+
+__all__ = ("SESSIONLESS", "Client", "Instances", "figures")
+
+SESSIONLESS = (
+    "one child per client session, and a 2026-07-28 request over HTTP has no session: connect "
+    "with the 2025-11-25 protocol over HTTP, or through mcp.sock"
+)
+_COUNTED = ("restarts", "unresponsive", "memory_exceeded")  # of the snapshot, summed in totals()
+
+
+class Client(Protocol):
+    """A gateway client connection, as far as its instances care: whether it lasts, when it closes."""
+
+    @property
+    def lasting(self) -> bool: ...  # False: the connection serves a single request
+
+    def on_close(self, callback: Callable[[], None]) -> None: ...
+
+
+class Instances:
+    """The per-client instances of extension *name*: at most *limit* at once, retiring ones included.
+
+    *make* builds the instance of the client it is given (its log messages are that client's).
+    """
+
+    def __init__(self, name: str, make: Callable[[Client], Extension], limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        self.held = False  # stopped by hand: no client gets an instance until resume()
+        self._make = make
+        self._by_client: dict[Client, Extension] = {}
+        self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
+        self._hooked: set[Client] = set()  # clients whose close we hear of (once each)
+        self._ended = dict.fromkeys(("calls", "errors", *_COUNTED), 0)  # of instances that are gone
+
+    def of(self, client: Client) -> Extension:
+        """*client*'s own instance, made on its first use (not started: its first call starts it).
+
+        Error handling: :class:`ExtensionUnavailable`: retryable when *limit* instances exist;
+        not when stopped by hand (until :meth:`resume`) or when *client* does not last.
+        """
+        ext = self._by_client.get(client)
+        if ext is not None:
+            return ext
+        if not client.lasting:
+            raise ExtensionUnavailable(self.name, "per-client", retryable=False, detail=SESSIONLESS)
+        if self.held:
+            advice = f"start it with `mcp-supervisor start {self.name}`"  # as the shared one says
+            raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
+        self._prune()
+        if len(self._by_client) + len(self._retiring) >= self.limit:
+            detail = f"all {self.limit} per-client instances are in use (max_instances)"
+            raise ExtensionUnavailable(self.name, "busy", retryable=True, detail=detail)
+        ext = self._by_client[client] = self._make(client)
+        if client not in self._hooked:
+            self._hooked.add(client)
+            client.on_close(lambda: self._closed(client))
+        return ext
+
+    def existing(self, client: object) -> Extension | None:
+        """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""
+        return self._by_client.get(client)  # type: ignore[call-overload]
+
+    def _closed(self, client: Client) -> None:
+        self._hooked.discard(client)
+        self._release(client)
+
+    def _release(self, client: Client) -> None:
+        ext = self._by_client.pop(client, None)
+        if ext is not None:
+            ext.request_stop()  # the watcher, in the daemon's task group, tears the tree down
+            self._retiring.append(ext)
+
+    def _prune(self) -> None:
+        """Forget retiring instances whose trees are gone, keeping their counts in the totals."""
+        keep = []
+        for ext in self._retiring:
+            if ext.snapshot().state.is_live:
+                keep.append(ext)
+            else:
+                for key, value in _counts(ext).items():
+                    self._ended[key] += value
+        self._retiring = keep
+
+    def all(self) -> list[Extension]:
+        """Every instance whose child may still exist: the clients' ones, then the retiring ones."""
+        self._prune()
+        return [*self._by_client.values(), *self._retiring]
+
+    def totals(self) -> dict[str, int]:
+        """Calls, errors, restarts, ... of every instance there has been: monotonic, for counters."""
+        sums = dict(self._ended)
+        for ext in self.all():
+            for key, value in _counts(ext).items():
+                sums[key] += value
+        return sums
+
+    def health(self, usage: Sampler) -> dict[str, Any]:
+        """For ``health``: each instance now (at most *limit*), and the totals of all there have been."""
+        each = [figures(ext, usage) for ext in self.all()]
+        return {
+            "count": len(each),
+            "max": self.limit,
+            "held": self.held,
+            "totals": self.totals(),
+            "each": each,
+        }
+
+    def release_all(self) -> None:
+        """Ask every client's instance to stop (sync); each client's next use makes a new one."""
+        for client in list(self._by_client):
+            self._release(client)
+
+    async def stop_all(self, *, hold: bool = False) -> None:
+        """Stop every instance; returns once their process trees are gone. *hold*: see :attr:`held`."""
+        self.held = self.held or hold
+        self.release_all()
+        async with anyio.create_task_group() as stoppers:
+            for ext in self._retiring:
+                stoppers.start_soon(ext.stop)
+        self._prune()
+
+    def resume(self) -> None:
+        """Undo a hold: clients get instances again (each started by its next call)."""
+        self.held = False
+
+    async def restart_all(self, tg: TaskGroup) -> None:
+        """Restart every client's live instance (in the daemon's *tg*); ends a hold.
+
+        A dormant one (idle-stopped, or not called yet) stays so: its next call starts it.
+        """
+        self.held = False
+        async with anyio.create_task_group() as restarts:
+            for client, ext in list(self._by_client.items()):
+                if ext.snapshot().state.is_live:
+                    restarts.start_soon(self._restart, client, ext, tg)
+
+    async def _restart(self, client: Client, ext: Extension, tg: TaskGroup) -> None:
+        await ext.restart(tg)
+        if self._by_client.get(client) is not ext:  # its client left meanwhile: no one to serve
+            ext.request_stop()
+
+
+def figures(ext: Extension, usage: Sampler) -> dict[str, Any]:
+    """One extension's (or instance's) state, counters and process tree, for ``health``."""
+    snapshot = ext.snapshot()
+    return {
+        "name": ext.name,
+        "state": snapshot.state.value,
+        "pid": snapshot.pid,
+        "restarts": snapshot.restarts,
+        "calls": ext.calls,
+        "errors": ext.errors,
+        "in_flight": snapshot.in_flight,
+        "unresponsive": snapshot.unresponsive,
+        "memory_exceeded": snapshot.memory_exceeded,
+        "resources": usage.usage(ext.name, snapshot.pid, ext.run_marker).as_dict(),
+    }
+
+
+def _counts(ext: Extension) -> dict[str, Any]:
+    snapshot = ext.snapshot()
+    return {"calls": ext.calls, "errors": ext.errors, **{k: getattr(snapshot, k) for k in _COUNTED}}

@@ -1,0 +1,374 @@
+"""Pinned tool definitions: the "rug pull" defence.
+
+The first definition seen of each tool of an extension is pinned: a hash of each part of it
+that clients rely on (:data:`PARTS`: what the model reads, what the client validates, the hints
+an auto-approval trusts). A later definition that differs, at a restart or after the server's
+``list_changed``, is a *change*: logged once as ``tool.changed`` with the parts that differ
+(never the definitions), and handled as ``tools_on_change`` says:
+
+- ``allow``: the new definition is pinned at once (logged at info);
+- ``warn``: served as is, logged as a warning, shown as changed until approved;
+- ``hold``: as ``warn``, and gateway clients neither see nor can call the tool until approved.
+
+:meth:`Pins.approve` (``mcp-supervisor approve NAME [TOOL]``) pins the current definitions; a
+server that changes a tool back to its pinned definition ends the change by itself. A new tool
+is pinned on first sight; a tool the server stops listing keeps its pin, so coming back changed
+is still a change. At most :data:`MAX_TOOLS` pins per extension: past it, pins of tools no
+longer listed go first (oldest first), and tools beyond it are not pinned (warned once).
+
+The pins of one extension are one JSON file, ``<state>/pins/<daemon instance>/NAME.json``
+(beside the saved catalogs): 0600 in 0700 directories, replaced atomically, at most
+:data:`MAX_BYTES`; an unreadable, oversized or malformed file is ignored with a warning.
+Per-client instances share their extension's :class:`Pins`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import mcp_types as types
+import structlog
+
+from supervisor.child.listing import Listing
+from supervisor.errors import SupervisorError
+from supervisor.extension.saved import write_private
+
+__all__ = (
+    "MAX_BYTES",
+    "MAX_CHANGE_EVENTS",
+    "MAX_TOOLS",
+    "PARTS",
+    "Change",
+    "PinStore",
+    "Pins",
+    "digest",
+    "held_message",
+)
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["allow", "warn", "hold"]
+PARTS = ("title", "description", "inputSchema", "outputSchema", "annotations", "execution", "_meta")
+MAX_TOOLS = 1024  # pins per extension
+MAX_BYTES = 1024 * 1024  # one pin file; 1024 tools with a pending change each take about 800 KB
+VERSION = 1
+_HASH_CHARS = 32  # hex: 128 bits of sha256
+MAX_CHANGE_EVENTS = 32  # tool.changed lines per listing; a server that changes all 500 tools: one more
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False
+)  # built once: 5x faster
+
+
+def digest(tool: types.Tool) -> dict[str, str]:
+    """The hash of each of *tool*'s :data:`PARTS` (an absent part hashes as ``null``). Pure."""
+    plain = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {part: _hash(plain.get(part)) for part in PARTS}
+
+
+def _hash(value: Any) -> str:
+    text = _CANONICAL.encode(value)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+
+
+def _differing(pinned: dict[str, str], current: dict[str, str]) -> list[str]:
+    return [part for part in PARTS if part in pinned and part in current and pinned[part] != current[part]]
+
+
+@dataclass(slots=True)
+class _Pin:
+    pinned: dict[str, str]
+    seen: dict[str, str] | None = None  # the server's definition while it differs from the pin
+    since: str | None = None  # when it began to differ (ISO 8601)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A tool whose current definition differs from its pin."""
+
+    tool: str
+    parts: tuple[str, ...]  # of PARTS, those that differ
+    held: bool  # hidden from gateway clients until approved (tools_on_change: hold)
+    since: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tool": self.tool, "parts": list(self.parts), "held": self.held, "since": self.since}
+
+
+def held_message(extension: str, exposed: str, change: Change) -> str:
+    """What a gateway client calling held tool *exposed* is told."""
+    return (
+        f"tool {exposed!r} is held: extension {extension!r} changed its {', '.join(change.parts)} since "
+        f"it was pinned (tools_on_change: hold); an operator who accepts the new definition runs "
+        f"`mcp-supervisor approve {extension} {change.tool}`"
+    )
+
+
+class PinStore:
+    """The pin file of extension *name* in *directory*. Blocking methods: call them in a thread."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.name = name
+        self.path = directory / f"{name}.json"
+
+    def load(self) -> dict[str, _Pin]:
+        """The saved pins (empty when absent; or unusable, with a warning). Bounded read."""
+        try:
+            with self.path.open("rb") as file:
+                data = file.read(MAX_BYTES + 1)
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            log.warning("pins.unreadable", extension=self.name, path=str(self.path), error=str(exc))
+            return {}
+        try:
+            if len(data) > MAX_BYTES:
+                raise ValueError("too large")
+            return self._parse(json.loads(data))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            log.warning("pins.ignored", extension=self.name, path=str(self.path), reason=reason)
+            return {}
+
+    def _parse(self, record: Any) -> dict[str, _Pin]:
+        if not isinstance(record, dict) or record.get("version") != VERSION:
+            raise ValueError("not a pin file of this version")
+        if record.get("extension") != self.name:
+            raise ValueError("written for another extension")
+        pins: dict[str, _Pin] = {}
+        for name, entry in list(record["tools"].items())[:MAX_TOOLS]:
+            seen, since = entry.get("seen"), entry.get("since")
+            if not isinstance(name, str) or not isinstance(since, str | None):
+                raise ValueError("malformed entry")
+            pinned = _digest_of(entry["pinned"])
+            pins[name] = _Pin(pinned, _digest_of(seen) if seen is not None else None, since)
+        return pins
+
+    def save(self, record: dict[str, Any]) -> bool:
+        """Replace the file with *record* atomically; False (with a warning) if it cannot."""
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if len(data) > MAX_BYTES:
+            log.warning("pins.not_saved", extension=self.name, reason="too large", bytes=len(data))
+            return False
+        try:
+            write_private(self.path, data)
+        except OSError as exc:
+            log.warning("pins.not_saved", extension=self.name, path=str(self.path), error=str(exc))
+            return False
+        return True
+
+
+def _digest_of(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        part in PARTS and isinstance(h, str) and len(h) == _HASH_CHARS for part, h in value.items()
+    ):
+        raise ValueError("malformed digest")
+    return dict(value)
+
+
+class Pins:
+    """The pinned tool definitions of one extension, and what changed since.
+
+    Args:
+        name: the extension's name.
+        mode: its ``tools_on_change``.
+        store: where the pins persist; None: in memory only.
+        on_change: called (sync) when the set of changed or held tools changes, so that the
+            gateway lists again.
+
+    Sync methods run in the event loop; :meth:`save` writes in a thread.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        mode: Mode,
+        store: PinStore | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.mode: Mode = mode
+        self._store = store
+        self._on_change = on_change
+        self._pins = store.load() if store is not None else {}
+        self._dirty = False
+        self._saving = anyio.Lock()
+        self._full_warned = False
+        self._events = 0  # tool.changed lines logged for the listing being observed
+        self._shown: tuple[Listing, frozenset[str], Listing] | None = None  # shown()'s last answer
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def changes(self) -> dict[str, Change]:
+        """Tools whose current definition differs from their pin, by name."""
+        held = self.mode == "hold"
+        return {
+            name: Change(name, tuple(_differing(pin.pinned, pin.seen)), held, pin.since)
+            for name, pin in self._pins.items()
+            if pin.seen is not None
+        }
+
+    def held(self) -> frozenset[str]:
+        """The tools gateway clients must neither see nor call."""
+        if self.mode != "hold":
+            return frozenset()
+        return frozenset(name for name, pin in self._pins.items() if pin.seen is not None)
+
+    def shown(self, listing: Listing) -> Listing:
+        """*listing* without the held tools; *listing* itself when none is in it (identity matters:
+        the gateway compares listings by identity to decide what changed)."""
+        held = self.held() & listing.tool_names
+        if not held:
+            return listing
+        if self._shown is not None and self._shown[0] is listing and self._shown[1] == held:
+            return self._shown[2]
+        tools = tuple(tool for tool in listing.tools if tool.name not in held)
+        shown = replace(listing, tools=tools, tool_names=listing.tool_names - held)
+        self._shown = (listing, held, shown)
+        return shown
+
+    # ---- writing -------------------------------------------------------------------------
+
+    def observe(self, tools: Sequence[types.Tool]) -> None:
+        """A server's current tool definitions: pin the new ones, note (and log) the changes."""
+        before = self.changes()
+        self._events = 0
+        current: dict[str, types.Tool] = {}
+        for tool in tools:
+            current.setdefault(tool.name, tool)  # listed twice: the first wins, as in the gateway
+        new = []
+        for name, tool in current.items():
+            pin = self._pins.get(name)
+            if pin is None:
+                new.append(name)
+            else:
+                self._compare(name, pin, digest(tool))
+        if new:
+            self._pin_new(new, current)
+        if self._events > MAX_CHANGE_EVENTS:
+            more = self._events - MAX_CHANGE_EVENTS
+            log.warning(
+                "tool.changed_more", extension=self.name, tools=more, hint=f"mcp-supervisor tools {self.name}"
+            )
+        if self.changes() != before:
+            self._changed()
+
+    def _compare(self, name: str, pin: _Pin, current: dict[str, str]) -> None:
+        missing = {part: h for part, h in current.items() if part not in pin.pinned}
+        if missing:  # a part a newer version of this module hashes: adopted as it is now
+            pin.pinned.update(missing)
+            self._dirty = True
+        parts = _differing(pin.pinned, current)
+        if not parts:
+            if pin.seen is not None:
+                pin.seen = pin.since = None
+                self._dirty = True
+                log.info("tool.restored", extension=self.name, tool=name)
+            return
+        if self.mode == "allow":
+            pin.pinned, pin.seen, pin.since = current, None, None
+            self._dirty = True
+            if self._count_event():
+                log.info("tool.changed", extension=self.name, tool=name, parts=parts, on_change="allow")
+            return
+        if pin.seen == current:
+            return  # known already: logged when it was first seen
+        pin.seen, pin.since = current, pin.since or _now()
+        self._dirty = True
+        if self._count_event():
+            log.warning(
+                "tool.changed",
+                extension=self.name,
+                tool=name,
+                parts=parts,
+                on_change=self.mode,
+                hint=f"mcp-supervisor approve {self.name} {name}",
+            )
+
+    def _count_event(self) -> bool:
+        """Whether one more tool.changed fits in this listing's share (the rest: tool.changed_more)."""
+        self._events += 1
+        return self._events <= MAX_CHANGE_EVENTS
+
+    def _pin_new(self, names: list[str], current: dict[str, types.Tool]) -> None:
+        over = len(self._pins) + len(names) - MAX_TOOLS
+        if over > 0:  # tools the server no longer lists give up their pins first, oldest first
+            gone = [name for name in self._pins if name not in current][:over]
+            for name in gone:
+                del self._pins[name]
+        room = max(0, MAX_TOOLS - len(self._pins))
+        for name in names[:room]:
+            self._pins[name] = _Pin(digest(current[name]))
+        self._dirty = True
+        log.info("tool.pinned", extension=self.name, tools=min(room, len(names)), pinned=len(self._pins))
+        if len(names) > room and not self._full_warned:
+            self._full_warned = True
+            unpinned = len(names) - room
+            log.warning("tool.pins_full", extension=self.name, unpinned=unpinned, max_tools=MAX_TOOLS)
+
+    def approve(self, tool: str | None = None) -> list[str]:
+        """Pin the current definition of *tool* (None: of every changed tool); the names approved.
+
+        Error handling: :class:`SupervisorError` when *tool* has no pin (the server never listed it).
+        """
+        if tool is not None and tool not in self._pins:
+            raise SupervisorError(f"extension {self.name!r} has no pinned tool {tool!r}")
+        names = [name for name, pin in self._pins.items() if pin.seen is not None and tool in (None, name)]
+        for name in names:
+            pin = self._pins[name]
+            assert pin.seen is not None
+            pin.pinned, pin.seen, pin.since = pin.seen, None, None
+        if names:
+            self._dirty = True
+            log.info("tool.approved", extension=self.name, tools=names)
+            self._changed()
+        return names
+
+    def set_mode(self, mode: Mode) -> None:
+        """A reload's ``tools_on_change``; ``allow`` accepts what is pending at once."""
+        if mode == self.mode:
+            return
+        self.mode = mode
+        if mode == "allow":
+            self.approve()
+        if self.changes():
+            self._changed()  # held or not: clients list again
+
+    async def save(self) -> None:
+        """Write the pins if they changed since the last write (in a thread, one write at a time)."""
+        if self._store is None:
+            self._dirty = False
+            return
+        async with self._saving:
+            if not self._dirty:
+                return
+            self._dirty = False
+            record = {"version": VERSION, "extension": self.name, "tools": self._record()}  # as of now
+            await anyio.to_thread.run_sync(self._store.save, record)
+
+    def _record(self) -> dict[str, Any]:
+        tools: dict[str, Any] = {}
+        for name, pin in self._pins.items():
+            entry: dict[str, Any] = {"pinned": pin.pinned}
+            if pin.seen is not None:
+                entry["seen"], entry["since"] = pin.seen, pin.since
+            tools[name] = entry
+        return tools
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -1,0 +1,191 @@
+"""Saved listings of on-demand extensions: what gateway clients see while the child is not running.
+
+One JSON file per extension under ``<state>/catalogs/<daemon instance>/``, where ``<state>`` is
+``$STATE_DIRECTORY`` (systemd's ``StateDirectory=``), else ``~/.local/state/mcp-supervisor``.
+Directories are 0700 and files 0600; a write goes to a temporary file that replaces the old
+one, so a crash leaves the old listing or the new one, never half of one. A file over
+:data:`MAX_BYTES`, unreadable, malformed, or written for another command line (a *foreign*
+file: the fingerprint of command, args, cwd and env differs) is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import structlog
+
+from supervisor.child.listing import Listing
+
+__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint", "prune", "write_private")
+
+log = structlog.get_logger(__name__)
+
+VERSION = 1
+MAX_BYTES = 8 * 1024 * 1024  # one extension's saved listing; a larger one is not written nor read
+STALE_TEMP_SECONDS = 60.0  # a temporary file this old is a crashed write's, not one in progress
+_KINDS: tuple[tuple[str, Any], ...] = (
+    ("tools", types.Tool),
+    ("prompts", types.Prompt),
+    ("resources", types.Resource),
+    ("templates", types.ResourceTemplate),
+)
+
+
+def default_state_root(environ: Mapping[str, str]) -> Path:
+    """``$STATE_DIRECTORY`` (its first entry), else ``$XDG_STATE_HOME`` or ``~/.local/state``, + our name."""
+    given = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "mcp-supervisor"
+
+
+# Set anew for every start of a service (systemd, terminals): no part of what a server offers.
+_PER_START = frozenset(
+    {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MAINPID", "LISTEN_PID", "LISTEN_FDS",
+     "LISTEN_FDNAMES", "TERMINAL_SESSION_ID", "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+     "WINDOWID", "XDG_SESSION_ID", "OLDPWD", "SHLVL", "_"}
+)  # fmt: skip
+
+
+def fingerprint(command: str, args: list[str], cwd: str | None, env: Mapping[str, str]) -> str:
+    """What makes a saved listing this extension's: a hash, so no env value is written out.
+
+    Variables set anew at every start (:data:`_PER_START`) are left out: under systemd,
+    ``INVOCATION_ID`` alone made every restart of the service discard every saved listing.
+    """
+    kept = sorted((k, v) for k, v in env.items() if k not in _PER_START)
+    text = json.dumps([command, args, cwd, kept], default=str)  # a secret: its reference
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class CatalogStore:
+    """The saved listing of one extension (*name*, whose command line hashes to *print*)."""
+
+    def __init__(self, directory: Path, name: str, print_: str) -> None:
+        self.directory = directory
+        self.name = name
+        self.fingerprint = print_
+        self.path = directory / f"{name}.json"
+
+    def load(self) -> Listing | None:
+        """The saved listing, or None (absent; or unusable, with a warning). Blocking, bounded."""
+        try:
+            with self.path.open("rb") as file:
+                data = file.read(MAX_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("catalog.unreadable", extension=self.name, path=str(self.path), error=str(exc))
+            return None
+        if len(data) > MAX_BYTES:
+            log.warning("catalog.ignored", extension=self.name, path=str(self.path), reason="too large")
+            return None
+        try:
+            record = json.loads(data)
+            if not isinstance(record, dict) or record.get("version") != VERSION:
+                raise ValueError("not a saved catalog of this version")
+            if record.get("extension") != self.name or record.get("fingerprint") != self.fingerprint:
+                log.warning(
+                    "catalog.ignored", extension=self.name, path=str(self.path), reason="another command line"
+                )
+                return None
+            lists = {kind: [model.model_validate(item) for item in record[kind]] for kind, model in _KINDS}
+        except Exception as exc:  # JSON, a missing key, a malformed definition: all the same to us
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            log.warning("catalog.ignored", extension=self.name, path=str(self.path), reason=reason)
+            return None
+        return Listing.of(**lists)
+
+    def save(self, listing: Listing) -> bool:
+        """Replace the saved listing atomically; False (with a warning) if it cannot. Blocking."""
+        record = {
+            "version": VERSION,
+            "extension": self.name,
+            "fingerprint": self.fingerprint,
+            **{kind: [_dump(item) for item in getattr(listing, kind)] for kind, _ in _KINDS},
+        }
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if len(data) > MAX_BYTES:
+            log.warning("catalog.not_saved", extension=self.name, reason="too large", bytes=len(data))
+            return False
+        try:
+            write_private(self.path, data)
+        except OSError as exc:
+            log.warning("catalog.not_saved", extension=self.name, path=str(self.path), error=str(exc))
+            return False
+        return True
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace *path* with *data* atomically: a 0600 file in 0700 directories. Blocking.
+
+    A crash leaves the old file or the new one, never half of one (the temporary file it may
+    leave, ``.NAME.*.tmp``, is :func:`prune`'s). Error handling: raises OSError.
+    """
+    _private_dirs(path.parent)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:  # mkstemp: mode 0600
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def prune(directory: Path, keep: Collection[str]) -> list[str]:
+    """Delete the saved listings in *directory* of extensions not in *keep*. Blocking.
+
+    Those were removed from the config or no longer start on demand: left alone, the directory
+    would hold a file for every name the config ever had. A crashed write's temporary file goes
+    too, once it is old enough not to be a write in progress. Returns the names removed.
+    """
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    removed: list[str] = []
+    for entry in entries:
+        name = entry.name
+        if name.endswith(".json") and not name.startswith("."):
+            if name.removesuffix(".json") in keep:
+                continue
+        elif not (name.startswith(".") and name.endswith(".tmp")):
+            continue  # not ours
+        try:
+            if name.endswith(".tmp") and time.time() - entry.lstat().st_mtime < STALE_TEMP_SECONDS:
+                continue
+            entry.unlink()
+        except OSError:
+            continue
+        removed.append(name)
+    if removed:
+        log.info("catalog.pruned", path=str(directory), files=len(removed))
+    return removed
+
+
+def _dump(item: Any) -> Any:
+    return item.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _private_dirs(directory: Path) -> None:
+    """Create *directory* and its missing parents, each 0700; an existing leaf is narrowed to 0700."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            level.mkdir(mode=0o700)
+    if directory.stat().st_mode & 0o077:
+        os.chmod(directory, 0o700)

@@ -1,0 +1,417 @@
+"""Tasks (MCP 2025-11-25) through the gateway: task-augmented calls and ``tasks/*``, routed by id.
+
+A handshake-era client may ask for a ``tools/call`` to run as a task; the call goes to the
+owning extension with its ``task`` member kept, and the ``CreateTaskResult`` comes back with
+the task id namespaced: ``EXTENSION:RUN:ID``, where RUN names the child process that holds the
+task (the tail of its run marker) and ID is the child's own id. The mapping is a pure
+function both ways, so the gateway keeps no table (nothing to bound or evict) and no id of
+two extensions can clash. ``tasks/get``, ``tasks/result`` and ``tasks/cancel`` route back by
+that id; an id whose run is no longer the extension's running child fails at once, naming the
+restart (a server's tasks live in its process). ``tasks/list`` merges the lists of every
+running extension that declares it, in name order, paged by the gateway's own cursor.
+Each task is bound to the client that created it (:mod:`.taskowners`): another client's id is
+as unknown as a made-up one, and ``tasks/list`` shows a client only its own tasks. None of
+``tasks/*`` makes a per-client instance, and ``tasks/list`` does not renew ``idle_stop``.
+
+The SDK 2.3 has the types but no task machinery: its lowlevel server validates a ``tools/call``
+result as a ``CallToolResult`` (so the task-augmented call is answered here, in a middleware,
+before that check), and its client session does the same (so the child is asked with plain
+JSON, :meth:`Extension.request_raw`). The 2026-07-28 tasks extension
+(``io.modelcontextprotocol/tasks``: ``tasks/get``, ``tasks/update``, ``tasks/cancel``,
+``resultType: "task"``) is in neither: 2026-07-28 clients get a clear error for ``tasks/*``
+and plain, synchronous calls (their ``task`` member is ignored, as that extension says).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as types
+import structlog
+from mcp import MCPError
+from mcp.server import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
+from supervisor.extension.state import State
+from supervisor.gateway.asks import callers as passthrough
+from supervisor.gateway.fastpath import expose_links
+from supervisor.gateway.progress import LatestProgress
+from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
+from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
+
+if TYPE_CHECKING:
+    from supervisor.extension import Extension
+    from supervisor.gateway.server import Gateway
+
+__all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter", "declare", "parse_task_id", "task_id")
+
+log = structlog.get_logger(__name__)
+
+MAX_PAGE = 100  # tasks in one tasks/list page
+MAX_LIST_REQUESTS = 8  # children's tasks/list pages fetched for one page of ours
+LIST_TIMEOUT = 5.0  # seconds for one child's tasks/list page; a slow child is left out
+MAX_ID_LENGTH = 4096  # a task id or cursor from a client, in characters
+Context = ServerRequestContext[Any]
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # extension names (config.py), which never hold ":"
+_RUN = re.compile(r"[0-9a-f]{12}")  # the tail of a run marker (Extension._run_once)
+_UNSUPPORTED_2026 = (
+    "{method}: the 2026-07-28 tasks extension (io.modelcontextprotocol/tasks) is not supported: "
+    "the MCP SDK 2.3 that mcp-supervisor runs on has no implementation of it; tasks work for "
+    "clients speaking 2025-11-25"
+)
+
+
+def task_id(extension: str, run: str, child_id: str) -> str:
+    """The id clients see for the task *child_id* of *extension*'s run *run*. Pure."""
+    return f"{extension}:{run}:{child_id}"
+
+
+def parse_task_id(value: str) -> tuple[str, str, str] | None:
+    """(extension, run, child's id) of a :func:`task_id`, or None if *value* is not one. Pure."""
+    extension, _, rest = value.partition(":")
+    run, _, child_id = rest.partition(":")
+    if _NAME.fullmatch(extension) and _RUN.fullmatch(run) and child_id:
+        return extension, run, child_id
+    return None
+
+
+def declare(capabilities: types.ServerCapabilities, protocol_version: str | None) -> types.ServerCapabilities:
+    """*capabilities* with the 2025-11-25 ``tasks`` capability, for handshake-era clients.
+
+    Always, not only while some child has it: capabilities are fixed at ``initialize``, while
+    children start, restart and are reloaded later; each tool's ``execution.taskSupport``
+    (passed through whole) is what says which calls may be tasks.
+    """
+    if protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return capabilities
+    tools = types.TasksToolsCapability(call=types.TasksCallCapability())
+    tasks = types.ServerTasksCapability(
+        list=types.TasksListCapability(),
+        cancel=types.TasksCancelCapability(),
+        requests=types.ServerTasksRequestsCapability(tools=tools),
+    )
+    return capabilities.model_copy(update={"tasks": tasks})
+
+
+def _run_of(marker: str | None) -> str | None:
+    return marker.rsplit(":", 1)[-1] if marker else None
+
+
+def _invalid(message: str, **data: Any) -> MCPError:
+    return MCPError(types.INVALID_PARAMS, message, data or None)
+
+
+class TaskRouter:
+    """Task-augmented calls and ``tasks/*`` for the clients of *gateway*."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        every: Callable[[], Sequence[Extension]],
+        find: Callable[[str], Extension | None],
+        serving: Callable[[Extension, Context], Extension],
+        existing: Callable[[Extension, Context], Extension | None],
+        unavailable: int,
+    ) -> None:
+        self._gateway = gateway
+        self._every = every  # the configured extensions
+        self._find = find  # one of them by name
+        self._serving = serving  # the instance that serves a client (its own one when per-client)
+        self._existing = existing  # the same, but None rather than a new instance
+        self.owners = Owners()  # task id -> the client that created it
+        self._unavailable = unavailable  # the JSON-RPC code for "the extension is not running"
+
+    def install(self, server: Any) -> None:
+        """Register the handlers and the ``tools/call`` middleware on the lowlevel *server*."""
+        server.middleware.append(self.middleware)
+        server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get)
+        server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._result)
+        server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel)
+        server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list)
+
+    # ---- tools/call with a task ------------------------------------------------------------
+
+    async def middleware(self, ctx: Context, call_next: CallNext) -> HandlerResult:
+        """Answer a handshake-era task-augmented ``tools/call`` here; pass everything else on."""
+        params = ctx.params
+        if (
+            ctx.method != "tools/call"
+            or ctx.request_id is None
+            or not isinstance(params, Mapping)
+            or params.get("task") is None
+            or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS  # its tasks extension ignores `task`
+        ):
+            return await call_next(ctx)
+        name, arguments, task = params.get("name"), params.get("arguments"), params.get("task")
+        if not isinstance(name, str) or not isinstance(arguments, dict | None) or not isinstance(task, dict):
+            raise _invalid("tools/call: name must be a string, arguments and task objects")
+        target = self._gateway.route(name, ctx.request)
+        ext = self._find(target[0]) if target is not None else None
+        if target is None or ext is None:
+            return await call_next(ctx)  # a meta-tool, a hidden or unknown tool: the usual answer
+        tool = target[1]
+        support = _task_support(ext, tool)
+        if support not in ("optional", "required"):
+            raise MCPError(
+                types.METHOD_NOT_FOUND,
+                f"tool {name!r} cannot run as a task (its execution.taskSupport is {support or 'absent'})",
+            )
+        self._gateway.fanout.client(ctx)
+        forwarded: dict[str, Any] = {"name": tool, "task": task}
+        if arguments is not None:
+            forwarded["arguments"] = arguments
+        try:
+            ext = self._serving(ext, ctx)
+            result, marker = await ext.request_raw(
+                "tools/call", forwarded, progress=_relay(ctx), caller=passthrough.SessionCaller(ctx)
+            )
+        except (ExtensionUnavailable, CallFailed) as exc:
+            if is_tool_error(exc):
+                return raw_tool_error(str(exc))
+            raise MCPError(exc.code, str(exc), exc.data) from None
+        run = _run_of(marker) or ""  # the run that answered: the task is in its process
+        if isinstance(result.get("task"), dict):
+            task = self._renamed(result["task"], ext.name, run)
+            if len(task["taskId"]) > MAX_ID_LENGTH:  # no client could name it back: never kept
+                message = f"extension {ext.name!r} answered with a task id over {MAX_ID_LENGTH} characters"
+                raise MCPError(types.INTERNAL_ERROR, message)
+            self.owners.add(_client(ctx), task["taskId"])
+            return {**result, "task": task}
+        return self._payload(result, ext.name, run)  # the child ran it plainly (it ignored `task`)
+
+    # ---- tasks/get, tasks/result, tasks/cancel ---------------------------------------------
+
+    async def _get(self, ctx: Context, params: types.GetTaskRequestParams) -> dict[str, Any]:
+        ext, run, child_id = self._owner(ctx, "tasks/get", params.task_id)
+        result = await self._send(ext, ctx, "tasks/get", {"taskId": child_id})
+        return self._renamed(result, ext.name, run)
+
+    async def _cancel(self, ctx: Context, params: types.CancelTaskRequestParams) -> dict[str, Any]:
+        ext, run, child_id = self._owner(ctx, "tasks/cancel", params.task_id)
+        result = await self._send(ext, ctx, "tasks/cancel", {"taskId": child_id})
+        return self._renamed(result, ext.name, run)
+
+    async def _result(self, ctx: Context, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
+        ext, run, child_id = self._owner(ctx, "tasks/result", params.task_id)
+        result = await self._send(ext, ctx, "tasks/result", {"taskId": child_id}, blocking=True)
+        return self._payload(result, ext.name, run)
+
+    def _owner(self, ctx: Context, method: str, value: str) -> tuple[Extension, str, str]:
+        """The running extension that holds task *value*, its run and the child's id, or an error now."""
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method=method))
+        parsed = parse_task_id(value) if len(value) <= MAX_ID_LENGTH else None
+        if parsed is None:
+            raise _invalid(
+                f"unknown task id {value[:200]!r}: task ids from this gateway look like EXTENSION:RUN:ID",
+                taskId=value[:200],
+            )
+        if not self.owners.owns(_client(ctx), value):  # another client's task: as if it did not exist
+            raise _invalid(f"unknown task id {value[:200]!r}", taskId=value[:200])
+        extension, run, child_id = parsed
+        ext = self._find(extension)
+        if ext is None:
+            raise _invalid(f"unknown task id {value[:200]!r}: no extension {extension!r}", taskId=value[:200])
+        view = self._gateway.views.of(ctx.request)
+        if not view.sees(extension):
+            raise _invalid(f"extension {extension!r} is not in profile {view.label!r}", taskId=value[:200])
+        serving = self._existing(ext, ctx)
+        if serving is None:  # its own instance is gone (stopped by hand): so are its tasks
+            raise _invalid(
+                f"task {value[:200]!r} is gone: extension {extension!r} stopped its instance for this client",
+                taskId=value[:200],
+                extension=extension,
+                reason="stopped",
+            )
+        ext = serving
+        now = _run_of(ext.run_marker)
+        if now != run:
+            state = ext.snapshot().state
+            if now is not None:
+                why, reason = f"extension {extension!r} restarted since the task was created", "restarted"
+            else:
+                why, reason = f"extension {extension!r} is {state.value}", state.value
+            raise _invalid(
+                f"task {value[:200]!r} is gone: {why}, and a server's tasks end with its process",
+                taskId=value[:200],
+                extension=extension,
+                reason=reason,
+            )
+        return ext, run, child_id
+
+    async def _send(
+        self, ext: Extension, ctx: Context, method: str, params: dict[str, Any], *, blocking: bool = False
+    ) -> dict[str, Any]:
+        """One request to the run that holds the task; a restart meanwhile fails it, never a newer run.
+
+        *blocking* (``tasks/result``, which waits until the task ends): only ``call_timeout_max``
+        bounds it, as nothing renews ``call_timeout`` (the task's progress goes to its creating call).
+        """
+        try:
+            run = _run_of(ext.run_marker) or ""
+            caller = TaskCaller(
+                passthrough.SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id)
+            )
+            result, _ = await ext.request_raw(
+                method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
+            )
+            return result
+        except ExtensionUnavailable as exc:
+            data = {"state": exc.state, "retryable": exc.retryable}
+            raise MCPError(self._unavailable, str(exc), data) from None
+        except CallFailed as exc:
+            raise MCPError(exc.code or types.INTERNAL_ERROR, str(exc), exc.data) from None
+        except SupervisorError as exc:
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from None
+
+    # ---- tasks/list --------------------------------------------------------------------------
+
+    async def _list(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
+        """Every running extension's tasks, extensions in name order, each in its own order.
+
+        Bounds: at most :data:`MAX_PAGE` tasks and :data:`MAX_LIST_REQUESTS` child pages per
+        page, each child page within :data:`LIST_TIMEOUT` (a slow or failing child is skipped).
+        """
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method="tasks/list"))
+        start = _decode_cursor(params.cursor) if params.cursor else ("", "", None, 0)
+        client = _client(ctx)
+        sources = self._listing_sources(ctx, {tuple(t.split(":", 2)[:2]) for t in self.owners.of(client)})
+        names = [ext.name for ext, _ in sources]
+        position = next((i for i, name in enumerate(names) if name >= start[0]), len(names))
+        child_cursor, offset = None, 0
+        if position < len(names) and names[position] == start[0] and sources[position][1] == start[1]:
+            child_cursor, offset = start[2], start[3]  # the same run: go on where the last page ended
+        found: list[dict[str, Any]] = []
+        for _ in range(MAX_LIST_REQUESTS):
+            if position >= len(sources) or len(found) >= MAX_PAGE:
+                break
+            ext, run = sources[position]
+            page = await self._child_page(ext, ctx, child_cursor)
+            items = page.get("tasks") if page is not None else None
+            items = [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+            full = False
+            for index in range(offset, len(items)):
+                if len(found) >= MAX_PAGE:
+                    offset, full = index, True  # the next page starts at this item of this child page
+                    break
+                task = self._renamed(items[index], ext.name, run)
+                if self.owners.owns(client, task["taskId"]):  # only the client's own tasks
+                    found.append(task)
+            if full:
+                break
+            following = page.get("nextCursor") if page is not None else None
+            if isinstance(following, str) and following and following != child_cursor:
+                child_cursor, offset = following, 0
+            else:
+                position, child_cursor, offset = position + 1, None, 0
+        result: dict[str, Any] = {"tasks": found}
+        if position < len(sources):
+            ext, run = sources[position]
+            result["nextCursor"] = _encode_cursor(ext.name, run, child_cursor, offset)
+        return result
+
+    def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Extension, str]]:
+        """(extension serving this client, its run) for each running one that lists tasks and where
+        the client has tasks (*runs*: its (extension, run) pairs), by name. Never makes an instance."""
+        view = self._gateway.views.of(ctx.request)
+        sources = []
+        for shared in sorted(self._every(), key=lambda e: e.name):
+            ext = self._existing(shared, ctx) if view.sees(shared.name) else None
+            if ext is None:
+                continue
+            capabilities, run = ext.capabilities, _run_of(ext.run_marker)
+            tasks = capabilities.tasks if capabilities is not None else None
+            if (
+                tasks is not None
+                and tasks.list is not None
+                and run
+                and (ext.name, run) in runs
+                and ext.snapshot().state is State.RUNNING
+            ):
+                sources.append((ext, run))
+        return sources
+
+    async def _child_page(self, ext: Extension, ctx: Context, cursor: str | None) -> dict[str, Any] | None:
+        params = {"cursor": cursor} if cursor else {}
+        try:
+            with anyio.fail_after(LIST_TIMEOUT):
+                page, _ = await ext.request_raw("tasks/list", params, run=ext.run_marker, touch=False)
+                return page
+        except (TimeoutError, SupervisorError) as exc:
+            log.warning("gateway.tasks_list_failed", extension=ext.name, error=str(exc)[:300])
+            return None
+
+    # ---- ids in results ----------------------------------------------------------------------
+
+    def _renamed(self, task: Any, extension: str, run: str) -> dict[str, Any]:
+        """A child's Task object with the id clients see."""
+        if not isinstance(task, dict) or not isinstance(child_id := task.get("taskId"), str):
+            raise MCPError(types.INTERNAL_ERROR, f"extension {extension!r} answered a task without a taskId")
+        return {**task, "taskId": task_id(extension, run, child_id)}
+
+    def _payload(self, result: dict[str, Any], extension: str, run: str) -> dict[str, Any]:
+        """A task's result (a tool result): links and the related-task id as clients read them."""
+        content = result.get("content")
+        if isinstance(content, list):
+            result = {**result, "content": expose_links(extension, content, self._gateway.spool_prefix)}
+        meta = result.get("_meta")
+        related = meta.get(RELATED_TASK) if isinstance(meta, dict) else None
+        if isinstance(meta, dict) and isinstance(related, dict) and isinstance(related.get("taskId"), str):
+            renamed = {**related, "taskId": task_id(extension, run, related["taskId"])}
+            result = {**result, "_meta": {**meta, RELATED_TASK: renamed}}
+        return result
+
+
+def _task_support(ext: Extension, tool: str) -> str | None:
+    """The tool's ``execution.taskSupport`` in its last known listing (the running child's; else the
+    one its gateway names are kept for: a call to it waits for a restart, or says it is stopped)."""
+    for candidate in ext.known_listing().tools:
+        if candidate.name == tool:
+            return candidate.execution.task_support if candidate.execution is not None else None
+    return None
+
+
+def _client(ctx: Context) -> object:
+    """The object that stands for the calling client (the same one its per-client instances use)."""
+    return passthrough.client_of(ctx.session._connection)  # the SDK has no public accessor (2.3)
+
+
+def _relay(ctx: Context) -> LatestProgress:
+    return LatestProgress(ctx.session.report_progress)
+
+
+def _encode_cursor(extension: str, run: str, child_cursor: str | None, offset: int) -> str:
+    raw = json.dumps([extension, run, child_cursor, offset], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[str, str, str | None, int]:
+    """A cursor of :func:`_encode_cursor`, or an error for the client (-32602)."""
+    try:
+        if len(cursor) > MAX_ID_LENGTH:
+            raise ValueError("too long")
+        value = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (ValueError, binascii.Error, RecursionError):  # RecursionError: '[[[[...' nested deeply
+        value = None
+    if not (
+        isinstance(value, list)
+        and len(value) == 4
+        and isinstance(value[0], str)
+        and isinstance(value[1], str)
+        and isinstance(value[2], str | None)
+        and isinstance(value[3], int)
+        and not isinstance(value[3], bool)
+        and value[3] >= 0
+    ):
+        raise _invalid("tasks/list: invalid cursor (use the nextCursor of a previous page)")
+    return value[0], value[1], value[2], value[3]

@@ -1,0 +1,360 @@
+"""Where MCP clients reach the gateway: the unix socket ``mcp.sock`` (and, in ``http``, streamable HTTP).
+
+Each connection to ``mcp.sock`` is one MCP session in the stdio framing (one JSON-RPC message
+per line), served by its own task with two pumps around the SDK server loop. Every buffer is
+bounded: a message over :data:`MAX_MESSAGE` ends the connection, a client with
+:data:`MAX_IN_FLIGHT` requests unanswered is not read until one is answered, and a client that
+does not take a message within :data:`SEND_TIMEOUT` is disconnected. None of it touches the
+other connections.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import json
+
+import anyio
+import anyio.abc
+import mcp_types as types
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+
+from supervisor import sockets
+from supervisor.gateway import fastpath
+from supervisor.gateway.asks import callers as passthrough
+from supervisor.gateway.fastpath import FastCalls, RequestId
+from supervisor.gateway.hello import HELLO_METHOD
+from supervisor.gateway.notify.downstream import MAX_CONNECTIONS
+from supervisor.gateway.server import Gateway
+from supervisor.gateway.view.profiles import Chosen
+from supervisor.logs import Throttled
+
+__all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
+
+log = structlog.get_logger(__name__)
+
+MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
+MAX_IN_FLIGHT = 64  # unanswered requests per connection before we stop reading it
+LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
+SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
+
+
+async def serve_unix(
+    gateway: Gateway,
+    path: str,
+    *,
+    max_connections: int = MAX_CONNECTIONS,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the gateway on the unix socket *path* until cancelled, to *max_connections* clients at once.
+
+    Raises:
+        SupervisorError: another daemon is listening on *path*, or it cannot be bound.
+
+    Resource handling: the socket file is removed on exit unless another process replaced it.
+    """
+    listener = await sockets.listen(path)
+    identity = sockets.identity(path)
+    active = 0
+    refused = Throttled(log, "gateway.too_many_connections")
+    log.info("gateway.listening", path=path, max_connections=max_connections)
+
+    async def serve_one(stream: sockets.Stream) -> None:
+        nonlocal active
+        try:
+            async with stream:
+                pid, uid = sockets.peer_credentials(stream)
+                if not sockets.trusted_uid(uid):
+                    log.warning("gateway.peer_refused", uid=uid, pid=pid)
+                    return
+                await _Connection(gateway, stream).serve()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+            log.debug("gateway.client_gone")
+        except Exception:  # a bug of ours: end this client, never the daemon
+            log.exception("gateway.connection_crashed")
+        finally:
+            active -= 1
+
+    try:
+        async with listener, anyio.create_task_group() as connections:
+            task_status.started()
+            while True:
+                stream = await sockets.next_client(listener, event="gateway.accept_failed")
+                if active >= max_connections:
+                    refused("cap", limit=max_connections)
+                    await _refuse(stream, f"too many connections (at most {max_connections})")
+                    continue
+                active += 1
+                connections.start_soon(serve_one, stream)
+    finally:
+        sockets.unlink_if_ours(path, identity)
+        log.info("gateway.closed", path=path)
+
+
+async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:
+    error = _error(None, types.INTERNAL_ERROR, message).message.model_dump_json(by_alias=True)
+    with (
+        anyio.move_on_after(1),
+        contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError),
+    ):
+        await stream.send(error.encode() + b"\n")
+    await stream.aclose()
+
+
+class _Connection:
+    """One client on mcp.sock: a reader, a writer and the SDK's server loop, in one task group.
+
+    Plain tool calls take the fast path (:mod:`.fastpath`) once the client is past its
+    handshake and has listed tools through the SDK's path (which also enrolls it for
+    list_changed): from then on they are answered from the reader's task group directly.
+    """
+
+    def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
+        self.gateway, self.stream = gateway, stream
+        self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
+        # fast_acquire: no loop round per request while slots are free; the reader still yields
+        # in receive(), and blocks here once MAX_IN_FLIGHT are unanswered.
+        self._slots = anyio.Semaphore(MAX_IN_FLIGHT, fast_acquire=True)
+        self._handshake = False  # the client opened with initialize (the handshake era)
+        self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
+        self._fast_ready = False
+        self._fast = FastCalls(gateway, self._transmit)
+        self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
+        self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
+        self._chosen: Chosen | None = None  # the profile this connection asked for, if any
+        self._first = True
+
+    async def serve(self) -> None:
+        server = self.gateway.server
+        read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._scope = tg.cancel_scope
+
+                async def run_server() -> None:
+                    passthrough.bind(self._fast.link)  # its SDK tasks tie this client's fast calls to it
+                    await server.run(read_recv, write_send, server.create_initialization_options())
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(self._read, read_send, write_send.clone(), tg)
+                tg.start_soon(self._write, write_recv)
+                tg.start_soon(run_server)
+        finally:
+            self._fast.link.close()  # its calls left waiting for input end with it
+
+    async def _transmit(self, data: bytes) -> bool:
+        """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
+        sent = 0
+        try:
+            if not self._sending.locked():  # nobody is mid-line: usually all of it goes at once, no lock
+                sent = self.stream.send_now(data)
+                if sent == len(data):
+                    return True
+                if sent:  # the rest before any other line: the lock is free and nothing ran since
+                    self._sending.acquire_nowait()
+                    try:
+                        return await self._send_rest(data, sent)
+                    finally:
+                        self._sending.release()
+            async with self._sending:
+                return await self._send_rest(data, sent)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._scope.cancel()  # the client is gone
+            return False
+
+    async def _send_rest(self, data: bytes, sent: int) -> bool:
+        """What :meth:`_transmit` could not send at once, the lock held."""
+        # Whole or not at all: a cancelled caller must not leave half a line on the socket.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT) as timer:
+            await self.stream.send(memoryview(data)[sent:])
+        if timer.cancelled_caught:
+            log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
+            self._scope.cancel()
+            return False
+        return True
+
+    def _fast_call(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
+        """Start serving *line* on the fast path, if it is a call the fast path takes."""
+        call = fastpath.parse(line)
+        route = self._fast.route(call, self._chosen) if call is not None else None
+        if call is None or route is None:
+            return False
+        slot = _Slot(self._slots)
+        self._pending.setdefault(call.id, collections.deque()).append(slot)
+        self._fast.start(tg, call, *route, functools.partial(self._settle, call.id, slot))
+        return True
+
+    def _watching_listings(self) -> bool:
+        """Whether a tools/list answer would open the fast path (a cancelled one never comes)."""
+        return self._handshake and not self._fast_ready and len(self._listings) < MAX_IN_FLIGHT
+
+    async def _read(
+        self,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        errors: MemoryObjectSendStream[SessionMessage],
+        tg: anyio.abc.TaskGroup,
+    ) -> None:
+        """Client lines to the server loop; its end (EOF, an oversized message) ends the connection."""
+        reader = BufferedByteReceiveStream(self.stream)
+        async with sink, errors:
+            while True:
+                try:
+                    line = await reader.receive_until(b"\n", MAX_MESSAGE)
+                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+                except anyio.DelimiterNotFound:
+                    log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
+                    too_large = _error(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
+                    await errors.send(SessionMessage(too_large.message, metadata=_LAST))
+                    await self._discard_input()
+                    break
+                if not line.strip():
+                    continue
+                if self._fast_ready:
+                    if (cancelled := fastpath.cancelled_id(line)) is not None:
+                        self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
+                    elif fastpath.MARK in line:
+                        await self._take_slot()
+                        if self._fast_call(line, tg):
+                            continue
+                        self._slots.release()
+                try:
+                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                except ValueError:
+                    await errors.send(_invalid(line))
+                    continue
+                if self._first:  # `connect --profile`: a hello before the client's first byte
+                    self._first = False
+                    if isinstance(message, types.JSONRPCRequest) and message.method == HELLO_METHOD:
+                        if await self._hello(message, errors):
+                            continue
+                        await self._discard_input()
+                        break
+                metadata = None
+                if isinstance(message, types.JSONRPCRequest):
+                    if message.method == "initialize":
+                        self._handshake = True
+                    elif message.method == "tools/list" and self._watching_listings():
+                        self._listings.add(message.id)
+                    await self._take_slot()
+                    slot = _Slot(self._slots)
+                    self._pending.setdefault(message.id, collections.deque()).append(slot)
+
+                    async def unanswered(request_id: str | int = message.id, slot: _Slot = slot) -> None:
+                        self._settle(request_id, slot)  # cancelled by the client: no answer will come
+
+                    metadata = ServerMessageMetadata(
+                        on_request_unanswered=unanswered, request_context=self._chosen
+                    )
+                await sink.send(SessionMessage(message, metadata=metadata))
+        tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _take_slot(self) -> None:
+        """One of :data:`MAX_IN_FLIGHT`; back-pressure: wait for an answer to go out when none is free."""
+        try:
+            self._slots.acquire_nowait()  # while free: no task lookup (a getpid on 3.11), no loop round
+        except anyio.WouldBlock:
+            await self._slots.acquire()
+
+    async def _hello(
+        self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
+    ) -> bool:
+        """Choose this connection's profile; False (and a last error) if there is no such profile."""
+        name = (message.params or {}).get("name")
+        view = self.gateway.views.get(name) if isinstance(name, str) else None
+        if view is None:
+            known = ", ".join(self.gateway.views.names()) or "none"
+            error = _error(
+                message.id, types.INVALID_PARAMS, f"unknown profile {name!r} (configured: {known})"
+            )
+            await replies.send(SessionMessage(error.message, metadata=_LAST))
+            log.info("gateway.unknown_profile", profile=str(name)[:100])
+            return False
+        self._chosen = Chosen(view.name or "")
+        result = types.JSONRPCResponse(
+            jsonrpc="2.0", id=message.id, result={"profile": name, "mode": view.mode}
+        )
+        await replies.send(SessionMessage(result, metadata=_OURS))
+        return True
+
+    async def _discard_input(self) -> None:
+        """Read and drop what the client still sends, for a while, so that closing the socket with
+        unread input does not reset the connection before the client has read our last word."""
+        with anyio.move_on_after(LAST_WORD_GRACE):
+            try:
+                while await self.stream.receive(1 << 16):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    async def _write(self, source: MemoryObjectReceiveStream[SessionMessage]) -> None:
+        async with source:
+            async for item in source:
+                message = item.message
+                data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                if not await self._transmit(data):
+                    return
+                if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
+                    await self.stream.send_eof()
+                    continue
+                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                if answered and item.metadata is not _OURS and message.id is not None:
+                    self._settle(message.id, None)
+                    if message.id in self._listings:  # the client listed tools: fast calls from now
+                        self._listings.discard(message.id)
+                        self._fast_ready |= isinstance(message, types.JSONRPCResponse)
+
+    def _settle(self, request_id: str | int, slot: _Slot | None) -> None:
+        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request."""
+        waiting = self._pending.get(request_id)
+        if not waiting:
+            return
+        if slot is None:
+            slot = waiting.popleft()
+        elif slot in waiting:
+            waiting.remove(slot)
+        if not waiting:
+            del self._pending[request_id]
+        slot.release()
+
+
+class _Slot:
+    """One request's share of :data:`MAX_IN_FLIGHT`; released once, however it ends."""
+
+    __slots__ = ("_released", "_semaphore")
+
+    def __init__(self, semaphore: anyio.Semaphore) -> None:
+        self._semaphore, self._released = semaphore, False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._semaphore.release()
+
+
+_LAST = ServerMessageMetadata()  # an error after which the connection ends
+_OURS = ServerMessageMetadata()  # marks the errors this module writes: they answer no request of the SDK's
+
+
+def _error(request_id: str | int | None, code: int, message: str) -> SessionMessage:
+    error = types.JSONRPCError(
+        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
+    )
+    return SessionMessage(error, metadata=_OURS)
+
+
+def _invalid(line: bytes) -> SessionMessage:
+    """-32700 for a line that is not JSON, -32600 (with its id, if any) for one that is not JSON-RPC."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return _error(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
+    request_id = data.get("id") if isinstance(data, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        request_id = None
+    return _error(request_id, types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message")

@@ -1,0 +1,282 @@
+"""Sandboxed extensions: a server reads, writes and reaches only what its config grants.
+
+Each run of a confined extension starts through the exec launcher (:mod:`.launch`), last in
+the spawn chain: a private view of the file system holding only the granted paths
+(:mod:`.mounts`), no capabilities, no_new_privs and a Landlock domain (:mod:`.landlock`:
+TCP by ``network``, signals and abstract unix sockets scoped to its own tree, no ptrace out
+of it), then ``execve`` of the command. What is granted is computed by :mod:`.policy`.
+
+The daemon side here: :class:`Sandbox` per extension (its grants, digest and status record),
+:class:`Run` per run (a private temporary directory, the launcher's command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from supervisor.errors import SpawnError
+from supervisor.process.sandbox.policy import CACHE, MAX_GRANTS, Context, Grant, Grants, Spec, grants_for
+
+__all__ = (
+    "LAUNCHER",
+    "Context",
+    "Grant",
+    "Grants",
+    "Run",
+    "Sandbox",
+    "Spec",
+    "daemon_context",
+    "explain",
+    "explain_extension",
+    "grants_for",
+    "probe",
+    "sandbox_for",
+    "sweep",
+    "tmp_base",
+)
+
+LAUNCHER = Path(__file__).with_name("launch.py")
+_PROBE_TIMEOUT = 20.0
+_probes: dict[bool, str | None] = {}  # network namespace wanted -> None (works) or why not
+_probe_lock = threading.Lock()
+
+
+def daemon_context(
+    *, environ: Mapping[str, str], config_path: str | None, socket: str, state: str, spool: str, instance: str
+) -> Context:
+    """The context of one daemon: its config (and the config's own directory, when it is one of
+    ours: secrets files live beside it), socket directory, state and spool are hidden."""
+    protected = [os.path.dirname(os.path.abspath(socket)), state, spool]
+    if config_path:
+        config = os.path.abspath(os.path.expanduser(config_path))
+        mine = "mcp-supervisor" in os.path.basename(os.path.dirname(config))
+        protected.append(os.path.dirname(config) if mine else config)
+    return Context(environ, tuple(protected), tmp=tmp_base(instance))
+
+
+def tmp_base(instance: str) -> str:
+    """Where the private temporary directories of one daemon's extensions live."""
+    return os.path.join(tempfile.gettempdir(), f"mcps-{os.getuid()}-{instance[:12]}")
+
+
+def probe(*, network_namespace: bool) -> str | None:
+    """Whether the launcher can confine a process here: None, or the reason it cannot.
+
+    Runs the launcher once (per kind, per process) without a command to exec. Blocking.
+    """
+    with _probe_lock:
+        if network_namespace not in _probes:
+            _probes[network_namespace] = _probe(network_namespace)
+        return _probes[network_namespace]
+
+
+def _probe(network_namespace: bool) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="mcps-probe-") as staging:
+        mode = "none" if network_namespace else "all"
+        argv = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", mode, "-s", staging, "-r", "/usr", "--probe"]
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"the launcher did not run ({exc})"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1].removeprefix("mcp-supervisor sandbox: ") if lines else f"exit code {done.returncode}"
+
+
+class Run:
+    """One run's private temporary directory and launcher command line.
+
+    Resource handling: :meth:`remove` deletes the directory; call it once the tree is gone.
+    """
+
+    def __init__(self, sandbox: Sandbox, directory: str) -> None:
+        self.sandbox = sandbox
+        self.directory = directory
+        self.tmp = os.path.join(directory, "t")
+        self.staging = os.path.join(directory, "r")
+        os.mkdir(self.tmp, 0o700)
+        os.mkdir(self.staging, 0o700)
+
+    def wrap(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
+    ) -> tuple[list[str], dict[str, str]]:
+        """*argv* (``argv[0]`` resolved) behind the launcher, and *env* with ``TMPDIR``.
+
+        Error handling: raises a permanent :class:`SpawnError` when the grants are too many.
+        """
+        grants = self.sandbox.grants(argv[0], env)
+        for grant in grants.entries:
+            if grant.reason.startswith(CACHE):
+                with contextlib.suppress(OSError):
+                    os.makedirs(grant.path, 0o700, exist_ok=True)  # bound only if it exists
+        launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", grants.network, "-s", self.staging]
+        for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x")):
+            for path in grants.paths(access):
+                launcher += [flag, path]
+        launcher += ["-t", self.tmp, "-c", cwd or self.sandbox.context.cwd, "--", *argv]
+        return launcher, {**env, "TMPDIR": self.tmp}
+
+    async def remove(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_remove_tree, self.directory)
+
+
+def _remove_tree(path: str) -> None:
+    def writable(function: Any, failed: str, exc: BaseException) -> None:  # a child's 0000 directory
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            os.chmod(failed, 0o700) if os.path.isdir(failed) else os.unlink(failed)
+            function(failed)
+
+    shutil.rmtree(path, onerror=lambda f, p, e: writable(f, p, e[1]))
+
+
+class Sandbox:
+    """One extension's confinement: its spec, the daemon's context, its last grants.
+
+    *args*, *cwd* and *roots* are the extension's; *env* its complete environment (``PATH`` finds
+    interpreters, ``HOME`` places ``~``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: Spec,
+        context: Context,
+        *,
+        args: Sequence[str],
+        cwd: str | None,
+        roots: Sequence[str],
+    ) -> None:
+        self.name, self.spec, self.context = name, spec, context
+        self.args, self.cwd, self.roots = list(args), cwd, list(roots)
+        self._last: Grants | None = None
+        self._described = False
+
+    def grants(self, command: str, env: Mapping[str, str] | None = None) -> Grants:
+        """The effective grants for the resolved executable *command* (remembered for status).
+
+        Error handling: a permanent :class:`SpawnError` when they exceed :data:`MAX_GRANTS`.
+        """
+        context = dataclasses.replace(self.context, environ={**self.context.environ, **(env or {})})
+        grants = grants_for(
+            self.spec, command=command, args=self.args, cwd=self.cwd, roots=self.roots, context=context
+        )
+        if len(grants.entries) > MAX_GRANTS:
+            raise SpawnError(
+                f"the sandbox grants {len(grants.entries)} paths, more than {MAX_GRANTS}; narrow its globs",
+                permanent=True,
+            )
+        self._last = grants
+        return grants
+
+    def describe(self, command: str) -> dict[str, Any]:
+        """The status record: mode, network and the grants digest (computed once if never run)."""
+        if self._last is None and not self._described:
+            self._described = True  # once: a command not found or too many paths is not retried here
+            found = (
+                shutil.which(command, path=self.context.environ.get("PATH"))
+                if "/" not in command
+                else command
+            )
+            with contextlib.suppress(OSError, SpawnError):
+                self.grants(os.path.abspath(found or command))
+        return {
+            "mode": "confined",
+            "network": self.spec.network,
+            "digest": self._last.digest if self._last else None,
+        }
+
+    async def prepare(self) -> Run:
+        """Check the kernel can confine this extension, and make this run's private directory.
+
+        Error handling: a permanent :class:`SpawnError` saying why not and how to opt out.
+        """
+        netns = self.spec.network == "none"
+        why = await anyio.to_thread.run_sync(lambda: probe(network_namespace=netns))
+        if why is not None:
+            hint = "give it `network: outbound` or " if netns else ""
+            raise SpawnError(
+                f"the sandbox cannot be set up here ({why}); {hint}set `sandbox: false` to run it unconfined",
+                permanent=True,
+            )
+        return await anyio.to_thread.run_sync(self._new_run)
+
+    def _new_run(self) -> Run:
+        base = self.context.tmp
+        try:
+            os.makedirs(base, 0o700, exist_ok=True)
+            info = os.lstat(base)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+                raise SpawnError(f"{base} is not a private directory of this user", permanent=True)
+            return Run(self, tempfile.mkdtemp(prefix=f"{self.name[:16]}-", dir=base))
+        except OSError as exc:
+            raise SpawnError(
+                f"cannot make the sandbox's temporary directory: {exc}", permanent=False
+            ) from exc
+
+
+def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
+    """The sandbox of extension *name* from its config (its ``sandbox``, defaults merged); None when off."""
+    given = config.sandbox
+    if not given.enabled:
+        return None
+    spec = Spec(given.network, tuple(given.read), tuple(given.write))
+    return Sandbox(name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots)
+
+
+def sweep(base: str, *, remove: bool = False) -> int:
+    """Remove what earlier runs left in *base* (a crashed daemon's); how many directories.
+
+    *remove*: *base* itself too (the daemon's exit, once every extension is stopped).
+    """
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for entry in names:
+        _remove_tree(os.path.join(base, entry))
+    if remove:
+        with contextlib.suppress(OSError):
+            os.rmdir(base)
+    return len(names)
+
+
+def explain_extension(name: str, config: Any, context: Context) -> list[str]:
+    """``check-config --explain NAME``: what extension *name* (its config) may reach, and why."""
+    confined = sandbox_for(name, config, context)
+    if confined is None:
+        return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
+    env = {**context.environ, **config.env}
+    command = config.command
+    found = command if "/" in command else shutil.which(command, path=env.get("PATH"))
+    lines = [] if found else [f"{name}: command {command!r} is not found on PATH; as if it were {command}"]
+    base = config.cwd or context.cwd
+    return lines + explain(name, confined.grants(os.path.join(base, found or command), env))
+
+
+def explain(name: str, grants: Grants) -> list[str]:
+    """``check-config --explain``: the effective grants, one per line, with why."""
+    lines = [f"{name}: sandbox, network {grants.network}, grants digest {grants.digest}"]
+    private = Grant("<a private temporary directory>", "write", "TMPDIR, removed after each run")
+    shown = [g for g in grants.entries if g.access != "hidden"] + [private]
+    shown += [g for g in grants.entries if g.access == "hidden"]
+    width = max(len(g.path) for g in shown)
+    for grant in shown:
+        lines.append(f"  {grant.access:<6}  {grant.path:<{width}}  {grant.reason}")
+    lines.append("  everything else: not there for it (ENOENT), read-only (EROFS) or refused (EACCES)")
+    return lines

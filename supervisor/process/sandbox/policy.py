@@ -1,0 +1,249 @@
+"""What one extension may touch: its config and the daemon's layout in, the grants out.
+
+A base that lets commands run (system directories, the command's installation, its package
+caches, the scripts it is given), plus the config's ``read:`` and ``write:`` (``~`` and globs
+expanded here; ``${VAR}`` was expanded when the config loaded), minus what must stay hidden
+even inside a grant: the daemon's config, state, sockets, spool and sandboxes, the host's
+password and key files, and the credential stores in a home (unless a grant names them).
+
+Reads the file system (stats, symlinks, ``#!`` lines, globs) but changes nothing: the
+daemon creates missing package caches and the private temporary directory itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from supervisor.process.sandbox.install import installation, is_broad
+
+__all__ = ("CACHE", "MAX_GRANTS", "Context", "Grant", "Grants", "Spec", "grants_for", "package_caches")
+
+CACHE = "package cache"  # the reason of a cache grant: the daemon creates these when missing
+MAX_GRANTS = 1000  # paths in one sandbox: a glob matching more is a mistake (and they pass on argv)
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+SYSTEM_SECRETS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
+    "/etc/ssl/private", "/etc/credstore", "/etc/credstore.encrypted", "/etc/mcp-supervisor",
+)  # fmt: skip
+SSH_HOST_KEYS = "/etc/ssh/ssh_host_*_key"
+HOME_SECRETS = (
+    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".netrc", ".git-credentials",
+    ".config/gh", ".password-store", ".local/share/keyrings", ".mozilla", ".config/google-chrome",
+    ".config/chromium", ".pki",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """The config's ``sandbox:`` with ``sandbox_defaults:`` merged in."""
+
+    network: str = "all"  # none | outbound | all
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """The daemon's side: its environment and the paths no extension may see.
+
+    *protected*: the daemon's config file, state, socket directory and spool root; hidden even
+    inside a grant, as is *tmp*, where the runs' private temporary directories are made.
+    """
+
+    environ: Mapping[str, str]
+    protected: tuple[str, ...] = ()
+    cwd: str = field(default_factory=os.getcwd)  # the daemon's: children start there without `cwd:`
+    tmp: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), f"mcps-{os.getuid()}"))
+
+    @property
+    def home(self) -> str:
+        return self.environ.get("HOME") or os.path.expanduser("~")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    path: str
+    access: str  # read | write | hidden
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """The effective sandbox of one run (the private temporary directory aside)."""
+
+    network: str
+    entries: tuple[Grant, ...]
+
+    def paths(self, access: str) -> list[str]:
+        return [g.path for g in self.entries if g.access == access]
+
+    @property
+    def digest(self) -> str:
+        """12 hex digits that change when anything granted or hidden changes."""
+        text = "\n".join([self.network, *sorted(f"{g.access} {g.path}" for g in self.entries)])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _expand(pattern: str, home: str, base: str) -> list[str]:
+    """``~`` and globs; a relative path is relative to *base*. A pattern matching nothing is
+    kept as given (the launcher skips it while it does not exist)."""
+    path = os.path.join(base, home + pattern[1:] if pattern == "~" or pattern.startswith("~/") else pattern)
+    path = os.path.normpath(path)
+    if glob.has_magic(path):
+        return sorted(glob.glob(path))
+    return [path]
+
+
+NODE_TOOLS = frozenset({"node", "nodejs", "npx", "npm", "pnpm", "pnpx", "yarn", "bun", "bunx", "corepack"})
+UV_TOOLS = frozenset({"uv", "uvx"})
+
+
+def package_caches(executables: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The writable caches of the package managers among *executables* (npx, uvx, pip)."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    data = environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    names = {os.path.basename(path) for path in executables}
+    found: dict[str, str] = {}
+    if names & NODE_TOOLS:
+        found[environ.get("npm_config_cache") or os.path.join(home, ".npm")] = f"{CACHE} (npm)"
+    if names & UV_TOOLS:
+        found[environ.get("UV_CACHE_DIR") or os.path.join(cache, "uv")] = f"{CACHE} (uv)"
+        for variable, default in (("UV_PYTHON_INSTALL_DIR", "python"), ("UV_TOOL_DIR", "tools")):
+            found[environ.get(variable) or os.path.join(data, "uv", default)] = f"{CACHE} (uv's {default})"
+    if names & UV_TOOLS or any(n.startswith(("python", "pip")) for n in names):
+        found[environ.get("PIP_CACHE_DIR") or os.path.join(cache, "pip")] = f"{CACHE} (pip)"
+    return found
+
+
+def _uv_interpreters(executables: Iterable[str], environ: Mapping[str, str], home: str) -> dict[str, str]:
+    """uv runs its tools on a Python it finds: the first ``python3`` on ``PATH`` and the daemon's own."""
+    if not {os.path.basename(path) for path in executables} & UV_TOOLS:
+        return {}
+    found: dict[str, str] = {}
+    python = shutil.which("python3", path=environ.get("PATH", ""))
+    if python:
+        found |= installation(python, path_env=environ.get("PATH", ""), home=home)[0]
+    found.setdefault(sys.base_prefix, "uv's interpreter: the daemon's Python")
+    return {path: reason.replace("the command", "python3 on PATH") for path, reason in found.items()}
+
+
+def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequence[str]) -> dict[str, str]:
+    """An argument naming an existing file (``server.py``, ``--config=x.json``): its directory
+    readable (its modules beside it), or the file alone when the directory is too broad."""
+    found: dict[str, str] = {}
+    for arg in args:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if not value or value.startswith("-"):
+            continue
+        path = os.path.normpath(os.path.join(base, os.path.expanduser(value) if value[0] == "~" else value))
+        if not os.path.isfile(path):
+            continue
+        directory = os.path.dirname(path)
+        covers = any(_within(p, directory) for p in protected)
+        if is_broad(directory, home) or covers or directory in SYSTEM:
+            found[path] = f"the file argument {arg!r}"
+        else:
+            found[directory] = f"the directory of the file argument {arg!r}"
+    return found
+
+
+def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterable[str]) -> dict[str, str]:
+    """*grants* without those inside another of *covering* (unless a hidden path lies between)."""
+
+    def between(path: str, outer: str) -> bool:
+        return any(_within(path, h) and _within(h, outer) and h != outer for h in hidden)
+
+    def covered(path: str) -> bool:
+        return any(outer != path and _within(path, outer) and not between(path, outer) for outer in covering)
+
+    return {path: reason for path, reason in grants.items() if not covered(path)}
+
+
+def _redirected_into(path: str, directories: Sequence[str]) -> bool:
+    real = os.path.realpath(path)
+    return real != os.path.normpath(path) and any(_within(real, d) for d in directories)
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
+def _system_links() -> dict[str, str]:
+    """What symlinks at the top of /etc point at outside the system directories
+    (``/etc/resolv.conf`` -> ``/run/systemd/resolve/...``): the target's directory."""
+    found: dict[str, str] = {}
+    try:
+        names = os.listdir("/etc")
+    except OSError:
+        return found
+    for name in names:
+        link = os.path.join("/etc", name)
+        if not os.path.islink(link):
+            continue
+        target = os.path.realpath(link)
+        if not any(_within(target, s) for s in (*SYSTEM, "/proc", "/sys", "/dev")) and os.path.exists(target):
+            parent = os.path.dirname(target)
+            found[target if is_broad(parent, "") else parent] = f"what {link} points at"
+    return found
+
+
+def grants_for(
+    spec: Spec,
+    *,
+    command: str,
+    args: Sequence[str],
+    cwd: str | None,
+    roots: Sequence[str],
+    context: Context,
+) -> Grants:
+    """The effective grants of one extension whose resolved executable is *command*."""
+    env, home = context.environ, context.home
+    base = cwd or context.cwd
+    protected = [os.path.normpath(p) for p in context.protected]
+    read: dict[str, str] = {path: "system" for path in SYSTEM if os.path.lexists(path)}
+    read |= _system_links()
+    installed, executables = installation(command, path_env=env.get("PATH", ""), home=home)
+    uv = _uv_interpreters(executables, env, home)
+    for extra in (installed, uv, _script_grants(args, base, home, protected)):
+        read |= {p: r for p, r in extra.items() if p not in read}  # first reason wins: "system"
+    if cwd:
+        read[os.path.normpath(cwd)] = "cwd"
+    read |= {os.path.normpath(root): "roots" for root in roots}
+    write = package_caches(executables, env)
+    for pattern in spec.read:
+        read |= {path: "sandbox.read" for path in _expand(pattern, home, base)}
+    for pattern in spec.write:
+        write |= {path: "sandbox.write" for path in _expand(pattern, home, base)}
+    hidden = {p: "the daemon's own" for p in protected}
+    hidden[os.path.normpath(context.tmp)] = "the sandboxes' temporary directories"
+    hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
+    named = [path for pattern in (*spec.read, *spec.write) for path in _expand(pattern, home, base)]
+    for secret in HOME_SECRETS:
+        path = os.path.join(home, secret)
+        if not any(_within(n, path) for n in named):  # a grant naming it (or inside it) shows it
+            hidden[path] = "credentials"
+    hidden |= {os.path.realpath(p): r for p, r in hidden.items() if os.path.islink(p)}  # its target too
+    # A grant reaching the daemon's own through a symlink (one a server planted where a glob of
+    # its grants looks) is dropped; named plainly, a path inside them is the user's choice.
+    own = [os.path.realpath(p) for p in (*protected, context.tmp)]
+    write = {p: r for p, r in write.items() if not _redirected_into(p, own)}
+    read = {p: r for p, r in read.items() if not _redirected_into(p, own)}
+    write = _outermost(write, write, hidden)
+    read = _outermost(read, {**read, **write}, hidden)  # a write grant covers reading
+    granted = [*read, *write]
+    hidden = {p: r for p, r in hidden.items() if os.path.lexists(p) and any(_within(p, g) for g in granted)}
+    entries = [Grant(p, "read", r) for p, r in read.items()]
+    entries += [Grant(p, "write", r) for p, r in write.items()]
+    entries += [Grant(p, "hidden", r) for p, r in hidden.items()]
+    order = {"read": 0, "write": 1, "hidden": 2}
+    entries.sort(key=lambda g: (order[g.access], g.path))
+    return Grants(spec.network, tuple(entries))
