@@ -32,8 +32,8 @@ import anyio
 
 from supervisor import logs
 from supervisor.config.settings import ExtensionConfig
-from supervisor.extension import Extension
 from supervisor.extension.state import State
+from supervisor.extension.supervised import Extension
 from supervisor.process import sandbox
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,8 @@ import mcp_types as types
 import pytest
 
 from supervisor.config.settings import ExtensionConfig
-from supervisor.extension import Extension
 from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
 from supervisor.process import children as process
 
 SERVERS = Path(__file__).parent / "servers"

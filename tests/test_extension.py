@@ -17,8 +17,8 @@ from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
 from supervisor.errors import CallFailed, ExtensionUnavailable
-from supervisor.extension import Extension
 from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
 
 from .conftest import eventually, fast_config, first_text, running
 

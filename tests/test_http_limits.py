@@ -19,7 +19,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from supervisor.extension import Extension
+from supervisor.extension.supervised import Extension
 from supervisor.gateway.http import HttpLimits, Listening, serve_http
 from supervisor.gateway.server import Gateway
 

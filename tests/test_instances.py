@@ -10,8 +10,8 @@ import anyio
 import pytest
 
 from supervisor.errors import ExtensionUnavailable
-from supervisor.extension import Extension
 from supervisor.extension.instances import Instances
+from supervisor.extension.supervised import Extension
 
 from .conftest import extension_settings, fast_config, first_text
 from .gateway_client import gateway_session

@@ -16,9 +16,9 @@ from structlog.testing import capture_logs
 
 from supervisor.config.settings import ExtensionConfig
 from supervisor.errors import CallFailed
-from supervisor.extension import Extension
 from supervisor.extension.liveness import is_unresponsive
 from supervisor.extension.state import State
+from supervisor.extension.supervised import Extension
 
 from .conftest import extension_settings, fast_config, first_text, running
 from .gateway_client import gateway_session

@@ -19,8 +19,8 @@ from anyio.abc import TaskGroup
 
 from supervisor.child.spool import Spool
 from supervisor.control import client
-from supervisor.extension import Extension
 from supervisor.extension.state import State
+from supervisor.extension.supervised import Extension
 
 from .conftest import SERVERS, fast_config, first_text, running
 

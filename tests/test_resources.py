@@ -16,8 +16,8 @@ from anyio.abc import TaskGroup
 
 from supervisor.cli import render
 from supervisor.config.settings import ExtensionConfig
-from supervisor.extension import Extension
 from supervisor.extension.state import State
+from supervisor.extension.supervised import Extension
 from supervisor.process.usage import (
     CACHE_SECONDS,
     Sampler,

@@ -19,8 +19,8 @@ from structlog.testing import capture_logs
 from supervisor.child.connection import LineSplitter
 from supervisor.child.spool import Spool
 from supervisor.errors import CallFailed
-from supervisor.extension import Extension
 from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
 
 from .conftest import eventually, fast_config, first_text, running
 

@@ -38,13 +38,13 @@ from supervisor.daemon.health import cgroup_of, process_stats
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.systemd import Notifier, keep_watchdog
 from supervisor.errors import ConfigError, SupervisorError, UnknownExtension
-from supervisor.extension import Extension
 from supervisor.extension.demand import Demand
 from supervisor.extension.instances import Client, Instances, figures
 from supervisor.extension.pins import Pins, PinStore
 from supervisor.extension.saved import CatalogStore, default_state_root, fingerprint, prune
 from supervisor.extension.startup import StartSlots, default_slots
 from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
 from supervisor.gateway.http import HttpLimits, serve_http
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.unix import serve_unix

@@ -22,7 +22,7 @@ from supervisor.extension.saved import CatalogStore
 
 if TYPE_CHECKING:
     from supervisor.child.connection import Connection
-    from supervisor.extension import Extension
+    from supervisor.extension.supervised import Extension
 
 __all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait", "tasks_working")
 

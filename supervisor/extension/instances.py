@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from supervisor.errors import ExtensionUnavailable
-from supervisor.extension import Extension
+from supervisor.extension.supervised import Extension
 from supervisor.process.usage import Sampler
 
 __all__ = ("SESSIONLESS", "Client", "Instances", "figures")

@@ -34,7 +34,7 @@ from supervisor.gateway.progress import LatestProgress
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
-    from supervisor.extension import Extension
+    from supervisor.extension.supervised import Extension
     from supervisor.gateway.server import Gateway
 
 __all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "expose_links", "parse")

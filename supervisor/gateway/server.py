@@ -23,9 +23,9 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor import __version__
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
-from supervisor.extension import Extension
 from supervisor.extension.pins import held_message
 from supervisor.extension.state import Listing, Snapshot, State
+from supervisor.extension.supervised import Extension
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway import spoollinks
 from supervisor.gateway.asks import callers as passthrough

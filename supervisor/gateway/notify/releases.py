@@ -26,7 +26,7 @@ from supervisor.gateway.names import parse_uri
 from supervisor.gateway.owner import TaskOwner
 
 if TYPE_CHECKING:
-    from supervisor.extension import Extension
+    from supervisor.extension.supervised import Extension
 
 __all__ = ("Releases",)
 

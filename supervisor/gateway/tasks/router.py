@@ -48,7 +48,7 @@ from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
-    from supervisor.extension import Extension
+    from supervisor.extension.supervised import Extension
     from supervisor.gateway.server import Gateway
 
 __all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter", "declare", "parse_task_id", "task_id")

@@ -1,0 +1,259 @@
+"""An extension's calls: a client's request forwarded to the running child, with its bookkeeping.
+
+The methods of :class:`~supervisor.extension.supervised.Extension` that borrow the watcher's
+connection: they wait for the extension to run (or start it, on demand), hold a call's budget
+(``call_timeout`` renewed by progress, ``call_timeout_max`` in all), enroll the call so that the
+child's questions reach its client (:mod:`.asking`), and turn what goes wrong into
+:class:`~supervisor.errors.CallFailed` or :class:`~supervisor.errors.ExtensionUnavailable`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+import structlog
+from mcp import MCPError
+from mcp.shared.dispatcher import ProgressFnT
+
+from supervisor.child import connection as transport
+from supervisor.errors import CallFailed, ExtensionUnavailable
+from supervisor.extension.asking import Budget, Caller
+from supervisor.extension.state import State
+
+__all__ = ("Calls",)
+
+log = structlog.get_logger(__name__)
+
+ResultT = TypeVar("ResultT")
+
+
+class Calls:
+    """Forwarding, as part of an Extension (its state: ``_connection``, ``_snapshot``, ``_asking``, ...)."""
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
+    ) -> types.CallToolResult:
+        """Forward one call; wait for running (if on the way) and answer within ``call_timeout``.
+
+        ``call_timeout`` is an inactivity budget: each progress notification from the child
+        renews it, up to ``call_timeout_max`` in all. *progress* receives them. What the child
+        asks its client meanwhile goes to *caller* (see :mod:`supervisor.extension.asking`).
+
+        Error handling: :class:`ExtensionUnavailable` when not running in time (``retryable``
+        while starting or in backoff), :class:`CallFailed` when the call itself fails.
+        """
+
+        async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
+            return await connection.call_tool(tool, arguments, progress=progress)
+
+        return await self._call(tool, call, progress, lambda result: not result.is_error, caller)
+
+    async def call_tool_raw(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        *,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`call_tool` for the gateway's fast path: the child's result as plain JSON.
+
+        Media in it went to the spool as usual; nothing else was checked beyond its shape
+        (see :mod:`supervisor.child.rawcalls`). Errors as :meth:`call_tool`.
+        """
+
+        async def call(connection: transport.Connection, progress: ProgressFnT) -> dict[str, Any]:
+            return await connection.call_tool_raw(tool, arguments, progress=progress)
+
+        return await self._call(
+            tool, call, progress, lambda result: result.get("isError") is not True, caller
+        )
+
+    async def _call(
+        self,
+        tool: str,
+        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        progress: ProgressFnT | None,
+        succeeded: Callable[[ResultT], bool],
+        caller: Caller | None,
+    ) -> ResultT:
+        """One tool call with its bookkeeping: counts, errors, the metrics hook."""
+        started, ok = time.monotonic(), False
+        self.calls += 1
+        try:
+
+            async def call(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
+                if tool not in self._listing.tool_names:
+                    unknown = f"extension {self.name!r} has no tool {tool!r}"
+                    raise CallFailed(unknown, code=types.INVALID_PARAMS)
+                return await send(connection, progress)
+
+            result = await self._forward(f"tool {tool!r}", call, progress, caller)
+            ok = succeeded(result)
+            return result
+        finally:
+            if not ok:
+                self.errors += 1
+            if self._on_call is not None:
+                label = tool if tool in self._listing.tool_names else "(unknown)"
+                self._on_call(label, time.monotonic() - started, ok)
+
+    async def request(
+        self,
+        request: types.ClientRequest,
+        result_type: type[ResultT],
+        *,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
+    ) -> ResultT:
+        """Forward any other client request (prompts/get, resources/read, ...) like a call."""
+
+        async def send(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
+            return await connection.request(request, result_type, progress=progress)
+
+        return await self._forward(repr(request.method), send, progress, caller)
+
+    async def request_raw(
+        self,
+        method: str,
+        params: dict[str, Any],
+        *,
+        run: str | None = None,
+        progress: ProgressFnT | None = None,
+        caller: Caller | None = None,
+        blocking: bool = False,
+        touch: bool = True,
+    ) -> tuple[dict[str, Any], str]:
+        """Forward any request as plain JSON (see :meth:`transport.Connection.request_raw`);
+        returns the child's result and the :attr:`run_marker` of the run that answered.
+
+        With *run* (a :attr:`run_marker`), only that run of the child may answer: another one
+        fails with :class:`CallFailed` (``INVALID_PARAMS``) saying the extension restarted.
+        *blocking*: the request waits for work done elsewhere (``tasks/result``), so only
+        ``call_timeout_max`` bounds it. *touch* False: it does not renew ``idle_stop``'s period.
+        """
+
+        async def send(connection: transport.Connection, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
+            marker = connection.child.marker
+            if run is not None and marker != run:
+                message = f"extension {self.name!r} restarted since; the request was for its earlier run"
+                raise CallFailed(message, code=types.INVALID_PARAMS)
+            return await connection.request_raw(method, params, progress=progress), marker
+
+        return await self._forward(repr(method), send, progress, caller, blocking=blocking, touch=touch)
+
+    @property
+    def capabilities(self) -> types.ServerCapabilities | None:
+        """What the running child declared at ``initialize`` (None while it does not run)."""
+        return self._connection.capabilities if self._connection is not None else None
+
+    async def roots_changed(self, client: object) -> None:
+        """A client's roots changed: tell the child if its roots came from that client."""
+        await self._asking.roots_changed(client)
+
+    async def _forward(
+        self,
+        what: str,
+        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        progress: ProgressFnT | None,
+        caller: Caller | None,
+        *,
+        blocking: bool = False,
+        touch: bool = True,
+    ) -> ResultT:
+        timeout, cap = self.config.call_timeout, self.config.call_timeout_max
+        started = time.monotonic()
+        connection: transport.Connection | None = None
+        demand = self._demand if touch else None  # a tasks/list poll must not keep it alive
+        if demand is not None:
+            demand.touch()
+        with anyio.CancelScope() as scope:
+            budget = Budget(scope, timeout, cap)
+            if blocking:
+                budget.hold()  # never released: nothing renews it (the task's progress goes elsewhere)
+
+            async def renew(value: float, total: float | None, message: str | None) -> None:
+                budget.renew()
+                self._answered_at = time.monotonic()
+                if progress is not None:
+                    await progress(value, total, message)
+
+            connection = await self._wait_connection()
+            self._in_flight += 1
+            try:
+                with self._asking.call(connection, caller, budget):
+                    result = await send(connection, renew)
+                self._answered_at = time.monotonic()
+                return result
+            except MCPError as exc:
+                self._answered_at = time.monotonic()
+                raise self._call_failed(what, exc, connection) from None
+            except CallFailed:
+                raise
+            except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
+                log.warning("extension.bad_result", request=what, error=_first_line(exc))
+                raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
+            finally:
+                self._in_flight -= 1
+                if demand is not None:
+                    demand.touch()
+        if connection is None:
+            state = self._snapshot.state
+            raise ExtensionUnavailable(
+                self.name, state.value, retryable=True, detail=f"not running after {timeout:g}s"
+            )
+        if time.monotonic() - started >= cap:
+            detail = f"did not finish within call_timeout_max ({cap:g}s)"
+        else:
+            detail = f"did not answer within {timeout:g}s"  # nor report progress
+        raise CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
+
+    async def _wait_connection(self) -> transport.Connection:
+        started = False
+        while True:
+            changed = self._changed
+            state = self._snapshot.state
+            if state is State.RUNNING and self._connection is not None and not self._stop_requested:
+                return self._connection
+            if self.dormant and state is not State.STOPPING and not started and self._demand is not None:
+                started = True  # one try per call; fifty callers share one spawn (start() is idempotent)
+                await self._demand.start(self)
+                continue
+            on_the_way = state.is_transient or state is State.RUNNING  # RUNNING: just crashed, or stopping
+            on_the_way = on_the_way or (self.dormant and state is State.STOPPING)  # idle stop, then a start
+            restarting = (self._restarting or self._launching) and state in (State.STOPPING, State.STOPPED)
+            if not (on_the_way or restarting):
+                raise ExtensionUnavailable(
+                    self.name,
+                    state.value,
+                    retryable=False,
+                    detail=self._snapshot.last_error,
+                    advice=f"start it with `mcp-supervisor start {self.name}`",
+                )
+            await changed.wait()
+
+    def _call_failed(self, what: str, exc: MCPError, connection: transport.Connection) -> CallFailed:
+        # Only a connection that ended (or that a stop cut) is ours to report: -32000 is also the
+        # code many servers give their own errors ("database is locked"), from a live child.
+        ours = connection.ended.is_set() or self._cut[0] is connection
+        if exc.code == types.CONNECTION_CLOSED and ours:
+            failure = connection.failure
+            ended = f"failed ({failure})" if failure else "exited"
+            ended = self._cut[1] if self._cut[0] is connection else ended
+            message = f"extension {self.name!r} {ended} during the call to {what}; it may or may not have run"
+            return CallFailed(message, code=exc.code)
+        return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data, from_child=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]

@@ -1,0 +1,333 @@
+"""An extension's watcher: the one task that starts the child, serves it and ends it.
+
+The methods of :class:`~supervisor.extension.supervised.Extension` that run in its watcher task.
+Only they write the state (through ``_set``) and open or close the child's connection; a run is
+spawn (after a start slot), handshake within ``start_timeout``, serve until the child ends or a
+stop lands, then the restart policy decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from mcp import MCPError
+
+from supervisor.child import connection as transport
+from supervisor.config import secrets as secretrefs
+from supervisor.errors import SpawnError
+from supervisor.extension import liveness, startup
+from supervisor.extension.backoff import Outcome, OutcomeKind
+from supervisor.extension.demand import tasks_working
+from supervisor.extension.state import ExitStatus, Listing, State
+from supervisor.process import sandbox
+from supervisor.process import usage as resources
+from supervisor.process.children import ChildProcess
+
+__all__ = ("Watcher",)
+
+log = structlog.get_logger(__name__)
+
+REFRESH_DELAY = 0.05  # a burst of list_changed from a child becomes one re-listing
+
+
+class Watcher:
+    """The watcher, as part of an Extension (its state: ``_scope``, ``_done``, ``_snapshot``, ...)."""
+
+    async def _watch(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        assert self._scope is not None and self._done is not None
+        done = self._done
+        with self._scope, structlog.contextvars.bound_contextvars(extension=self.name):
+            try:
+                self._set(State.STARTING, failures=0, last_error=None, next_restart=None)
+                task_status.started()
+                while await self._run_once():
+                    await anyio.sleep(max(0.0, self._restart_at - time.monotonic()))  # stop() lands here
+                    self._set(State.STARTING, restarts=self._snapshot.restarts + 1, next_restart=None)
+            except Exception as exc:  # a bug of ours: fail this extension, keep the daemon
+                log.exception("extension.watcher_crashed")
+                self._gave_up = self._ending = True
+                self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
+            finally:
+                self._connection, self._listing = None, Listing()
+                if self._spool is not None and not self._idled:  # no child left to refer to its files
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._spool.remove)
+                final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
+                self._set(final, pid=None, next_restart=None)
+                done.set()
+
+    async def _run_once(self) -> bool:
+        """Start the child, serve until it ends, tear it down. Returns whether to restart."""
+        # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
+        marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
+        self._last_stderr = None
+        ticket = await self._take_slot()  # stop() lands here while queued: nothing to tear down
+        try:
+            env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
+            async with (
+                self._confined() as jail,
+                transport.connect(
+                    [self.config.command, *self.config.args],
+                    wrap=jail.wrap if jail is not None else None,
+                    env=env,
+                    cwd=self.config.cwd,
+                    marker=marker,
+                    stop_timeout=self.config.stop_timeout,
+                    max_message_bytes=self.config.max_message_bytes,
+                    on_stderr=self._on_stderr,
+                    on_list_changed=self._list_changed,
+                    on_notification=self._notified,
+                    on_asked=self._answer,
+                    hurry=self._hurry,
+                    spool=self._spool,
+                    stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
+                ) as connection,
+            ):
+                try:
+                    return await self._serve(connection, ticket)
+                finally:
+                    if self._stop_requested:
+                        self._set(State.STOPPING)  # the context's exit tears the tree down
+        except SpawnError as exc:
+            kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
+            return self._decide(Outcome(kind, error=str(exc)))
+        finally:
+            ticket.release()
+
+    async def _take_slot(self) -> startup.Ticket:
+        """One of the daemon's start slots, in arrival order; ``status`` shows ``queued`` meanwhile."""
+        if self._slots is None:
+            return startup.Ticket(None)
+        ticket = self._ticket = self._slots.ticket()
+        try:
+            waited = await self._slots.acquire(ticket)
+        finally:
+            self._ticket = None
+        if waited:
+            log.info("extension.start_slot", waited=round(waited, 3))
+            self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
+        return ticket
+
+    @contextlib.asynccontextmanager
+    async def _confined(self) -> AsyncIterator[sandbox.Run | None]:
+        """This run's sandbox (its private temporary directory), removed once the run is over."""
+        if self.sandbox is None:
+            yield None
+            return
+        run = await self.sandbox.prepare()  # SpawnError: permanent, says why and how to opt out
+        try:
+            yield run
+        finally:
+            await run.remove()
+
+    async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
+        child = connection.child
+        self._set(State.STARTING, pid=child.pid)
+        try:
+            listing = await self._handshake(connection)
+        except startup.StartTimeout as exc:
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=self._timed_out(exc)))
+        except Exception as exc:  # MCPError, or a malformed initialize/tools result
+            if connection.ended.is_set() or isinstance(exc, MCPError):
+                with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
+                    await child.exited.wait()  # an exit during startup explains the failure best
+            exit_status = _exit_status(child)
+            error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
+            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
+        finally:
+            ticket.release()
+            self._slow = None
+        self._handshaken = True
+        if self._demand is not None:  # the gateway compares listings by identity
+            listing = self._demand.same(listing)
+        if self.pins is not None:  # before any client sees them: a held tool is never offered
+            self.pins.observe(listing.tools)
+            await self.pins.save()
+        self._listing, self._connection = listing, connection
+        started = time.monotonic()
+        self._set(State.RUNNING, last_error=None)
+        async with anyio.create_task_group() as helpers:  # owned by this run: gone before teardown
+            helpers.start_soon(self._keep_listings_fresh, connection)
+            if self._demand is not None:  # saves the listing, then stops the child once idle
+                working = functools.partial(tasks_working, connection)  # a task in it holds it too
+                in_flight = lambda: self._in_flight  # noqa: E731
+                helpers.start_soon(self._demand.serve, listing, in_flight, self._stop_idle, working)
+            self._answered_at = started
+            self._start_guards(helpers, connection)
+            await connection.ended.wait()
+            helpers.cancel_scope.cancel()
+        self._connection = None
+        uptime = time.monotonic() - started
+        if child.returncode is None:  # stdio broke or a message was too large: it gets killed
+            return self._decide(Outcome(OutcomeKind.CRASHED, uptime, error=connection.failure))
+        exit_status = _exit_status(child)
+        assert exit_status is not None
+        if child.returncode == 0:
+            return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
+        crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
+        return self._decide(crashed)
+
+    def _start_limit(self) -> tuple[float, str]:
+        """The deadline of this start and its setting: ``first_start_timeout`` until a first handshake."""
+        first = self.config.first_start_timeout
+        if first is not None and not self._handshaken:
+            return first, "first_start_timeout"
+        return self.config.start_timeout, "start_timeout"
+
+    async def _handshake(self, connection: transport.Connection) -> Listing:
+        """The handshake within the start's deadline; past it, on while the child's tree is busy."""
+        child = connection.child
+        limit, setting = self._start_limit()
+
+        def step(method: str) -> None:
+            self._set(State.STARTING, waiting=method)
+
+        def slow() -> None:
+            self._slow = startup.slow_detail(limit)
+            log.warning("extension.slow_start", setting=setting, limit=limit)
+            self._notify()
+
+        return await startup.within_start_limit(
+            functools.partial(connection.handshake, on_step=step),
+            limit=limit,
+            cpu_seconds=functools.partial(startup.tree_cpu, child.pid, child.marker, child.cgroup),
+            on_slow=slow,
+        )
+
+    def _timed_out(self, exc: startup.StartTimeout) -> str:
+        limit, setting = self._start_limit()
+        return startup.timeout_error(exc, limit, setting, self._snapshot.waiting or "initialize")
+
+    def _decide(self, outcome: Outcome) -> bool:
+        """Record how the run ended and what comes next; called before the tree is torn down."""
+        failures = self.policy.next_failures(outcome, self._snapshot.failures)
+        changes: dict[str, Any] = {"failures": failures}
+        if outcome.exit is not None:
+            changes["last_exit"] = outcome.exit
+        if outcome.error is not None:
+            changes["last_error"] = outcome.error
+        level = log.info if outcome.kind is OutcomeKind.CLEAN_EXIT else log.warning
+        level(
+            "extension.exited",
+            kind=outcome.kind.value,
+            uptime=round(outcome.uptime, 3),
+            error=outcome.error,
+            returncode=outcome.exit.returncode if outcome.exit else None,
+        )
+        if self.policy.should_restart(outcome, failures):
+            delay = self.policy.backoff.delay(failures)
+            self._restart_at = time.monotonic() + delay
+            self._set(State.BACKOFF, pid=None, next_restart=_now() + timedelta(seconds=delay), **changes)
+            return True
+        self._ending = True
+        self._gave_up = self.policy.gave_up(outcome, failures)
+        self._set(State.STOPPING, **changes)
+        return False
+
+    def _start_guards(self, helpers: TaskGroup, connection: transport.Connection) -> None:
+        """Liveness and memory_max, when set: each ends the connection like a crash (see their modules)."""
+        config, child = self.config, connection.child
+        if config.ping_interval is not None:
+            watch = functools.partial(
+                liveness.watch,
+                connection,
+                interval=config.ping_interval,
+                ping_timeout=config.ping_timeout,
+                in_flight=lambda: self._in_flight,
+                answered_at=lambda: time.monotonic() if self._asked else self._answered_at,
+                on_unresponsive=lambda error: self._count("unresponsive"),
+            )
+            helpers.start_soon(watch)
+        if config.memory_max is not None:
+
+            def exceeded(error: str) -> None:
+                self._count("memory_exceeded")
+                log.warning("extension.memory_exceeded", error=error)
+                connection.end(error)
+
+            limit = config.memory_max
+            helpers.start_soon(
+                resources.enforce_memory_max, child.pid, child.marker, child.cgroup, limit, exceeded
+            )
+
+    async def _answer(
+        self, connection: transport.Connection, request: types.ServerRequest
+    ) -> types.ClientResult | types.ErrorData:
+        """Answer the child's sampling/elicitation/roots request (a client may take minutes)."""
+        self._asked += 1
+        try:
+            return await self._asking.answer(connection, request)
+        finally:
+            self._asked -= 1
+            self._answered_at = time.monotonic()
+
+    def _count(self, counter: str) -> None:
+        """One more run ended by a guard; before the end, so the exit's snapshot carries it."""
+        self._snapshot = replace(self._snapshot, **{counter: getattr(self._snapshot, counter) + 1})
+
+    def _list_changed(self, kind: str) -> None:
+        self._stale.add(kind)
+        if kind == "resources":
+            self._stale.add("templates")
+        self._stale_event.set()
+
+    def _notified(self, notification: types.ServerNotification) -> None:
+        if self._on_notification is not None:
+            self._on_notification(self.name, notification, self)
+
+    async def _keep_listings_fresh(self, connection: transport.Connection) -> None:
+        """Re-list what the child says changed: one listing in flight, a burst coalesced."""
+        while True:
+            await self._stale_event.wait()
+            await anyio.sleep(REFRESH_DELAY)
+            kinds, self._stale, self._stale_event = self._stale, set(), anyio.Event()
+            fresh: dict[str, list[Any]] = {}
+            for kind in sorted(kinds):
+                try:
+                    with anyio.fail_after(self.config.start_timeout):
+                        fresh[kind] = await connection.list(kind)
+                except Exception as exc:  # TimeoutError, MCPError, a malformed listing: keep the old one
+                    log.warning("extension.listing_failed", kind=kind, error=_first_line(exc))
+            if fresh and connection is self._connection:
+                if self.pins is not None and "tools" in fresh:
+                    self.pins.observe(fresh["tools"])
+                old = self._listing
+                current = {"tools": old.tools, "prompts": old.prompts, "resources": old.resources}
+                self._listing = Listing.of(**{**current, "templates": old.templates, **fresh})
+                log.info("extension.listing_changed", **{kind: len(items) for kind, items in fresh.items()})
+                self._notify()
+                if self._demand is not None:
+                    await self._demand.save(self._listing)
+                if self.pins is not None:
+                    await self.pins.save()
+
+    def _on_stderr(self, line: str) -> None:
+        self._stderr.append(line)
+        self._last_stderr = line
+        log.info("extension.stderr", line=line)
+
+
+def _exit_status(child: ChildProcess) -> ExitStatus | None:
+    if child.returncode is None:
+        return None
+    return ExitStatus(child.returncode, at=child.exited_at or _now())
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
