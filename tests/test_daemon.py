@@ -19,11 +19,12 @@ import psutil
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor import daemon as daemon_module
 from supervisor.config import settings as config
 from supervisor.config.settings import Settings
 from supervisor.control import client
-from supervisor.daemon import instance_key
+from supervisor.daemon import root as daemon_module
+from supervisor.daemon import run as daemon_run
+from supervisor.daemon.root import instance_key
 from supervisor.errors import ConfigError
 from supervisor.process import children as process
 
@@ -379,7 +380,7 @@ class TestReloadOfABrokenConfig:
                 f"{path}: cannot be loaded (RecursionError: maximum recursion depth exceeded)",
             )
             with capture_logs() as logs:
-                await daemon_module._reload_on_signal(daemon)  # must not raise into the root task group
+                await daemon_run._reload_on_signal(daemon)  # must not raise into the root task group
             assert [e["event"] for e in logs] == ["daemon.reload_failed"]
             assert daemon.settings is settings
 

@@ -14,8 +14,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from supervisor import daemon as daemon_module
 from supervisor.config.settings import Settings
+from supervisor.daemon import root as daemon_module
 from supervisor.gateway.http import HttpLimits, serve_http
 from supervisor.process import children as process
 

@@ -22,7 +22,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from supervisor.daemon import instance_key
+from supervisor.daemon.root import instance_key
 from supervisor.process import children as process
 from tests.conftest import SERVERS
 

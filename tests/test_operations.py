@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from supervisor.control import client
-from supervisor.daemon import instance_key
+from supervisor.daemon.root import instance_key
 from supervisor.process import children as process
 
 from .conftest import extension_settings

@@ -24,7 +24,7 @@ import pytest
 
 from supervisor.cli import render
 from supervisor.control import client
-from supervisor.daemon import instance_key
+from supervisor.daemon.root import instance_key
 from supervisor.process import children as process
 from supervisor.process import sandbox
 

@@ -300,14 +300,14 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
-    from supervisor import daemon
+    from supervisor.daemon.root import sandbox_context
     from supervisor.process import sandbox
 
     unknown = [name for name in names if name not in settings.extensions]
     if unknown:
         _fail(f"no extension named {', '.join(map(repr, unknown))} in {config_path}")
         return EXIT_USAGE
-    context = daemon.sandbox_context(settings, config_path=config_path, environ=os.environ)
+    context = sandbox_context(settings, config_path=config_path, environ=os.environ)
     for name in names:
         print("\n".join(sandbox.explain_extension(name, settings.extensions[name], context)))
     return EXIT_OK
@@ -350,7 +350,7 @@ def _daemon(args: argparse.Namespace) -> int:
     _return_big_buffers_to_the_system()  # before the imports below allocate and free big blocks
     warnings: list[str] = []
     settings = _load(args.config or paths.default_config_path(), {"socket": args.socket}, warnings)
-    from supervisor import daemon  # lazily: client commands need not import the whole daemon
+    from supervisor.daemon import run as daemon  # lazily: client commands need not import the whole daemon
 
     path = args.config or paths.default_config_path()
     overrides = {"socket": args.socket}

@@ -1,0 +1,161 @@
+"""What the control socket asks of the daemon: the ``Backend`` of :mod:`supervisor.control.methods`.
+
+Status with each tree's usage and per-client instances, start, stop and restart under the
+name's lock, tools, calls, logs, pins approved, health.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import mcp_types as types
+import structlog
+from mcp.shared.dispatcher import ProgressFnT
+
+from supervisor.daemon.health import cgroup_of, process_stats
+from supervisor.errors import UnknownExtension
+from supervisor.extension.instances import Instances, figures
+from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
+from supervisor.process import usage as resources
+
+__all__ = ("Facade",)
+
+log = structlog.get_logger(__name__)
+
+
+class Facade:
+    """The control methods, as part of the Daemon (its ``_extensions``, ``_instances``, ``gateway``, ...)."""
+
+    def status(self, name: str | None = None) -> list[Snapshot]:
+        chosen = [self.get(name)] if name is not None else self._extensions.values()
+        return [self._with_instances(ext) for ext in chosen]
+
+    def _with_instances(self, ext: Extension) -> Snapshot:
+        snapshot = self._with_usage(ext)
+        instances = self._instances.get(ext.name)
+        if instances is None or ext.config.instances != "per-client":
+            return snapshot
+        return replace(snapshot, instances=tuple(self._with_usage(i) for i in instances.all()))
+
+    def _with_usage(self, ext: Extension) -> Snapshot:
+        snapshot = ext.snapshot()
+        usage = self.usage.usage(snapshot.name, snapshot.pid, ext.run_marker)
+        return replace(snapshot, resources=usage.as_dict())
+
+    async def start(self, name: str, *, wait: bool = True) -> Snapshot:
+        async with self._exclusive(name) as ext:
+            self._instances[name].resume()  # per-client: clients' next calls start theirs
+            await ext.start(self._tg)
+        return await _settled(ext) if wait else ext.snapshot()
+
+    async def stop(self, name: str, *, wait: bool = True) -> Snapshot:
+        async with self._exclusive(name) as ext:
+            instances = self._instances[name]  # per-client: every instance too, held until start
+            if wait:
+                async with anyio.create_task_group() as stoppers:
+                    stoppers.start_soon(ext.stop)
+                    stoppers.start_soon(functools.partial(instances.stop_all, hold=True))
+            else:
+                ext.request_stop()  # the watchers do the rest: no task per request
+                instances.held = True
+                instances.release_all()
+        return ext.snapshot()
+
+    async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
+        if not wait:
+            snapshot = self.get(name).snapshot()
+            self._tg.start_soon(self._restart, name)
+            return snapshot
+        ext = await self._restart(name)
+        if ext is None:
+            raise UnknownExtension(name)
+        return await _settled(ext)
+
+    async def _restart(self, name: str) -> Extension | None:
+        """Restart *name*; None if a reload removed it meanwhile. Never raises: may run as a task."""
+        with contextlib.suppress(UnknownExtension):
+            async with self._exclusive(name) as ext, anyio.create_task_group() as restarts:
+                restarts.start_soon(ext.restart, self._tg)
+                restarts.start_soon(self._instances[name].restart_all, self._tg)  # per-client: each
+            return ext
+        return None
+
+    def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
+        chosen = [self.get(name)] if name is not None else self._extensions.values()
+        return [(ext.name, tool) for ext in chosen for tool in ext.tools()]
+
+    def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
+        return self.gateway.exposed(extension, tool)
+
+    def collisions(self, extension: str) -> list[str]:
+        return self.gateway.collisions(extension)
+
+    def profiles(self) -> list[dict[str, Any]]:
+        return self.gateway.profiles()
+
+    async def call(
+        self, name: str, tool: str, arguments: dict[str, Any], *, progress: ProgressFnT | None = None
+    ) -> types.CallToolResult:
+        return await self.get(name).call_tool(tool, arguments, progress=progress)
+
+    def logs(self, name: str, lines: int) -> list[str]:
+        return self.get(name).logs(lines)
+
+    def tool_changes(self, name: str) -> list[dict[str, Any]]:
+        """The tools of *name* whose definition changed since it was pinned (see :mod:`.pins`)."""
+        self.get(name)
+        return [change.as_dict() for change in self._pins[name].changes().values()]
+
+    async def approve(self, name: str, tool: str | None = None) -> list[str]:
+        """Pin the current definition of *tool* of *name* (None: of each changed one); those approved."""
+        self.get(name)
+        pins = self._pins[name]
+        approved = pins.approve(tool)
+        await pins.save()
+        return approved
+
+    def health(self) -> dict[str, Any]:
+        """Diagnostics of the daemon itself: the process, the spool, and each extension's counters."""
+        spool = self.spool.stats()
+        return {
+            "process": process_stats().as_dict(),
+            "spool": {
+                "dir": str(self.spool.run_dir),
+                "files": spool.files,
+                "bytes": spool.bytes,
+                "max_files": self.spool.max_files,
+                "max_bytes": self.spool.max_total_bytes,
+            },
+            "containment": self.containment.describe() if self.containment else None,
+            "start_slots": self.start_slots.stats(),
+            "extensions": [
+                _health_of(ext, self.usage, self._instances.get(ext.name))
+                for ext in self._extensions.values()
+            ],
+        }
+
+
+def _health_of(
+    ext: Extension, usage: resources.Sampler, instances: Instances | None = None
+) -> dict[str, Any]:
+    snapshot = ext.snapshot()
+    per_client = instances if ext.config.instances == "per-client" else None
+    return {
+        **figures(ext, usage),
+        "tools": snapshot.tools,
+        "log_lines": ext.stderr_lines,
+        "log_lines_max": ext.config.log_lines,
+        "cgroup": cgroup_of(snapshot.pid) if snapshot.pid else None,
+        "instances": per_client.health(usage) if per_client is not None else None,
+        "sandbox": snapshot.sandbox,
+    }
+
+
+async def _settled(ext: Extension) -> Snapshot:
+    """Wait until a start has an answer: running, or why not (backoff, failed, stopped)."""
+    return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING))

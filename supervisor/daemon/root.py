@@ -1,0 +1,276 @@
+"""The daemon's composition root: the set of extensions of one config, and everything they share.
+
+:class:`Daemon` builds each extension with its spool, saved listing, pins, start slots and
+sandbox, the per-client instances, the gateway, metrics and usage sampler; it owns one lock per
+extension name so that no two operations act on one at once. What the control socket asks of it
+is :mod:`.facade`; a reload is :mod:`.reload`; running it is :mod:`.run`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hashlib
+import os
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup
+
+from supervisor.child.spool import Spool, default_root
+from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.daemon.facade import Facade
+from supervisor.daemon.metrics import Metrics
+from supervisor.daemon.reload import Reloading, expect_launch
+from supervisor.daemon.systemd import Notifier
+from supervisor.errors import UnknownExtension
+from supervisor.extension.demand import Demand
+from supervisor.extension.instances import Client, Instances
+from supervisor.extension.pins import Pins, PinStore
+from supervisor.extension.saved import CatalogStore, default_state_root, fingerprint
+from supervisor.extension.startup import StartSlots, default_slots
+from supervisor.extension.state import Snapshot, State
+from supervisor.extension.supervised import Extension
+from supervisor.gateway.server import Gateway
+from supervisor.process import sandbox
+from supervisor.process import usage as resources
+from supervisor.process.containment import Containment
+
+__all__ = ("Daemon", "instance_key", "sandbox_context")
+
+log = structlog.get_logger(__name__)
+
+
+class Daemon(Facade, Reloading):
+    """The extensions of one config, each started in the daemon's task group *tg*.
+
+    Implements :class:`supervisor.control.server.Backend`; the control socket is a thin layer on it.
+    *config_path* and *overrides* are what :meth:`reload` reads again.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        tg: TaskGroup,
+        environ: Mapping[str, str],
+        config_path: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.settings = settings
+        self.instance = instance_key(settings.socket)
+        self.marker_prefix = f"{self.instance}:{os.getpid()}:"
+        self.config_path = config_path
+        self._overrides = dict(overrides or {})
+        self._environ = {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
+        self._tg = tg
+        self.notifier = notifier or Notifier(None)
+        self._reloading = anyio.Lock()
+        # One operation at a time per name (start, stop, restart, or a reload replacing it),
+        # so nothing acts on an Extension object that a reload is retiring.
+        self._name_locks: dict[str, anyio.Lock] = {}
+        self.hurry = anyio.Event()  # set when shutdown stops being polite
+        self.start_slots = StartSlots(settings.start_slots or default_slots())  # starts at once
+        self.containment: Containment | None = None  # prepared by run() once the socket is ours
+        self.spool = Spool(
+            Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
+            instance=self.instance,
+            max_inline_bytes=settings.spool.max_inline_bytes,
+            max_total_bytes=settings.spool.max_total_bytes,
+        )
+        self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
+        self.pin_dir = default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
+        self.sandbox_context = sandbox_context(settings, config_path=config_path, environ=self._environ)
+        self.metrics = Metrics(self.health)
+        self.usage = resources.Sampler(
+            self.marker_prefix, self._subtree
+        )  # each tree's RSS/CPU, read once a second
+        self.gateway = Gateway(
+            self,
+            spool_dir=self.spool.run_dir,
+            name_budget=settings.gateway.max_name_length,
+            profiles=settings.profiles,
+        )
+        self._pins: dict[str, Pins] = {}  # by extension name; kept across reloads
+        self._configure_pins(settings)
+        self._extensions = {name: self._make(name, config) for name, config in settings.extensions.items()}
+        self._instances = {name: self._instances_of(name, c) for name, c in settings.extensions.items()}
+        for ext in self._extensions.values():  # the gateway listens before autostart launches them
+            expect_launch(ext)
+
+    def _make(self, name: str, config: ExtensionConfig) -> Extension:
+        return Extension(
+            name,
+            config,
+            environ=self._environ,
+            marker_prefix=self.marker_prefix,
+            hurry=self.hurry,
+            spool=self.spool.for_extension(name),
+            on_call=functools.partial(self.metrics.observe_call, name),
+            on_change=self._state_changed,
+            on_notification=self.gateway.notify,
+            demand=self._demand_of(name, config),
+            pins=self._pins[name],
+            start_slots=self.start_slots,
+            sandbox_context=self.sandbox_context,
+        )
+
+    def _configure_pins(self, settings: Settings) -> None:
+        """A :class:`Pins` for each extension of *settings* (kept if it has one), with its mode."""
+        for name, extension in settings.extensions.items():
+            mode = extension.tools_on_change or settings.tools_on_change
+            if name in self._pins:
+                self._pins[name].set_mode(mode)
+            else:
+                store = PinStore(self.pin_dir, name)  # a bounded read, as a saved catalog's
+                self._pins[name] = Pins(name, mode=mode, store=store, on_change=self.gateway.invalidate)
+
+    def _demand_of(self, name: str, config: ExtensionConfig) -> Demand:
+        """Its saved listing (every extension's: the gateway keeps its names while it is stopped),
+        and with ``on_demand`` or ``idle_stop`` its start on a call and its idle timer."""
+        env = {**self._environ, **config.env}
+        store = CatalogStore(self.catalogs, name, fingerprint(config.command, config.args, config.cwd, env))
+        holds = functools.partial(self.gateway.holds, name)
+        stands_in = config.on_demand or config.idle_stop is not None
+        return Demand(
+            idle_stop=config.idle_stop,
+            store=store,
+            start=self._start_on_demand,
+            holds=holds,
+            stands_in=stands_in,
+        )
+
+    def _instances_of(self, name: str, config: ExtensionConfig) -> Instances:
+        pins = self._pins[name]  # the extension's: what one instance sees changed, all clients see
+
+        def make(client: Client) -> Extension:
+            own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
+            holds = functools.partial(self.gateway.holds, name)
+            demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
+            return Extension(
+                name,
+                own,
+                environ=self._environ,
+                marker_prefix=self.marker_prefix,
+                hurry=self.hurry,
+                spool=self.spool.for_extension(name),
+                on_call=functools.partial(self.metrics.observe_call, name),
+                on_notification=functools.partial(self.gateway.notify, owner=client),  # its log: client's
+                demand=demand,
+                pins=pins,
+                start_slots=self.start_slots,
+                sandbox_context=self.sandbox_context,
+            )
+
+        return Instances(name, make, config.max_instances)
+
+    async def _start_instance(self, ext: Extension) -> None:
+        await ext.start(self._tg)
+
+    def instance_of(self, name: str, client: Client) -> Extension:
+        """*client*'s own instance of per-client extension *name* (:mod:`supervisor.extension.instances`)."""
+        return self._instances[name].of(client)
+
+    def existing_instance(self, name: str, client: Client) -> Extension | None:
+        """*client*'s instance of per-client *name* if it has one; never makes one."""
+        instances = self._instances.get(name)
+        return instances.existing(client) if instances is not None else None
+
+    async def _start_on_demand(self, ext: Extension) -> None:
+        """A call's start of a dormant extension; nothing if a reload replaced or removed it."""
+        with contextlib.suppress(UnknownExtension):
+            async with self._exclusive(ext.name) as current:
+                if current is ext:
+                    await ext.start(self._tg)
+
+    async def _launch(self, ext: Extension, *, was_live: bool = False) -> None:
+        """Start what the config says runs now: autostart; on demand only to learn its listing."""
+        if was_live:
+            await ext.start(self._tg)
+        elif ext.config.on_demand:
+            if ext.config.autostart and ext.needs_listing():
+                await ext.start(self._tg, learn=True)
+        elif ext.config.autostart:
+            await ext.start(self._tg)
+
+    def _subtree(self) -> Path | None:
+        subtree = self.containment.subtree if self.containment is not None else None
+        return subtree.path if subtree is not None else None
+
+    def counts(self) -> dict[str, Any]:
+        """Extensions by state and gateway clients, for ``/healthz``."""
+        states = collections.Counter(ext.snapshot().state.value for ext in self._extensions.values())
+        return {"extensions": dict(states), "gateway_clients": self.gateway.client_count()}
+
+    def summary(self) -> str:
+        """Extension counts by state, for systemd's STATUS= line: ``3 running, 1 backoff``."""
+        counts = collections.Counter(ext.snapshot().state for ext in self._extensions.values())
+        parts = [f"{counts[state]} {state.value}" for state in State if counts[state]]
+        return ", ".join(parts) or "no extensions"
+
+    def _state_changed(self, snapshot: Snapshot) -> None:
+        self.gateway.invalidate(snapshot)
+        if self.notifier.enabled:
+            self.notifier.status(self.summary())
+
+    def extensions(self) -> list[Extension]:
+        """Every configured extension, in the config's order."""
+        return list(self._extensions.values())
+
+    def get(self, name: str) -> Extension:
+        try:
+            return self._extensions[name]
+        except KeyError:
+            raise UnknownExtension(name) from None
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, name: str) -> AsyncIterator[Extension]:
+        """Hold *name*'s lock and yield its current object, looked up once the lock is held."""
+        self.get(name)  # an unknown name gets no lock
+        async with self._name_locks.setdefault(name, anyio.Lock()):
+            yield self.get(name)  # a reload may have replaced or removed it meanwhile
+
+    async def autostart(self) -> None:
+        """Launch every autostart extension, and each on-demand one without a saved listing.
+
+        Returns once their watchers run (not once ready).
+        """
+        for ext in self._extensions.values():
+            await self._launch(ext)
+
+    async def stop_all(self) -> None:
+        """Stop every extension in parallel; returns once all their process trees are gone."""
+        async with anyio.create_task_group() as stoppers:
+            for ext in self._extensions.values():
+                stoppers.start_soon(ext.stop)
+            for instances in self._instances.values():
+                stoppers.start_soon(instances.stop_all)
+
+
+_NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
+_RESTART_ONLY = ("socket", "spool", "gateway")
+
+
+def sandbox_context(
+    settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
+) -> sandbox.Context:
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
+    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
+    return sandbox.daemon_context(
+        environ=environ,
+        config_path=config_path,
+        socket=settings.socket,
+        state=str(default_state_root(environ)),
+        spool=str(spool),
+        instance=instance_key(settings.socket),
+    )
+
+
+def instance_key(socket_path: str) -> str:
+    """Names this daemon's children by its socket, so a successor finds what it left behind."""
+    return hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:12]

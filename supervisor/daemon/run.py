@@ -1,0 +1,212 @@
+"""Running the daemon: startup phases, signals, shutdown.
+
+Startup phases: install the signal handlers, bind the control socket (which also refuses a
+second daemon on the same socket), sweep processes and spool files that a crashed earlier
+daemon on this socket left behind, launch the autostart extensions concurrently, then serve
+until SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel
+within ``shutdown_timeout``. A second signal, or that timeout's polite part running out, stops
+being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so the
+process trees still die before the daemon exits).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+
+from supervisor import logs
+from supervisor.child.spool import Spool
+from supervisor.config.settings import Settings
+from supervisor.control import server as control
+from supervisor.daemon import fdlimits
+from supervisor.daemon.reload import describe
+from supervisor.daemon.root import Daemon
+from supervisor.daemon.systemd import Notifier, keep_watchdog
+from supervisor.errors import ConfigError, SupervisorError
+from supervisor.gateway.http import HttpLimits, serve_http
+from supervisor.gateway.unix import serve_unix
+from supervisor.process import children as process
+from supervisor.process import sandbox
+from supervisor.process.containment import Containment
+
+__all__ = ("run",)
+
+log = structlog.get_logger(__name__)
+
+
+async def run(
+    settings: Settings,
+    *,
+    config_path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    warnings: Sequence[str] = (),
+) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the process exit code.
+
+    *config_path* and *overrides* are what a reload (SIGHUP or the ``reload`` method) reads;
+    *warnings* are what loading *settings* had to say (logged once logging is set up).
+    """
+    logs.configure()
+    log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
+    fds = fdlimits.plan(fdlimits.raise_soft_limit(), _children(settings))
+    (log.warning if fds.cramped else log.info)(
+        "daemon.fd_limit",
+        limit=fds.limit,
+        reserved=fds.reserved,
+        control=fds.control,
+        unix=fds.unix,
+        http=fds.http,
+    )
+    for warning in warnings:
+        log.warning("config.client_keys_ignored", detail=warning)
+    notifier = Notifier.from_environ(os.environ)
+    async with anyio.create_task_group() as tg:
+        daemon = Daemon(
+            settings,
+            tg=tg,
+            environ=os.environ,
+            config_path=config_path,
+            overrides=overrides,
+            notifier=notifier,
+        )
+        # Signals first: a SIGTERM during startup must still tear down what was spawned.
+        await tg.start(_serve_signals, daemon, tg)
+        try:
+            await tg.start(
+                functools.partial(control.serve, max_connections=fds.control), daemon, settings.socket
+            )
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            tg.cancel_scope.cancel()
+            return 1
+        await tg.start(daemon.gateway.run)
+        try:
+            await tg.start(
+                functools.partial(serve_unix, max_connections=fds.unix),
+                daemon.gateway,
+                settings.gateway_socket,
+            )
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            tg.cancel_scope.cancel()
+            return 1
+        http = settings.gateway.http
+        if http.enabled:
+            try:
+                await tg.start(
+                    functools.partial(
+                        serve_http,
+                        daemon.gateway,
+                        host=http.host,
+                        port=http.port,
+                        token=http.token.get_secret_value() if http.token else None,
+                        metrics=daemon.metrics.render,
+                        health=daemon.counts,
+                        limits=HttpLimits(max_connections=fds.http, backlog=fdlimits.ACCEPT_BURST),
+                    )
+                )
+            except SupervisorError as exc:
+                log.error("daemon.socket_unavailable", error=str(exc))
+                tg.cancel_scope.cancel()
+                return 1
+        daemon.containment = await Containment.prepare(
+            instance=daemon.instance,
+            prefix=daemon.marker_prefix,
+            want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto"),
+        )
+        tg.start_soon(daemon.containment.keep_guardian)
+        swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
+        if swept:
+            log.warning("daemon.swept_orphans", count=swept)
+        await anyio.to_thread.run_sync(sandbox.sweep, daemon.sandbox_context.tmp)  # their temporary dirs
+        await _prepare_spool(daemon.spool)
+        await daemon.prune_catalogs()
+        await daemon.autostart()
+        notifier.ready(daemon.summary())
+        tg.start_soon(keep_watchdog, notifier)  # on the loop: a blocked loop stops the pings
+        log.info("daemon.ready", extensions=len(settings.extensions))
+    with anyio.CancelScope(shield=True):
+        if daemon.containment is not None:
+            await daemon.containment.close()
+        await anyio.to_thread.run_sync(daemon.spool.close)
+        await anyio.to_thread.run_sync(
+            functools.partial(sandbox.sweep, daemon.sandbox_context.tmp, remove=True)
+        )
+    notifier.close()
+    log.info("daemon.stopped")
+    return 0
+
+
+def _children(settings: Settings) -> int:
+    """How many children the config may run at once: one per extension, per-client ones each."""
+    return sum(
+        c.max_instances + 1 if c.instances == "per-client" else 1 for c in settings.extensions.values()
+    )
+
+
+async def _prepare_spool(spool: Spool) -> None:
+    def prepare() -> int:
+        spool.check_filesystem()
+        return spool.sweep()
+
+    swept = await anyio.to_thread.run_sync(prepare)
+    if swept:
+        log.warning("daemon.swept_spool", directories=swept, root=str(spool.root))
+
+
+async def _serve_signals(
+    daemon: Daemon, tg: TaskGroup, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Signal handlers only note the signal; the work happens here, in the event loop."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD) as signals:
+        task_status.started()
+        shutting_down = False
+        async for signum in signals:
+            if signum == signal.SIGCHLD:  # an orphan handed to us (a subreaper) may have exited
+                if daemon.containment is not None:
+                    await daemon.containment.reap()
+            elif signum == signal.SIGHUP:
+                tg.start_soon(_reload_on_signal, daemon)
+            elif not shutting_down:
+                shutting_down = True
+                log.info("daemon.shutting_down", signal=signal.Signals(signum).name)
+                tg.start_soon(_shutdown, daemon, tg)
+            else:
+                log.warning("daemon.forced_shutdown", signal=signal.Signals(signum).name)
+                daemon.hurry.set()  # skip the graces: SIGKILL what is left
+                tg.cancel_scope.cancel()
+
+
+async def _reload_on_signal(daemon: Daemon) -> None:
+    """SIGHUP's reload; it runs in the root task group, so nothing it raises may escape."""
+    try:
+        await daemon.reload()
+    except ConfigError as exc:
+        log.error(
+            "daemon.reload_failed", errors=list(exc.errors), hint="still running on the previous config"
+        )
+    except Exception as exc:  # not from loading (that is a ConfigError): from applying the new config
+        log.exception("daemon.reload_failed", errors=[describe(exc)], hint="the reload may be incomplete")
+
+
+FORCE_RESERVE = 5.0  # at most this much of shutdown_timeout is kept for killing what is left
+
+
+async def _shutdown(daemon: Daemon, tg: TaskGroup) -> None:
+    """Stop every extension politely, then forcibly: the daemon exits within ``shutdown_timeout``."""
+    daemon.notifier.stopping()
+    timeout = daemon.settings.shutdown_timeout
+    polite = timeout - min(FORCE_RESERVE, timeout / 5)  # the rest: SIGKILL, reap, remove cgroups
+    with anyio.move_on_after(polite) as scope:
+        await daemon.stop_all()
+    if scope.cancelled_caught:
+        log.warning("daemon.shutdown_timeout", timeout=timeout, polite=round(polite, 3))
+        daemon.hurry.set()
+    tg.cancel_scope.cancel()
