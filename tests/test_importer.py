@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import importer, runners
+from supervisor.config import fields, importer, runners
 from supervisor.config import settings as config
 from supervisor.config.file import add_extensions, extension_names
 from supervisor.config.migrate import workspace_of
@@ -160,11 +160,11 @@ class TestFormats:
         found = planned(sample, workspace="/src/app")
         assert found.imported
         for item in found.imported:
-            token = config._CONTEXT.set(config._Context({}, dict.fromkeys(item.variables, "v")))
+            token = fields.LOADING.set(fields.Loading({}, dict.fromkeys(item.variables, "v")))
             try:
                 config.ExtensionConfig.model_validate(item.entry)
             finally:
-                config._CONTEXT.reset(token)
+                fields.LOADING.reset(token)
 
 
 class TestFirstStart:

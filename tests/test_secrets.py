@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from supervisor.config import fields
 from supervisor.config import settings as config
 from supervisor.config.secrets import MAX_SECRET_BYTES, EnvTemplate, Reference, read_secret, resolve
 from supervisor.errors import ConfigError, SpawnError
@@ -33,11 +34,11 @@ CREDENTIAL_SECRET = "s3cret-from-a-credential"
 def load(env: dict[str, Any], environ: dict[str, str] | None = None, **entry: Any) -> config.ExtensionConfig:
     raw = {"extensions": {"fx": {"command": "x", "env": env, **entry}}}
     environ = {"HOME": "/home/u", **(environ or {})}
-    token = config._CONTEXT.set(config._Context(raw, environ))
+    token = fields.LOADING.set(fields.Loading(raw, environ))
     try:
         return config.Settings().extensions["fx"]
     finally:
-        config._CONTEXT.reset(token)
+        fields.LOADING.reset(token)
 
 
 class TestConfig:
