@@ -12,6 +12,7 @@ __all__ = (
     "StartFailed",
     "SupervisorError",
     "UnknownExtension",
+    "first_line",
 )
 
 
@@ -71,3 +72,11 @@ class ConfigError(SupervisorError):
     def __init__(self, errors: Iterable[str]) -> None:
         self.errors: tuple[str, ...] = tuple(errors)
         super().__init__("\n".join(self.errors))
+
+
+def first_line(exc: BaseException, *, typed: bool = True, limit: int = 300) -> str:
+    """*exc* in one line for a log or a status: its type (when *typed*) and its message's first line."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__[:limit]
+    return (f"{type(exc).__name__}: {lines[0]}" if typed else lines[0])[:limit]

@@ -22,6 +22,8 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 from mcp.shared.message import SessionMessage
 
+from supervisor.errors import first_line
+
 __all__ = ("SENDING", "InboundRequests", "Outbox", "Watched", "check_encodable")
 
 log = structlog.get_logger(__name__)
@@ -155,7 +157,7 @@ def _encode(message: types.JSONRPCMessage) -> bytes | None:
     try:
         return _dump(message)
     except (ValueError, RecursionError) as exc:  # a lone surrogate, nesting too deep
-        reason = _one_line(exc)
+        reason = first_line(exc)
     if isinstance(message, types.JSONRPCRequest):
         raise MCPError(code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})")
     log.warning("extension.message_repaired", kind=type(message).__name__, error=reason)
@@ -179,7 +181,7 @@ def check_encodable(value: Any) -> None:
     try:
         json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
     except (ValueError, TypeError, RecursionError) as exc:
-        reason = _one_line(exc)
+        reason = first_line(exc)
         raise MCPError(
             code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})"
         ) from None
@@ -187,8 +189,3 @@ def check_encodable(value: Any) -> None:
 
 def _dump(message: types.JSONRPCMessage) -> bytes:
     return message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]

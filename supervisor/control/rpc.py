@@ -28,7 +28,14 @@ from supervisor.control.codes import (
     UNKNOWN_EXTENSION,
 )
 from supervisor.control.methods import METHODS, Backend, Notify
-from supervisor.errors import CallFailed, ConfigError, ExtensionUnavailable, SupervisorError, UnknownExtension
+from supervisor.errors import (
+    CallFailed,
+    ConfigError,
+    ExtensionUnavailable,
+    SupervisorError,
+    UnknownExtension,
+    first_line,
+)
 
 __all__ = ("encode_error", "encode_notification", "handle")
 
@@ -106,11 +113,6 @@ def _shorten(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
 
@@ -153,7 +155,7 @@ async def _dispatch(backend: Backend, request: _Request, notify: Notify) -> byte
         raise _application_error(exc) from None
     except Exception as exc:
         log.exception("control.handler_crashed", method=_shorten(request.method))
-        raise _RpcError(INTERNAL_ERROR, f"internal error: {_one_line(exc)}") from None
+        raise _RpcError(INTERNAL_ERROR, f"internal error: {first_line(exc)}") from None
 
 
 async def handle(backend: Backend, line: bytes, notify: Notify = _ignore) -> bytes | None:

@@ -14,12 +14,12 @@ import structlog
 
 from supervisor.config import settings as config
 from supervisor.config.settings import Settings
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, first_line
 from supervisor.extension.saved import prune
 from supervisor.extension.startup import default_slots
 from supervisor.extension.supervised import Extension
 
-__all__ = ("Reloading", "describe", "expect_launch")
+__all__ = ("Reloading", "expect_launch")
 
 log = structlog.get_logger(__name__)
 
@@ -86,7 +86,7 @@ class Reloading:
         except ConfigError:
             raise
         except Exception as exc:  # a loader bug: keep running on the old config, and say so
-            raise ConfigError([f"{self.config_path}: cannot be loaded ({describe(exc)})"]) from exc
+            raise ConfigError([f"{self.config_path}: cannot be loaded ({first_line(exc)})"]) from exc
         for warning in warnings:
             log.warning("config.client_keys_ignored", detail=warning)
         return settings
@@ -116,9 +116,3 @@ def expect_launch(ext: Extension, *, was_live: bool = False) -> None:
     """Let calls wait for what :meth:`Daemon._launch` is about to start (not a learning run)."""
     if was_live or (ext.config.autostart and not ext.config.on_demand):
         ext.expect_start()
-
-
-def describe(exc: BaseException) -> str:
-    """An error in one line: its type and the first line of its message."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

@@ -26,10 +26,9 @@ from supervisor.child.spool import Spool
 from supervisor.config.settings import Settings
 from supervisor.control import server as control
 from supervisor.daemon import fdlimits
-from supervisor.daemon.reload import describe
 from supervisor.daemon.root import Daemon
 from supervisor.daemon.systemd import Notifier, keep_watchdog
-from supervisor.errors import ConfigError, SupervisorError
+from supervisor.errors import ConfigError, SupervisorError, first_line
 from supervisor.gateway.http import HttpLimits, serve_http
 from supervisor.gateway.unix import serve_unix
 from supervisor.process import children as process
@@ -193,7 +192,7 @@ async def _reload_on_signal(daemon: Daemon) -> None:
             "daemon.reload_failed", errors=list(exc.errors), hint="still running on the previous config"
         )
     except Exception as exc:  # not from loading (that is a ConfigError): from applying the new config
-        log.exception("daemon.reload_failed", errors=[describe(exc)], hint="the reload may be incomplete")
+        log.exception("daemon.reload_failed", errors=[first_line(exc)], hint="the reload may be incomplete")
 
 
 FORCE_RESERVE = 5.0  # at most this much of shutdown_timeout is kept for killing what is left

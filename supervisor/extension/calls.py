@@ -20,7 +20,7 @@ from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.child import connection as transport
-from supervisor.errors import CallFailed, ExtensionUnavailable
+from supervisor.errors import CallFailed, ExtensionUnavailable, first_line
 from supervisor.extension.asking import Budget, Caller
 from supervisor.extension.state import State
 
@@ -200,7 +200,7 @@ class Calls:
             except CallFailed:
                 raise
             except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
-                log.warning("extension.bad_result", request=what, error=_first_line(exc))
+                log.warning("extension.bad_result", request=what, error=first_line(exc, typed=False))
                 raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
             finally:
                 self._in_flight -= 1
@@ -252,8 +252,3 @@ class Calls:
             message = f"extension {self.name!r} {ended} during the call to {what}; it may or may not have run"
             return CallFailed(message, code=exc.code)
         return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data, from_child=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]

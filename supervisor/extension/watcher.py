@@ -25,7 +25,7 @@ from mcp import MCPError
 
 from supervisor.child import connection as transport
 from supervisor.config import secrets as secretrefs
-from supervisor.errors import SpawnError
+from supervisor.errors import SpawnError, first_line
 from supervisor.extension import liveness, startup
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.extension.demand import tasks_working
@@ -143,7 +143,8 @@ class Watcher:
                 with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
                     await child.exited.wait()  # an exit during startup explains the failure best
             exit_status = _exit_status(child)
-            error = f"{exit_status.describe()} during startup" if exit_status else _first_line(exc)
+            failed = first_line(exc, typed=False)
+            error = f"{exit_status.describe()} during startup" if exit_status else failed
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
         finally:
             ticket.release()
@@ -298,7 +299,7 @@ class Watcher:
                     with anyio.fail_after(self.config.start_timeout):
                         fresh[kind] = await connection.list(kind)
                 except Exception as exc:  # TimeoutError, MCPError, a malformed listing: keep the old one
-                    log.warning("extension.listing_failed", kind=kind, error=_first_line(exc))
+                    log.warning("extension.listing_failed", kind=kind, error=first_line(exc, typed=False))
             if fresh and connection is self._connection:
                 if self.pins is not None and "tools" in fresh:
                     self.pins.observe(fresh["tools"])
@@ -326,8 +327,3 @@ def _exit_status(child: ChildProcess) -> ExitStatus | None:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]
