@@ -239,6 +239,16 @@ class TestStatus:
         assert captured.err == "mcp-supervisor: no extension named 'nope' is configured\n"
         assert captured.out == ""
 
+    async def test_the_socket_may_come_before_the_command(
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`mcp-supervisor --socket PATH status`, as supervisorctl -s and docker -H; after it wins."""
+        async with serving(short_tmp) as path:
+            assert await run("--socket", path, "status") == cli.EXIT_OK
+            assert capsys.readouterr().out.startswith("NAME")
+            assert await run("--socket", "/nowhere.sock", "status", "--socket", path) == cli.EXIT_OK
+            assert await run("--socket", "/nowhere.sock", "status") == cli.EXIT_UNREACHABLE
+
     async def test_the_socket_comes_from_the_environment(
         self, short_tmp: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -1,0 +1,142 @@
+"""The commands that work on files or run the daemon: check-config, import, client-config, daemon."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import sys
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+
+from supervisor import paths
+from supervisor.errors import ConfigError
+
+if TYPE_CHECKING:
+    from supervisor.config.settings import Settings
+
+from supervisor.cli.main import EXIT_OK, EXIT_USAGE, fail
+
+__all__ = ("check_config", "client_config", "daemon", "import_servers", "load_settings")
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def load_settings(
+    path: str,
+    overrides: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    from supervisor.config import (
+        settings as config,  # pydantic-settings: only the commands that read a config pay for it
+    )
+
+    try:
+        return config.load(path, overrides=overrides, warnings=warnings, environ=environ)
+    except ConfigError as exc:
+        if len(exc.errors) == 1 and exc.errors[0].startswith(path):
+            raise  # already names the file: "x.yaml: No such file or directory"
+        problems = "\n".join(f"  {line}" for line in exc.errors)
+        raise ConfigError([f"{path} is not valid:\n{problems}"]) from None
+
+
+def check_config(args: argparse.Namespace) -> int:
+    warnings: list[str] = []
+    settings = load_settings(args.config, warnings=warnings)
+    names = list(settings.extensions)
+    for warning in warnings:
+        fail(f"warning: {warning}")
+    if args.explain:
+        return _explain(settings, args.config, args.explain)
+    listed = f": {', '.join(names)}" if names else ""
+    print(f"{args.config}: OK ({len(names)} extension{'' if len(names) == 1 else 's'}{listed})")
+    return EXIT_OK
+
+
+def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
+    from supervisor.daemon.root import sandbox_context
+    from supervisor.process import sandbox
+
+    unknown = [name for name in names if name not in settings.extensions]
+    if unknown:
+        fail(f"no extension named {', '.join(map(repr, unknown))} in {config_path}")
+        return EXIT_USAGE
+    context = sandbox_context(settings, config_path=config_path, environ=os.environ)
+    for name in names:
+        print("\n".join(sandbox.explain_extension(name, settings.extensions[name], context)))
+    return EXIT_OK
+
+
+def import_servers(args: argparse.Namespace) -> int:
+    from supervisor.config import migrate
+
+    config_path = Path(os.path.expanduser(args.config or paths.default_config_path()))
+    request = migrate.Request(
+        args.file,
+        config_path,
+        force=args.force,
+        rewrite_client=args.rewrite_client,
+        dry_run=args.dry_run,
+        workspace=args.workspace,
+        project=args.project,
+        socket=args.socket,
+    )
+
+    def socket_of(path: Path, environ: Mapping[str, str]) -> str:
+        return load_settings(str(path), overrides={"socket": args.socket}, environ=dict(environ)).socket
+
+    migrate.run_import(request, load=socket_of, say=print)
+    return EXIT_OK
+
+
+def client_config(args: argparse.Namespace) -> int:
+    from supervisor.config import snippets as clientconfig
+
+    socket = args.socket
+    if socket is None and args.config:
+        socket = load_settings(args.config).socket
+    command_args = clientconfig.connect_args(socket, args.profile)
+    print(clientconfig.snippet(args.client, clientconfig.connect_command(), command_args))
+    return EXIT_OK
+
+
+def daemon(args: argparse.Namespace) -> int:
+    _return_big_buffers_to_the_system()  # before the imports below allocate and free big blocks
+    warnings: list[str] = []
+    settings = load_settings(args.config or paths.default_config_path(), {"socket": args.socket}, warnings)
+    from supervisor.daemon import run as daemon  # lazily: client commands need not import the whole daemon
+
+    path = args.config or paths.default_config_path()
+    overrides = {"socket": args.socket}
+    run = partial(daemon.run, settings, config_path=path, overrides=overrides, warnings=warnings)
+    _exit_now(anyio.run(run, backend="asyncio"))
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the daemon without the interpreter's teardown of its modules: that takes 0.3 s and more
+    on a busy host, counted against ``shutdown_timeout``, and by now every child, socket and
+    file is closed and every log line written."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _return_big_buffers_to_the_system() -> None:
+    """Serve every allocation over 1 MiB from its own mapping, returned to the OS when freed.
+
+    glibc raises its mmap threshold each time a big block is freed, after which multi-MB
+    messages come from the heap and a freed one is not always reusable: a 20 MiB image then
+    peaked at 4x its size in about half the calls instead of 2.7x (bench/media.py). Process-wide,
+    so the entry point decides it, as early as it can: startup frees also raise the thresholds.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10)  # the default, which startup frees have raised
