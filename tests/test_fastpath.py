@@ -18,8 +18,9 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor.gateway import fastpath
-from supervisor.gateway.fastpath import FastCall, expose_links
+from supervisor.gateway.fastpath import FastCall
 from supervisor.gateway.hello import HELLO_METHOD
+from supervisor.gateway.links import expose_json as expose_links
 from supervisor.gateway.unix import MAX_IN_FLIGHT
 
 from .conftest import eventually, extension_settings

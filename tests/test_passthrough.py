@@ -28,7 +28,7 @@ from supervisor.control import client
 from supervisor.control.methods import PROGRESS_INTERVAL
 from supervisor.extension import asking as callers
 from supervisor.extension.asking import MAX_ABANDONED
-from supervisor.gateway.asks.callers import MAX_ASKS
+from supervisor.gateway.session import MAX_ASKS
 
 from .conftest import eventually, extension_settings, first_text
 from .gateway_client import gateway_session

@@ -6,7 +6,6 @@ import random
 import sys
 import time
 from types import SimpleNamespace
-from typing import Any
 
 import mcp_types as types
 import pytest
@@ -193,72 +192,3 @@ class TestProjections:
 def test_search_limit_is_honoured(limit: int) -> None:
     index = Index(bank_documents())
     assert len(index.search("list all the things in github", limit)) <= limit
-
-
-class TestRoute:
-    def test_the_fast_path_route_honours_views(self, tmp_path: Any) -> None:
-        """Gateway.route: a direct target only when the client's view admits it; else the handler decides."""
-        from supervisor.extension.state import State
-        from supervisor.gateway.server import Gateway
-        from supervisor.gateway.view.profiles import Chosen
-
-        def ext(name: str, *tools: str) -> SimpleNamespace:
-            config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=["rm*"]))
-            snapshot = SimpleNamespace(state=State.RUNNING)
-            listing = _listing(*tools)
-            return SimpleNamespace(
-                name=name,
-                config=config,
-                snapshot=lambda: snapshot,
-                listing=lambda: listing,
-                offered=lambda: listing,
-                known_listing=lambda: listing,
-            )
-
-        backend = SimpleNamespace(extensions=lambda: [ext("fs", "read_file", "rm_file"), ext("git", "log")])
-        gateway = Gateway(
-            backend,
-            spool_dir=tmp_path,
-            profiles={"git": _profile(extensions=["git"]), "s": _profile(mode="search")},
-        )
-        assert gateway.route("fs__read_file") == ("fs", "read_file")
-        assert gateway.route("fs__rm_file") is None  # the extension's own filter
-        assert gateway.route("fs__read_file", Chosen("git")) is None
-        assert gateway.route("git__log", Chosen("git")) == ("git", "log")
-        assert gateway.route("search_tools", Chosen("s")) is None  # a meta-tool: the handler's
-        assert gateway.route("git__log", Chosen("gone")) is None
-
-    def test_cached_routes_follow_the_catalog_and_the_profiles_and_stay_bounded(self, tmp_path: Any) -> None:
-        """The fast path's route cache: a listing change, a profile change, and its size bound."""
-        from supervisor.extension.state import State
-        from supervisor.gateway import server
-        from supervisor.gateway.server import Gateway
-        from supervisor.gateway.view.profiles import Chosen
-
-        tools = ["read_file"]
-        config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=[]))
-        snapshot = SimpleNamespace(state=State.RUNNING)
-        listing = lambda: _listing(*tools)  # noqa: E731
-        fs = SimpleNamespace(
-            name="fs",
-            config=config,
-            snapshot=lambda: snapshot,
-            listing=listing,
-            offered=listing,
-            known_listing=listing,
-        )
-        gateway = Gateway(SimpleNamespace(extensions=lambda: [fs]), spool_dir=tmp_path, profiles={})
-        assert gateway.route("fs__read_file") == ("fs", "read_file")
-        assert gateway.route("fs__read_file") == ("fs", "read_file")  # now from the cache
-        tools[:] = ["write_file"]  # the child's tools changed
-        gateway.invalidate()
-        assert gateway.route("fs__read_file") is None
-        assert gateway.route("fs__write_file") == ("fs", "write_file")
-        gateway.views.configure({"p": _profile(tools=SimpleNamespace(allow=["*"], deny=["*write*"]))})
-        assert gateway.route("fs__write_file", Chosen("p")) is None
-        gateway.views.configure({"p": _profile()})  # a reload allows it again, same catalog
-        assert gateway.route("fs__write_file", Chosen("p")) == ("fs", "write_file")
-        for n in range(2 * server._MAX_ROUTES):  # as many views as clients could make up
-            assert gateway.route("fs__write_file", Chosen(f"x{n}")) is None
-            assert gateway.route(f"fs__made_up_{n}") is None  # unknown names are never kept
-        assert len(gateway._routes) <= server._MAX_ROUTES

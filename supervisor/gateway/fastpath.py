@@ -3,7 +3,7 @@
 Most of what a gateway does is pass tool calls through. On ``mcp.sock`` such a call is
 recognised from its line, resolved by name, sent to the child as plain JSON
 (:mod:`supervisor.child.rawcalls`) and answered with the child's result, its links rewritten as
-:meth:`Gateway._call_tool` rewrites them; the SDK never builds a model of it. Everything else
+:mod:`.links` rewrites them; the SDK never builds a model of it. Everything else
 (another method, a ``_meta`` beyond a progress token, an unknown or hidden tool, a client not
 yet past its handshake) takes the SDK's path, which is the reference for behaviour: the same
 waits, timeouts, errors, cancellation and bookkeeping (:meth:`Extension.call_tool_raw`).
@@ -27,17 +27,17 @@ import structlog
 
 from supervisor.child.rawcalls import encode
 from supervisor.errors import CallFailed, ExtensionUnavailable
-from supervisor.gateway.asks import callers as passthrough
-from supervisor.gateway.asks.callers import ClientLink, LinkedCaller
-from supervisor.gateway.names import expose_uri
+from supervisor.gateway.asks.callers import FastCaller
+from supervisor.gateway.links import expose_json
 from supervisor.gateway.progress import LatestProgress
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
     from supervisor.extension.supervised import Extension
-    from supervisor.gateway.server import Gateway
+    from supervisor.gateway.router import Router
+    from supervisor.gateway.session import Session
 
-__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "expose_links", "parse")
+__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "parse")
 
 log = structlog.get_logger(__name__)
 
@@ -108,20 +108,20 @@ def cancelled_id(line: bytes) -> RequestId | None:
 
 
 class FastCalls:
-    """The fast calls of one client connection, run in its task group, answered through *send*."""
+    """The fast calls of one client (*session*), run in its connection's task group, answered
+    through *send*; routed by *router*, spool links as *spool_prefix* begins them."""
 
-    def __init__(self, gateway: Gateway, send: Send) -> None:
-        self._gateway = gateway
+    def __init__(self, router: Router, spool_prefix: str, send: Send, session: Session) -> None:
+        self._router = router
+        self._spool_prefix = spool_prefix
         self._send = send
+        self._session = session
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
-        self.link = ClientLink()  # the SDK connection of this client: its child's questions go there
 
     def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
         context, *request*), if the fast path can serve it."""
-        connection = self.link.connection  # known once the client listed tools: so is its instance
-        client = passthrough.client_of(connection) if connection is not None else None
-        return self._gateway.route_tool(call.name, request, client)
+        return self._router.route_tool(call.name, request, self._session)
 
     def cancel(self, request_id: RequestId) -> None:
         for scope in self._running.get(request_id, ()):
@@ -170,7 +170,7 @@ class FastCalls:
         relay = _progress_relay(call.progress_token, self._send) if call.progress_token is not None else None
         try:
             result = await ext.call_tool_raw(
-                tool, call.arguments, progress=relay, caller=LinkedCaller(self.link)
+                tool, call.arguments, progress=relay, caller=FastCaller(self._session)
             )
         except (ExtensionUnavailable, CallFailed) as exc:
             if is_tool_error(exc):
@@ -178,30 +178,8 @@ class FastCalls:
             return _error(call.id, exc.code, str(exc), exc.data)
         content = result.get("content")
         if isinstance(content, list):
-            result["content"] = expose_links(ext.name, content, self._gateway.spool_prefix)
+            result["content"] = expose_json(ext.name, content, self._spool_prefix)
         return _response(call.id, result)
-
-
-def expose_links(extension: str, content: list[Any], spool_prefix: str) -> list[Any]:
-    """Content items as clients must read their URIs back: through the gateway. Pure.
-
-    The plain-JSON twin of the gateway's model-based rewrite; spool links stay as they are.
-    """
-    exposed = []
-    for item in content:
-        if isinstance(item, dict):
-            kind = item.get("type")
-            uri = item.get("uri")
-            if kind == "resource_link" and isinstance(uri, str) and not uri.startswith(spool_prefix):
-                item = {**item, "uri": expose_uri(extension, uri)}
-            elif (
-                kind == "resource"
-                and isinstance(resource := item.get("resource"), dict)
-                and isinstance(inner := resource.get("uri"), str)
-            ):
-                item = {**item, "resource": {**resource, "uri": expose_uri(extension, inner)}}
-        exposed.append(item)
-    return exposed
 
 
 def _progress_relay(token: RequestId, send: Send) -> LatestProgress:

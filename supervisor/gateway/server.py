@@ -8,9 +8,9 @@ change announcer and the :class:`~.fanout.Fanout` that carries notifications to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -23,19 +23,20 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor import __version__
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
-from supervisor.extension.pins import held_message
-from supervisor.extension.state import Listing, Snapshot, State
+from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway import spoollinks
-from supervisor.gateway.asks import callers as passthrough
 from supervisor.gateway.asks import inputrequired
-from supervisor.gateway.catalog import Catalog, Source
-from supervisor.gateway.names import expose, expose_uri, parse_uri
+from supervisor.gateway.catalog import Catalog
+from supervisor.gateway.links import expose_models
+from supervisor.gateway.names import expose_uri, parse_uri
 from supervisor.gateway.notify.downstream import MAX_SUBSCRIPTIONS, Downstream
 from supervisor.gateway.notify.fanout import Fanout
 from supervisor.gateway.notify.listen import Listen
 from supervisor.gateway.notify.releases import Releases
+from supervisor.gateway.router import Extensions, Router
+from supervisor.gateway.session import session_of
 from supervisor.gateway.tasks import router as tasks
 from supervisor.gateway.toolerrors import is_tool_error
 from supervisor.gateway.view.profiles import View, Views, call_meta, hidden_reason
@@ -50,20 +51,7 @@ INSTRUCTIONS = (
     "Tools, prompts and resources of every MCP server supervised by mcp-supervisor on this host. "
     "Names are EXTENSION__NAME; resource URIs are mcp-supervisor://EXTENSION/ORIGINAL-URI."
 )
-_MAX_ROUTES = 4096  # cached routes (catalog names x views in use); past it, the cache starts over
-_LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
-_NOTHING = Listing()  # what a stopped extension lists (one object: catalogs compare listings by identity)
 ResultT = TypeVar("ResultT")
-
-
-class Extensions(Protocol):
-    """What the gateway needs of the daemon."""
-
-    def extensions(self) -> Sequence[Extension]: ...
-
-    def instance_of(self, name: str, client: Any) -> Extension: ...
-
-    def existing_instance(self, name: str, client: Any) -> Extension | None: ...
 
 
 class _Server(Server[Any]):
@@ -103,17 +91,11 @@ class Gateway:
         self.views = Views(profiles)
         self._views_changed = False
         self._spool_dir = spool_dir
-        self._budget = name_budget
-        self._catalog = Catalog()
-        self._stale = True
-        # route()'s answers for the current catalog, by (name, view): glob matching per call
-        # costs more than the rest of routing; both keys are immutable, a new catalog clears it.
-        self._routes: dict[tuple[str, View], tuple[str, str] | None] = {}
-        self._routes_of = self._catalog
+        self.router = Router(backend, self.views, budget=name_budget)
         self._announced = Catalog()
         self._changed = anyio.Event()
         self.fanout = Fanout()
-        self.releases = Releases(self._extension, self.fanout.held)
+        self.releases = Releases(self.router.extension, self.fanout.held)
         self.fanout.on_released = self.releases.released
         self._resubscribing: dict[str, anyio.CancelScope] = {}  # extension -> its resubscribe task
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
@@ -142,12 +124,7 @@ class Gateway:
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
         self.tasks = tasks.TaskRouter(
-            self,
-            every=backend.extensions,
-            find=self._extension,
-            serving=self._serving,
-            existing=self._existing,
-            unavailable=UNAVAILABLE,
+            self.router, enroll=self.fanout.client, spool_prefix=self.spool_prefix, unavailable=UNAVAILABLE
         )
         self.tasks.install(self.server)
 
@@ -155,7 +132,7 @@ class Gateway:
 
     def invalidate(self, snapshot: Snapshot | None = None) -> None:
         """An extension changed (its new *snapshot*), or the set of extensions did. Sync."""
-        self._stale = True
+        self.router.invalidate()
         self._changed.set()
         if snapshot is None:
             names = {ext.name for ext in self._backend.extensions()}
@@ -173,7 +150,7 @@ class Gateway:
         """
         targets = [parse_uri(uri) for uri in self.fanout.subscribed()]
         uris = [target[1] for target in targets if target and target[0] == extension]
-        ext = self._extension(extension)
+        ext = self.router.extension(extension)
         if not uris or ext is None or self._tg is None:
             return
         if (previous := self._resubscribing.pop(extension, None)) is not None:
@@ -208,50 +185,15 @@ class Gateway:
     def _view(self, ctx: ServerRequestContext[Any]) -> View:
         return self.views.of(ctx.request)
 
-    def route(self, name: str, request: Any = None) -> tuple[str, str] | None:
-        """The (extension, tool) a ``tools/call`` of *name* goes to, for a client whose messages carry
-        *request* as their request context (None: no profile); None when the handler must decide
-        (a search-mode meta-tool, a name hidden from this view, an unknown one). Sync, for fast paths.
-        """
-        view, catalog = self.views.of(request), self.catalog()
-        if catalog is not self._routes_of or len(self._routes) >= _MAX_ROUTES:
-            self._routes, self._routes_of = {}, catalog
-        key = (name, view)
-        if key in self._routes:
-            return self._routes[key]
-        target = catalog.tool_names.resolve(name)
-        if target is None:
-            return None  # not cached: any name a client makes up would be
-        routed = self._routes[key] = target if view.admits(*target, name) else None
-        return routed
-
     def catalog(self) -> Catalog:
-        if self._stale:
-            self._stale = False
-            sources = []
-            for ext in self._backend.extensions():
-                listed = ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
-                listing = ext.offered() if listed else _NOTHING  # held tools (tools_on_change: hold) left out
-                known = ext.known_listing()  # its names stay its own while it does not run
-                config = ext.config
-                prefix = config.prefix or ext.name
-                known_if_other = known if known is not listing else None
-                sources.append(
-                    Source(ext.name, prefix, config.tools.allow, config.tools.deny, listing, known_if_other)
-                )
-            self._catalog = catalogs.build(sources, self._budget)
-        return self._catalog
+        """What clients see now (the router's)."""
+        return self.router.catalog()
 
     def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]:
-        """The name clients see for *tool* (None if hidden by a filter), and why it differs, if it does."""
-        catalog = self.catalog()
-        name = catalog.tool_names.exposed(extension, tool)
-        why = next((c.describe() for c in catalog.collisions if c.loser == (extension, tool)), None)
-        return name, why
+        return self.router.exposed(extension, tool)
 
     def collisions(self, extension: str) -> list[str]:
-        """Name collisions that cost *extension* a plain name, described."""
-        return [c.describe() for c in self.catalog().collisions if c.loser[0] == extension]
+        return self.router.collisions(extension)
 
     def holds(self, extension: str) -> bool:
         """Whether some client is subscribed to a resource of *extension* (it must not idle-stop)."""
@@ -315,7 +257,7 @@ class Gateway:
             per_client = source is not None and source.config.instances == "per-client"
 
             def hears(client: Downstream) -> bool:
-                if per_client and (owner is None or passthrough.known_client(client.connection) is not owner):
+                if per_client and (owner is None or client.session is not owner):
                     return False
                 return self.views.of(client.context).sees(extension)
 
@@ -326,8 +268,7 @@ class Gateway:
     # ---- handlers ------------------------------------------------------------------------
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        self.fanout.client(ctx)
-        passthrough.note(ctx)  # the fast path opens after a listing: its calls' client is now known
+        self.fanout.client(ctx)  # its Session now knows its connection: the fast path opens after this
         return types.ListToolsResult(tools=list(self.views.project(self.catalog(), self._view(ctx)).listed))
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:
@@ -348,24 +289,6 @@ class Gateway:
         templates = self.views.project(self.catalog(), self._view(ctx)).templates
         return types.ListResourceTemplatesResult(resource_templates=list(templates))
 
-    def route_tool(
-        self, name: str, request: Any = None, client: object = None
-    ) -> tuple[Extension, str] | None:
-        """:meth:`route`, with the extension that serves it (for per-client ones, *client*'s own
-        instance): for the fast path. None also where the SDK's path must say why not."""
-        target = self.route(name, request)
-        ext = self._extension(target[0]) if target is not None else None
-        if ext is None or target is None:
-            return None
-        if ext.config.instances == "per-client":
-            if client is None:
-                return None
-            try:
-                ext = self._backend.instance_of(ext.name, client)
-            except ExtensionUnavailable:
-                return None  # busy, held: the SDK's path answers as it always does
-        return ext, target[1]
-
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
@@ -380,33 +303,28 @@ class Gateway:
         if target is None or not view.admits(*target, params.name):
             return self._unknown_tool(params.name, view)
         extension, tool = target
-        ext = self._extension(extension)
+        ext = self.router.extension(extension)
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
-            ext = self._serving(ext, ctx)
+            ext = self.router.serving(ext, session_of(ctx))
             caller = inputrequired.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 result = await ext.call_tool(
                     tool, params.arguments, progress=_progress_relay(ctx), caller=caller
                 )
-            return result.model_copy(update={"content": self._expose_links(ext.name, result.content)})
+            return result.model_copy(
+                update={"content": expose_models(ext.name, result.content, self.spool_prefix)}
+            )
         except (ExtensionUnavailable, CallFailed) as exc:
             if is_tool_error(exc):
                 return _tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
 
-    def _owner_by_prefix(self, name: str) -> Extension | None:
-        """The extension whose prefix *name* has (prefixes are unique in the config)."""
-        return next(
-            (e for e in self._backend.extensions() if name.startswith(expose(e.config.prefix or e.name, ""))),
-            None,
-        )
-
     async def _resolved_once_running(self, name: str) -> tuple[str, str] | None:
         """*name* resolved again once the extension its prefix names runs, if it is on its way
         (starting, in backoff or a restart, with no listing known yet): within its call_timeout."""
-        ext = self._owner_by_prefix(name)
+        ext = self.router.owner_by_prefix(name)
         if ext is None or not ext.on_the_way:
             return None
         with anyio.move_on_after(ext.config.call_timeout):
@@ -415,11 +333,11 @@ class Gateway:
 
     def _unknown_tool(self, name: str, view: View) -> types.CallToolResult:
         """A tool this client cannot call: name the filter that hides it, or the extension not running."""
-        if (hidden := hidden_reason(self.catalog(), view, name, self._budget)) is not None:
+        if (hidden := hidden_reason(self.catalog(), view, name, self.router.budget)) is not None:
             raise MCPError(types.INVALID_PARAMS, hidden)
-        if (held := self._held_reason(name)) is not None:
+        if (held := self.router.held_reason(name)) is not None:
             raise MCPError(types.INVALID_PARAMS, held)
-        ext = self._owner_by_prefix(name)
+        ext = self.router.owner_by_prefix(name)
         state = ext.snapshot().state if ext is not None else State.RUNNING
         if ext is not None and ext.on_the_way:
             timeout = ext.config.call_timeout
@@ -434,15 +352,6 @@ class Gateway:
             )
         raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}; list tools again")
 
-    def _held_reason(self, name: str) -> str | None:
-        """Why *name* is refused if it is a tool held by ``tools_on_change: hold``, else None."""
-        for ext in self._backend.extensions():
-            changes = ext.pins.changes() if ext.pins is not None else {}
-            for change in changes.values():
-                if change.held and expose(ext.config.prefix or ext.name, change.tool, self._budget) == name:
-                    return held_message(ext.name, name, change)
-        return None
-
     async def _get_prompt(
         self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
@@ -455,26 +364,10 @@ class Gateway:
         request = types.GetPromptRequest(params=_forwarded(params, name=prompt))
         result = await self._forward(extension, ctx, request, types.GetPromptResult)
         messages = [
-            m.model_copy(update={"content": self._expose_links(extension, [m.content])[0]})
+            m.model_copy(update={"content": expose_models(extension, [m.content], self.spool_prefix)[0]})
             for m in result.messages
         ]
         return result.model_copy(update={"messages": messages})
-
-    def _expose_links(self, extension: str, content: Sequence[Any]) -> list[Any]:
-        """Resource URIs inside results, as clients must read them back: through the gateway.
-
-        Spool links stay ``file://`` links (the gateway serves those itself; a string test is
-        enough here, since ``resources/read`` checks the resolved path before serving anything).
-        """
-        exposed = []
-        for item in content:
-            if isinstance(item, types.ResourceLink) and not item.uri.startswith(self.spool_prefix):
-                item = item.model_copy(update={"uri": expose_uri(extension, item.uri)})
-            elif isinstance(item, types.EmbeddedResource):
-                resource = item.resource.model_copy(update={"uri": expose_uri(extension, item.resource.uri)})
-                item = item.model_copy(update={"resource": resource})
-            exposed.append(item)
-        return exposed
 
     async def _read_resource(
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
@@ -558,7 +451,7 @@ class Gateway:
     async def _roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         """Children whose roots came from this client list them again (its own instances too);
         no other child saw them."""
-        client = passthrough.client_of(ctx.session._connection)
+        client = session_of(ctx)
         for ext in self._backend.extensions():
             await ext.roots_changed(client)
             own = self._backend.existing_instance(ext.name, client)
@@ -572,29 +465,14 @@ class Gateway:
         if not view.sees(extension):
             raise MCPError(types.INVALID_PARAMS, f"extension {extension!r} is not in profile {view.label!r}")
 
-    def _serving(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension:
-        """The Extension that serves this client: its own instance when per-client."""
-        if ext.config.instances != "per-client":
-            return ext
-        return self._backend.instance_of(ext.name, passthrough.client_of(ctx.session._connection))
-
-    def _existing(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension | None:
-        """:meth:`_serving` without making an instance: None when this client has none."""
-        if ext.config.instances != "per-client":
-            return ext
-        return self._backend.existing_instance(ext.name, passthrough.client_of(ctx.session._connection))
-
-    def _extension(self, name: str) -> Extension | None:
-        return next((ext for ext in self._backend.extensions() if ext.name == name), None)
-
     async def _forward(
         self, extension: str, ctx: ServerRequestContext[Any], request: Any, result_type: type[ResultT]
     ) -> ResultT:
-        ext = self._extension(extension)
+        ext = self.router.extension(extension)
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
-            ext = self._serving(ext, ctx)
+            ext = self.router.serving(ext, session_of(ctx))
             caller = inputrequired.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)

@@ -10,7 +10,6 @@ other connections.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import json
@@ -25,11 +24,10 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from supervisor import sockets
 from supervisor.gateway import fastpath
-from supervisor.gateway.asks import callers as passthrough
 from supervisor.gateway.fastpath import FastCalls, RequestId
 from supervisor.gateway.hello import HELLO_METHOD
-from supervisor.gateway.notify.downstream import MAX_CONNECTIONS
 from supervisor.gateway.server import Gateway
+from supervisor.gateway.session import MAX_CONNECTIONS, MAX_IN_FLIGHT, Session, Slot, bind
 from supervisor.gateway.view.profiles import Chosen
 from supervisor.logs import Throttled
 
@@ -38,7 +36,6 @@ __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "s
 log = structlog.get_logger(__name__)
 
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
-MAX_IN_FLIGHT = 64  # unanswered requests per connection before we stop reading it
 LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
 
@@ -115,14 +112,12 @@ class _Connection:
 
     def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
         self.gateway, self.stream = gateway, stream
-        self._pending: dict[str | int, collections.deque[_Slot]] = {}  # unanswered requests by id
-        # fast_acquire: no loop round per request while slots are free; the reader still yields
-        # in receive(), and blocks here once MAX_IN_FLIGHT are unanswered.
-        self._slots = anyio.Semaphore(MAX_IN_FLIGHT, fast_acquire=True)
+        self.session = Session("unix")  # this client's: closed when the connection ends
+        self._in_flight = self.session.in_flight
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
-        self._fast = FastCalls(gateway, self._transmit)
+        self._fast = FastCalls(gateway.router, gateway.spool_prefix, self._transmit, self.session)
         self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
         self._chosen: Chosen | None = None  # the profile this connection asked for, if any
@@ -137,7 +132,7 @@ class _Connection:
                 self._scope = tg.cancel_scope
 
                 async def run_server() -> None:
-                    passthrough.bind(self._fast.link)  # its SDK tasks tie this client's fast calls to it
+                    bind(self.session)  # the SDK's tasks for this connection serve this client
                     await server.run(read_recv, write_send, server.create_initialization_options())
                     tg.cancel_scope.cancel()
 
@@ -145,7 +140,7 @@ class _Connection:
                 tg.start_soon(self._write, write_recv)
                 tg.start_soon(run_server)
         finally:
-            self._fast.link.close()  # its calls left waiting for input end with it
+            self.session.close()  # what is this client's goes with it: questions, instances, tasks...
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
@@ -184,9 +179,8 @@ class _Connection:
         route = self._fast.route(call, self._chosen) if call is not None else None
         if call is None or route is None:
             return False
-        slot = _Slot(self._slots)
-        self._pending.setdefault(call.id, collections.deque()).append(slot)
-        self._fast.start(tg, call, *route, functools.partial(self._settle, call.id, slot))
+        slot = self._in_flight.hold(call.id)
+        self._fast.start(tg, call, *route, functools.partial(self._in_flight.settle, call.id, slot))
         return True
 
     def _watching_listings(self) -> bool:
@@ -219,10 +213,10 @@ class _Connection:
                     if (cancelled := fastpath.cancelled_id(line)) is not None:
                         self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
                     elif fastpath.MARK in line:
-                        await self._take_slot()
+                        await self._in_flight.take()
                         if self._fast_call(line, tg):
                             continue
-                        self._slots.release()
+                        self._in_flight.give_back()
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
@@ -241,25 +235,17 @@ class _Connection:
                         self._handshake = True
                     elif message.method == "tools/list" and self._watching_listings():
                         self._listings.add(message.id)
-                    await self._take_slot()
-                    slot = _Slot(self._slots)
-                    self._pending.setdefault(message.id, collections.deque()).append(slot)
+                    await self._in_flight.take()
+                    slot = self._in_flight.hold(message.id)
 
-                    async def unanswered(request_id: str | int = message.id, slot: _Slot = slot) -> None:
-                        self._settle(request_id, slot)  # cancelled by the client: no answer will come
+                    async def unanswered(request_id: RequestId = message.id, slot: Slot = slot) -> None:
+                        self._in_flight.settle(request_id, slot)  # cancelled by the client: no answer comes
 
                     metadata = ServerMessageMetadata(
                         on_request_unanswered=unanswered, request_context=self._chosen
                     )
                 await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
-
-    async def _take_slot(self) -> None:
-        """One of :data:`MAX_IN_FLIGHT`; back-pressure: wait for an answer to go out when none is free."""
-        try:
-            self._slots.acquire_nowait()  # while free: no task lookup (a getpid on 3.11), no loop round
-        except anyio.WouldBlock:
-            await self._slots.acquire()
 
     async def _hello(
         self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
@@ -304,37 +290,10 @@ class _Connection:
                     continue
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and item.metadata is not _OURS and message.id is not None:
-                    self._settle(message.id, None)
+                    self._in_flight.settle(message.id)
                     if message.id in self._listings:  # the client listed tools: fast calls from now
                         self._listings.discard(message.id)
                         self._fast_ready |= isinstance(message, types.JSONRPCResponse)
-
-    def _settle(self, request_id: str | int, slot: _Slot | None) -> None:
-        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request."""
-        waiting = self._pending.get(request_id)
-        if not waiting:
-            return
-        if slot is None:
-            slot = waiting.popleft()
-        elif slot in waiting:
-            waiting.remove(slot)
-        if not waiting:
-            del self._pending[request_id]
-        slot.release()
-
-
-class _Slot:
-    """One request's share of :data:`MAX_IN_FLIGHT`; released once, however it ends."""
-
-    __slots__ = ("_released", "_semaphore")
-
-    def __init__(self, semaphore: anyio.Semaphore) -> None:
-        self._semaphore, self._released = semaphore, False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._semaphore.release()
 
 
 _LAST = ServerMessageMetadata()  # an error after which the connection ends

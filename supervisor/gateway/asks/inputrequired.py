@@ -50,11 +50,12 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from supervisor.gateway.asks import callers as passthrough
-from supervisor.gateway.asks.callers import MAX_ASKS, ClientLink, SessionCaller
+from supervisor.extension.asking import NOT_ANSWERABLE
+from supervisor.gateway.asks.callers import SessionCaller, capability_refusal, result_type
 from supervisor.gateway.asks.requeststate import HANDLE_BYTES, Seal
 from supervisor.gateway.owner import TaskOwner
 from supervisor.gateway.progress import LatestProgress
+from supervisor.gateway.session import MAX_ASKS, Session, bind, session_of
 from supervisor.gateway.view.profiles import SCOPE_KEY
 
 __all__ = (
@@ -88,7 +89,7 @@ class _Pending:
 @dataclass(eq=False)
 class _Call:
     handle: bytes
-    client: Hashable  # what a retry must come from: a ClientLink, or ("http", profile)
+    client: Hashable  # what a retry must come from: an mcp.sock Session, or ("http", profile)
     identity: tuple[str, str, Any]  # method, name or URI, arguments
     capabilities: types.ClientCapabilities | None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -112,7 +113,7 @@ class _Call:
 _CURRENT: ContextVar[tuple[InputRequired, _Call] | None] = ContextVar("mcp_supervisor_parked", default=None)
 
 
-def caller(ctx: ServerRequestContext[Any]) -> passthrough.SessionCaller | _Caller:
+def caller(ctx: ServerRequestContext[Any]) -> SessionCaller | _Caller:
     """Who a child's questions go to during the request of *ctx*: its parked call, if it has one."""
     current = _CURRENT.get()
     return _Caller(*current) if current is not None else SessionCaller(ctx)
@@ -159,14 +160,14 @@ class _Caller:
 
     def refusal(self, method: str) -> str | None:
         call = self._call
-        refusal = passthrough.capability_refusal(call.capabilities, method)
+        refusal = capability_refusal(call.capabilities, method)
         if refusal is None and len(call.pending) >= MAX_ASKS:
             refusal = f"the call has {MAX_ASKS} requests waiting for the client already"
         return refusal if refusal is not None else self._table.room_for(call)
 
     async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         if (refusal := self.refusal(request.method)) is not None:
-            raise MCPError(passthrough.NOT_ANSWERABLE, refusal)
+            raise MCPError(NOT_ANSWERABLE, refusal)
         self._call.patience = patience
         pending = self._table.ask(self._call, request)
         try:
@@ -186,7 +187,7 @@ class InputRequired(TaskOwner):
         self._calls: dict[bytes, _Call] = {}
         self._slots: dict[Hashable, set[_Call]] = {}
         self._retired: collections.OrderedDict[bytes, str] = collections.OrderedDict()
-        self._watched: set[int] = set()  # id() of the links whose close we hear of
+        self._watched: set[int] = set()  # id() of the sessions whose close we hear of
 
     def __len__(self) -> int:
         """Calls waiting for input, or for their client's retry with it."""
@@ -226,8 +227,8 @@ class InputRequired(TaskOwner):
         _CURRENT.set((self, call))
         # Its per-client instance: its mcp.sock connection's; over HTTP (no sessions) none (a
         # per-client extension refuses such a call: see instances.SESSIONLESS).
-        link = call.client if isinstance(call.client, ClientLink) else ClientLink(lasting=False)
-        passthrough.bind(link)
+        session = call.client if isinstance(call.client, Session) else Session("http", lasting=False)
+        bind(session)
         outcome: tuple[Any, BaseException | None] = (
             None,
             MCPError(types.INTERNAL_ERROR, "the call was cancelled"),
@@ -243,8 +244,8 @@ class InputRequired(TaskOwner):
             call.wake()
             if not call.attended:
                 self._retire(call, self._why_ended(call, outcome))
-            if link is not call.client:
-                link.close()
+            if session is not call.client:
+                session.close()
 
     def _why_ended(self, call: _Call, outcome: tuple[Any, BaseException | None]) -> str:
         patience, parked_at = call.patience, call.parked_at
@@ -325,7 +326,7 @@ class InputRequired(TaskOwner):
             call.slot = True
             self._slots.setdefault(call.client, set()).add(call)
             client = call.client
-            if isinstance(client, ClientLink) and id(client) not in self._watched:
+            if isinstance(client, Session) and id(client) not in self._watched:
                 self._watched.add(id(client))
                 client.on_close(lambda: self._client_gone(client))
         call.asked += 1
@@ -334,7 +335,7 @@ class InputRequired(TaskOwner):
         call.wake()
         return pending
 
-    def _client_gone(self, client: ClientLink) -> None:
+    def _client_gone(self, client: Session) -> None:
         self._watched.discard(id(client))
         for call in list(self._slots.get(client, ())):
             call.scope.cancel()
@@ -378,7 +379,7 @@ class InputRequired(TaskOwner):
                 )
             data = response.model_dump(by_alias=True, mode="json", exclude_none=True)
             try:
-                answer = passthrough.result_type(pending.request).model_validate(data, by_name=False)
+                answer = result_type(pending.request).model_validate(data, by_name=False)
             except ValidationError as exc:
                 method = pending.request.method
                 _refuse(f"inputResponses[{key!r}] is not an answer to {method}: {exc.errors()[:1]}")
@@ -426,10 +427,10 @@ def _issued(key: str, call: _Call) -> bool:
 
 
 def _client(ctx: ServerRequestContext[Any]) -> Hashable:
-    """What a retry must come from: the mcp.sock connection, or on HTTP (no sessions) the profile."""
-    link = passthrough.current_link()
-    if link is not None:
-        return link
+    """What a retry must come from: the mcp.sock client, or on HTTP (no sessions) the profile."""
+    session = session_of(ctx)
+    if session.listener == "unix":
+        return session
     scope = getattr(ctx.request, "scope", None)
     return ("http", scope.get(SCOPE_KEY) if isinstance(scope, dict) else None)
 

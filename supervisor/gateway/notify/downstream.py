@@ -17,7 +17,6 @@ from mcp.server.connection import Connection
 
 __all__ = (
     "LOG_LEVELS",
-    "MAX_CONNECTIONS",
     "MAX_LOG_DATA",
     "MAX_PENDING_LOGS",
     "MAX_SUBSCRIPTIONS",
@@ -27,7 +26,6 @@ __all__ = (
 log = structlog.get_logger(__name__)
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-MAX_CONNECTIONS = 256  # clients at once on mcp.sock (and HTTP sessions); one more is turned away
 MAX_PENDING_LOGS = 256  # per client; past it the oldest are dropped and counted
 MAX_SUBSCRIPTIONS = 1_000  # resource URIs one client may subscribe to
 MAX_LOG_DATA = 16 << 10  # characters of one log message's data kept for clients; the rest is cut
@@ -36,9 +34,10 @@ MAX_LOG_DATA = 16 << 10  # characters of one log message's data kept for clients
 class Downstream:
     """The gateway's state for one client connection (an SDK server ``Connection``)."""
 
-    def __init__(self, connection: Connection, context: Any = None) -> None:
+    def __init__(self, connection: Connection, context: Any = None, session: Any = None) -> None:
         self.connection = connection
         self.context = context  # its first request's context: which view (profile) it has
+        self.session = session  # whose it is (gateway.session.Session)
         self.log_level: str | None = None  # None: the client never asked for log messages
         self.subscriptions: set[str] = set()  # exposed resource URIs
         self.dropped_logs = 0

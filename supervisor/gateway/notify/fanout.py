@@ -10,6 +10,7 @@ everything it holds is bounded by the number of connections and requests.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,7 +19,6 @@ from typing import Any
 import anyio
 import structlog
 from mcp.server import ServerRequestContext
-from mcp.server.connection import Connection
 from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.subscriptions import (
     PromptsListChanged,
@@ -26,12 +26,12 @@ from mcp.shared.subscriptions import (
     ResourceUpdated,
     ToolsListChanged,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from supervisor.gateway.asks import inputrequired
 from supervisor.gateway.notify.downstream import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
 from supervisor.gateway.notify.requestlogs import FLUSH_SECONDS, RequestLog, asked_levels
 from supervisor.gateway.owner import TaskOwner
+from supervisor.gateway.session import session_of
 
 __all__ = ("Fanout",)
 
@@ -45,7 +45,7 @@ class Fanout(TaskOwner):
 
     def __init__(self) -> None:
         self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
-        self._clients: dict[int, Downstream] = {}  # by id() of the SDK connection
+        self._clients: dict[Downstream, None] = {}  # each handshake-era client's, in arrival order
         self._subscribers: dict[str, int] = {}  # exposed URI -> clients and listen streams holding it
         self._held: dict[object, int] = {}  # a 2026-07-28 client -> URIs its listen streams hold
         self._request_logs: dict[int, set[RequestLog]] = {}  # id() of an Extension -> requests in it
@@ -62,20 +62,18 @@ class Fanout(TaskOwner):
     # ---- who is listening ----------------------------------------------------------------
 
     def client(self, ctx: ServerRequestContext[Any]) -> Downstream | None:
-        """The handshake-era client behind *ctx*, tracked from its first request until it closes."""
-        connection: Connection = ctx.session._connection  # the SDK has no public accessor (2.3)
-        client = self._clients.get(id(connection))
-        if client is not None or self._tg is None:
-            return client
-        if (
-            connection.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
-            or not connection.has_standalone_channel
-        ):
+        """The notifications of the handshake-era client behind *ctx* (its Session's), tracked from
+        its first request until it closes; None for 2026-07-28 clients (subscriptions/listen)."""
+        session = session_of(ctx)
+        if session.notifications is not None or self._tg is None:
+            return session.notifications
+        connection = session.connection
+        if connection is None or session.closed:
             return None  # 2026-07-28 clients get their events through subscriptions/listen
-        client = Downstream(connection, ctx.request)
+        client = session.notifications = Downstream(connection, ctx.request, session)
         scope = anyio.CancelScope()
-        self._clients[id(connection)] = client
-        connection.exit_stack.callback(self._forget, id(connection), scope)
+        self._clients[client] = None
+        session.on_close(functools.partial(self._forget, client, scope))
 
         async def serve() -> None:
             with scope:
@@ -87,10 +85,9 @@ class Fanout(TaskOwner):
         self._tg.start_soon(serve)
         return client
 
-    def _forget(self, key: int, scope: anyio.CancelScope) -> None:
+    def _forget(self, client: Downstream, scope: anyio.CancelScope) -> None:
         scope.cancel()
-        client = self._clients.pop(key, None)
-        if client is not None:
+        if self._clients.pop(client, False) is None:
             for uri in client.subscriptions:
                 self._unref(uri)
 
@@ -151,7 +148,7 @@ class Fanout(TaskOwner):
     # ---- what they hear ------------------------------------------------------------------
 
     async def lists_changed(self, kinds: set[str]) -> None:
-        for client in self._clients.values():
+        for client in self._clients:
             client.lists_changed(kinds)
         for kind in sorted(kinds):
             await self.bus.publish(_EVENTS[kind])
@@ -166,7 +163,7 @@ class Fanout(TaskOwner):
     ) -> None:
         """A log message of Extension *source*: to the requests in it that asked, and to the
         clients that asked and *hears* lets hear it (what their view shows; their own instances)."""
-        clients = [client for client in self._clients.values() if client.wants(level) and hears(client)]
+        clients = [client for client in self._clients if client.wants(level) and hears(client)]
         requests = [request for request in self._request_logs.get(id(source), ()) if level in request.levels]
         if not clients and not requests:
             return
@@ -204,7 +201,7 @@ class Fanout(TaskOwner):
 
     def resource_updated(self, uri: str) -> None:
         if uri in self._subscribers:
-            for client in self._clients.values():
+            for client in self._clients:
                 client.resource_updated(uri)
         if len(self._updated) < MAX_SUBSCRIPTIONS:  # for 2026-07-28 listeners; they filter by URI
             self._updated[uri] = None

@@ -23,15 +23,15 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.server.subscriptions import ListenHandler
 
-from supervisor.gateway.asks import callers as passthrough
-from supervisor.gateway.notify.downstream import MAX_CONNECTIONS, MAX_SUBSCRIPTIONS
+from supervisor.gateway.notify.downstream import MAX_SUBSCRIPTIONS
 from supervisor.gateway.notify.fanout import Fanout
+from supervisor.gateway.session import MAX_CONNECTIONS, Session, session_of
 
 __all__ = ("MAX_HTTP_LISTENS", "MAX_LISTENS", "Listen")
 
 MAX_LISTENS = 16  # listen streams open at once per mcp.sock client
 MAX_HTTP_LISTENS = 256  # ... and over HTTP, all together
-_HTTP = object()  # the pool HTTP streams are counted in
+_HTTP = "http"  # the pool HTTP streams are counted in
 
 Subscribe = Callable[[ServerRequestContext[Any], str], Awaitable[None]]  # (ctx, exposed URI); raises
 
@@ -45,21 +45,22 @@ class Listen:
         self._handler = ListenHandler(
             fanout.bus, max_subscriptions=MAX_LISTENS * MAX_CONNECTIONS + MAX_HTTP_LISTENS
         )
-        self._open: dict[object, int] = {}  # mcp.sock client link, or _HTTP -> its streams open
+        self._open: dict[Session | str, int] = {}  # an mcp.sock client, or _HTTP -> its streams open
 
     async def __call__(
         self, ctx: ServerRequestContext[Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        link = passthrough.current_link()
-        pool = link if link is not None else _HTTP
-        limit = MAX_LISTENS if link is not None else MAX_HTTP_LISTENS
+        session = session_of(ctx)
+        own = session.listener == "unix"  # over HTTP (no sessions at 2026-07-28) streams share one bound
+        pool: Session | str = session if own else _HTTP
+        limit = MAX_LISTENS if own else MAX_HTTP_LISTENS
         if self._open.get(pool, 0) >= limit:
-            whose = "per client" if link is not None else "over HTTP in all"
+            whose = "per client" if own else "over HTTP in all"
             raise MCPError(types.INVALID_REQUEST, f"at most {limit} listen streams at once {whose}")
         self._open[pool] = self._open.get(pool, 0) + 1
         try:
-            # The client: its mcp.sock connection; over HTTP (no sessions at 2026-07-28) the stream.
-            return await self._serve(ctx, params, link or ctx.session._connection)  # no public accessor
+            # The client: its mcp.sock connection's; over HTTP the stream's own Session.
+            return await self._serve(ctx, params, session)
         finally:
             if left := self._open[pool] - 1:
                 self._open[pool] = left

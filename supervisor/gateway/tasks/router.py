@@ -28,7 +28,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -41,15 +41,16 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
 from supervisor.extension.state import State
-from supervisor.gateway.asks import callers as passthrough
-from supervisor.gateway.fastpath import expose_links
+from supervisor.gateway.asks.callers import SessionCaller
+from supervisor.gateway.links import expose_json
 from supervisor.gateway.progress import LatestProgress
+from supervisor.gateway.session import session_of
 from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
     from supervisor.extension.supervised import Extension
-    from supervisor.gateway.server import Gateway
+    from supervisor.gateway.router import Router
 
 __all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter", "declare", "parse_task_id", "task_id")
 
@@ -114,19 +115,15 @@ class TaskRouter:
 
     def __init__(
         self,
-        gateway: Gateway,
+        router: Router,
         *,
-        every: Callable[[], Sequence[Extension]],
-        find: Callable[[str], Extension | None],
-        serving: Callable[[Extension, Context], Extension],
-        existing: Callable[[Extension, Context], Extension | None],
+        enroll: Callable[[Context], object],
+        spool_prefix: str,
         unavailable: int,
     ) -> None:
-        self._gateway = gateway
-        self._every = every  # the configured extensions
-        self._find = find  # one of them by name
-        self._serving = serving  # the instance that serves a client (its own one when per-client)
-        self._existing = existing  # the same, but None rather than a new instance
+        self._router = router  # names to extensions, and the instance that serves a client
+        self._enroll = enroll  # a client's first request: it hears list changes from now on
+        self._spool_prefix = spool_prefix
         self.owners = Owners()  # task id -> the client that created it
         self._unavailable = unavailable  # the JSON-RPC code for "the extension is not running"
 
@@ -154,8 +151,8 @@ class TaskRouter:
         name, arguments, task = params.get("name"), params.get("arguments"), params.get("task")
         if not isinstance(name, str) or not isinstance(arguments, dict | None) or not isinstance(task, dict):
             raise _invalid("tools/call: name must be a string, arguments and task objects")
-        target = self._gateway.route(name, ctx.request)
-        ext = self._find(target[0]) if target is not None else None
+        target = self._router.route(name, ctx.request)
+        ext = self._router.extension(target[0]) if target is not None else None
         if target is None or ext is None:
             return await call_next(ctx)  # a meta-tool, a hidden or unknown tool: the usual answer
         tool = target[1]
@@ -165,14 +162,14 @@ class TaskRouter:
                 types.METHOD_NOT_FOUND,
                 f"tool {name!r} cannot run as a task (its execution.taskSupport is {support or 'absent'})",
             )
-        self._gateway.fanout.client(ctx)
+        self._enroll(ctx)
         forwarded: dict[str, Any] = {"name": tool, "task": task}
         if arguments is not None:
             forwarded["arguments"] = arguments
         try:
-            ext = self._serving(ext, ctx)
+            ext = self._router.serving(ext, session_of(ctx))
             result, marker = await ext.request_raw(
-                "tools/call", forwarded, progress=_relay(ctx), caller=passthrough.SessionCaller(ctx)
+                "tools/call", forwarded, progress=_relay(ctx), caller=SessionCaller(ctx)
             )
         except (ExtensionUnavailable, CallFailed) as exc:
             if is_tool_error(exc):
@@ -218,13 +215,13 @@ class TaskRouter:
         if not self.owners.owns(_client(ctx), value):  # another client's task: as if it did not exist
             raise _invalid(f"unknown task id {value[:200]!r}", taskId=value[:200])
         extension, run, child_id = parsed
-        ext = self._find(extension)
+        ext = self._router.extension(extension)
         if ext is None:
             raise _invalid(f"unknown task id {value[:200]!r}: no extension {extension!r}", taskId=value[:200])
-        view = self._gateway.views.of(ctx.request)
+        view = self._router.views.of(ctx.request)
         if not view.sees(extension):
             raise _invalid(f"extension {extension!r} is not in profile {view.label!r}", taskId=value[:200])
-        serving = self._existing(ext, ctx)
+        serving = self._router.existing(ext, session_of(ctx))
         if serving is None:  # its own instance is gone (stopped by hand): so are its tasks
             raise _invalid(
                 f"task {value[:200]!r} is gone: extension {extension!r} stopped its instance for this client",
@@ -258,9 +255,7 @@ class TaskRouter:
         """
         try:
             run = _run_of(ext.run_marker) or ""
-            caller = TaskCaller(
-                passthrough.SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id)
-            )
+            caller = TaskCaller(SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id))
             result, _ = await ext.request_raw(
                 method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
             )
@@ -323,10 +318,10 @@ class TaskRouter:
     def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Extension, str]]:
         """(extension serving this client, its run) for each running one that lists tasks and where
         the client has tasks (*runs*: its (extension, run) pairs), by name. Never makes an instance."""
-        view = self._gateway.views.of(ctx.request)
+        view = self._router.views.of(ctx.request)
         sources = []
-        for shared in sorted(self._every(), key=lambda e: e.name):
-            ext = self._existing(shared, ctx) if view.sees(shared.name) else None
+        for shared in sorted(self._router.extensions(), key=lambda e: e.name):
+            ext = self._router.existing(shared, session_of(ctx)) if view.sees(shared.name) else None
             if ext is None:
                 continue
             capabilities, run = ext.capabilities, _run_of(ext.run_marker)
@@ -363,7 +358,7 @@ class TaskRouter:
         """A task's result (a tool result): links and the related-task id as clients read them."""
         content = result.get("content")
         if isinstance(content, list):
-            result = {**result, "content": expose_links(extension, content, self._gateway.spool_prefix)}
+            result = {**result, "content": expose_json(extension, content, self._spool_prefix)}
         meta = result.get("_meta")
         related = meta.get(RELATED_TASK) if isinstance(meta, dict) else None
         if isinstance(meta, dict) and isinstance(related, dict) and isinstance(related.get("taskId"), str):
@@ -383,7 +378,7 @@ def _task_support(ext: Extension, tool: str) -> str | None:
 
 def _client(ctx: Context) -> object:
     """The object that stands for the calling client (the same one its per-client instances use)."""
-    return passthrough.client_of(ctx.session._connection)  # the SDK has no public accessor (2.3)
+    return session_of(ctx)
 
 
 def _relay(ctx: Context) -> LatestProgress:
