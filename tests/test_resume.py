@@ -9,19 +9,8 @@ from typing import Any
 
 import pytest
 
-from supervisor.cli.connect.resume import (
-    HEAD,
-    MAX_IN_FLIGHT,
-    PARSE_WHOLE,
-    Downstream,
-    Kind,
-    LineBuffer,
-    Oversize,
-    Peek,
-    SessionMemory,
-    error_line,
-    peek,
-)
+from supervisor.cli.connect.lines import HEAD, PARSE_WHOLE, Kind, LineBuffer, Oversize, Peek, error_line, peek
+from supervisor.cli.connect.resume import MAX_IN_FLIGHT, Downstream, SessionMemory
 
 
 def dumps(message: dict[str, Any]) -> bytes:

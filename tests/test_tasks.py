@@ -25,8 +25,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError
 from pydantic import TypeAdapter
 
+from supervisor.gateway.tasks.ids import MAX_ID_LENGTH, parse_task_id, task_id
 from supervisor.gateway.tasks.owners import Owners
-from supervisor.gateway.tasks.router import MAX_ID_LENGTH, MAX_LIST_REQUESTS, MAX_PAGE, parse_task_id, task_id
+from supervisor.gateway.tasks.router import MAX_LIST_REQUESTS, MAX_PAGE
 
 from .conftest import extension_settings, first_text
 from .gateway_client import MAX_LINE, gateway_session, unix_transport

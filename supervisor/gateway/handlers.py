@@ -23,7 +23,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
 from supervisor.extension.state import State
 from supervisor.gateway import spoollinks
-from supervisor.gateway.asks import inputrequired
+from supervisor.gateway.asks import parked
 from supervisor.gateway.links import expose_models
 from supervisor.gateway.names import expose_uri, parse_uri
 from supervisor.gateway.notify.downstream import MAX_SUBSCRIPTIONS
@@ -85,7 +85,7 @@ class Handlers:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
             ext = self.router.serving(ext, session_of(ctx))
-            caller = inputrequired.caller(ctx)
+            caller = parked.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 result = await ext.call_tool(
                     tool, params.arguments, progress=_progress_relay(ctx), caller=caller
@@ -250,7 +250,7 @@ class Handlers:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
             ext = self.router.serving(ext, session_of(ctx))
-            caller = inputrequired.caller(ctx)
+            caller = parked.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)
         except ExtensionUnavailable as exc:
@@ -271,7 +271,7 @@ def _forwarded(params: Any, **changes: Any) -> Any:
 
 def _progress_relay(ctx: ServerRequestContext[Any]) -> ProgressFnT:
     """Progress from the child, back to the client that asked (a no-op if it sent no token)."""
-    return inputrequired.progress(ctx)
+    return parked.progress(ctx)
 
 
 def _tool_error(text: str) -> types.CallToolResult:

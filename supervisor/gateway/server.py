@@ -34,6 +34,7 @@ from supervisor.gateway.notify.listen import Listen
 from supervisor.gateway.notify.releases import Releases
 from supervisor.gateway.router import Extensions, Router
 from supervisor.gateway.tasks import router as tasks
+from supervisor.gateway.tasks.ids import declare
 from supervisor.gateway.view.profiles import Views
 
 __all__ = ("UNAVAILABLE", "Extensions", "Gateway")
@@ -56,9 +57,9 @@ class _Server(Server[Any]):
         return super().create_initialization_options(notification_options or everything, *args, **kwargs)
 
     def get_capabilities(self, *args: Any, protocol_version: str | None = None, **kwargs: Any) -> Any:
-        """Tasks too, for handshake-era clients (see :func:`.tasks.declare`)."""
+        """Tasks too, for handshake-era clients (see :func:`.tasks.ids.declare`)."""
         capabilities = super().get_capabilities(*args, protocol_version=protocol_version, **kwargs)
-        return tasks.declare(capabilities, protocol_version)
+        return declare(capabilities, protocol_version)
 
 
 class Gateway(Handlers):

@@ -21,16 +21,8 @@ from typing import Any
 
 import anyio
 
-from supervisor.cli.connect.resume import (
-    Downstream,
-    Kind,
-    LineBuffer,
-    Oversize,
-    Peek,
-    SessionMemory,
-    error_line,
-    peek,
-)
+from supervisor.cli.connect.lines import Kind, LineBuffer, Oversize, Peek, error_line, peek
+from supervisor.cli.connect.resume import Downstream, SessionMemory
 
 __all__ = (
     "MAX_CLIENT_LINE",

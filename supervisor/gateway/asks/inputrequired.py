@@ -36,8 +36,6 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -46,16 +44,15 @@ import mcp_types as types
 import structlog
 from mcp import MCPError
 from mcp.server import ServerRequestContext
-from mcp.shared.dispatcher import ProgressFnT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from supervisor.extension.asking import NOT_ANSWERABLE
-from supervisor.gateway.asks.callers import SessionCaller, capability_refusal, result_type
+from supervisor.gateway.asks.callers import result_type
+from supervisor.gateway.asks.parked import Parked, Pending, serve_parked
 from supervisor.gateway.asks.requeststate import HANDLE_BYTES, Seal
 from supervisor.gateway.owner import TaskOwner
 from supervisor.gateway.progress import LatestProgress
-from supervisor.gateway.session import MAX_ASKS, Session, bind, session_of
+from supervisor.gateway.session import Session, bind, session_of
 from supervisor.gateway.view.profiles import SCOPE_KEY
 
 __all__ = (
@@ -63,9 +60,6 @@ __all__ = (
     "MAX_PARKED_PER_CLIENT",
     "MAX_RETIRED",
     "InputRequired",
-    "attending",
-    "caller",
-    "progress",
 )
 
 log = structlog.get_logger(__name__)
@@ -77,115 +71,13 @@ ParamsT = TypeVar("ParamsT", bound=types.InputResponseRequestParams)
 Handler = Callable[[ServerRequestContext[Any], ParamsT], Awaitable[Any]]
 
 
-@dataclass(eq=False)
-class _Pending:
-    key: str
-    request: types.InputRequest
-    answered: anyio.Event = field(default_factory=anyio.Event)
-    answer: types.ClientResult | None = None
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class _Call:
-    handle: bytes
-    client: Hashable  # what a retry must come from: an mcp.sock Session, or ("http", profile)
-    identity: tuple[str, str, Any]  # method, name or URI, arguments
-    capabilities: types.ClientCapabilities | None
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    changed: anyio.Event = field(default_factory=anyio.Event)
-    pending: dict[str, _Pending] = field(default_factory=dict)
-    asked: int = 0  # requests from the child so far: their keys
-    round: int = 0  # of the requestState the client holds (0: none yet)
-    attended: bool = False
-    slot: bool = False  # counted in the bounds: it has been waiting for input
-    relay: ProgressFnT | None = None  # the attending request's progress
-    attendant: ServerRequestContext[Any] | None = None  # the attending request (its log messages)
-    outcome: tuple[Any, BaseException | None] | None = None
-    parked_at: float | None = None  # when its last input-required result went out, unanswered since
-    patience: float | None = None  # its extension's call_timeout: how long a retry may take
-
-    def wake(self) -> None:
-        self.changed.set()
-        self.changed = anyio.Event()
-
-
-_CURRENT: ContextVar[tuple[InputRequired, _Call] | None] = ContextVar("mcp_supervisor_parked", default=None)
-
-
-def caller(ctx: ServerRequestContext[Any]) -> SessionCaller | _Caller:
-    """Who a child's questions go to during the request of *ctx*: its parked call, if it has one."""
-    current = _CURRENT.get()
-    return _Caller(*current) if current is not None else SessionCaller(ctx)
-
-
-def attending(ctx: ServerRequestContext[Any]) -> Callable[[], ServerRequestContext[Any] | None]:
-    """Which request serves the client of the request of *ctx* at a given moment: that request, or
-    whichever attends its parked call (None while nobody does)."""
-    current = _CURRENT.get()
-    if current is None:
-        return lambda: ctx
-    call = current[1]
-    return lambda: call.attendant
-
-
-def progress(ctx: ServerRequestContext[Any]) -> ProgressFnT:
-    """Where a child's progress goes during the request of *ctx*: whichever request attends its call."""
-    current = _CURRENT.get()
-    if current is None:
-        return LatestProgress(ctx.session.report_progress)
-    call = current[1]
-
-    async def relay(value: float, total: float | None, message: str | None) -> None:
-        if call.relay is not None:  # parked: nobody to tell
-            try:
-                await call.relay(value, total, message)
-            except Exception as exc:  # that request was answered, or its client went, meanwhile
-                log.debug("gateway.progress_dropped", error=str(exc)[:200])
-
-    return relay
-
-
-class _Caller:
-    """A parked call's client, as its child's questions see it (see :mod:`supervisor.extension.asking`)."""
-
-    def __init__(self, table: InputRequired, call: _Call) -> None:
-        self._table, self._call = table, call
-
-    @property
-    def client(self) -> object:
-        # Each call is a client of its own: a question put to the wrong parked call would wait for
-        # a retry that may never come, and over stdio a child's request does not say which it serves.
-        return self._call
-
-    def refusal(self, method: str) -> str | None:
-        call = self._call
-        refusal = capability_refusal(call.capabilities, method)
-        if refusal is None and len(call.pending) >= MAX_ASKS:
-            refusal = f"the call has {MAX_ASKS} requests waiting for the client already"
-        return refusal if refusal is not None else self._table.room_for(call)
-
-    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
-        if (refusal := self.refusal(request.method)) is not None:
-            raise MCPError(NOT_ANSWERABLE, refusal)
-        self._call.patience = patience
-        pending = self._table.ask(self._call, request)
-        try:
-            await pending.answered.wait()
-        finally:
-            self._call.pending.pop(pending.key, None)
-        if pending.answer is None:
-            raise MCPError(types.CONNECTION_CLOSED, pending.error or "the client did not answer")
-        return pending.answer
-
-
 class InputRequired(TaskOwner):
     """The calls of 2026-07-28 clients that may wait for input, and their tasks (:meth:`run`)."""
 
     def __init__(self) -> None:
         self._seal = Seal()  # a key per daemon run: a restart voids every requestState
-        self._calls: dict[bytes, _Call] = {}
-        self._slots: dict[Hashable, set[_Call]] = {}
+        self._calls: dict[bytes, Parked] = {}
+        self._slots: dict[Hashable, set[Parked]] = {}
         self._retired: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self._watched: set[int] = set()  # id() of the sessions whose close we hear of
 
@@ -210,7 +102,7 @@ class InputRequired(TaskOwner):
                     types.INVALID_PARAMS, "inputResponses came without the requestState they answer"
                 )
             else:
-                call = _Call(
+                call = Parked(
                     os.urandom(HANDLE_BYTES), _client(ctx), _identity(ctx), ctx.session.client_capabilities
                 )
                 self._calls[call.handle] = call
@@ -222,9 +114,9 @@ class InputRequired(TaskOwner):
     # ---- the call and who attends it -----------------------------------------------------
 
     async def _run_call(
-        self, call: _Call, handler: Handler[Any], ctx: ServerRequestContext[Any], params: Any
+        self, call: Parked, handler: Handler[Any], ctx: ServerRequestContext[Any], params: Any
     ) -> None:
-        _CURRENT.set((self, call))
+        serve_parked(self, call)
         # Its per-client instance: its mcp.sock connection's; over HTTP (no sessions) none (a
         # per-client extension refuses such a call: see instances.SESSIONLESS).
         session = call.client if isinstance(call.client, Session) else Session("http", lasting=False)
@@ -247,13 +139,13 @@ class InputRequired(TaskOwner):
             if session is not call.client:
                 session.close()
 
-    def _why_ended(self, call: _Call, outcome: tuple[Any, BaseException | None]) -> str:
+    def _why_ended(self, call: Parked, outcome: tuple[Any, BaseException | None]) -> str:
         patience, parked_at = call.patience, call.parked_at
         if patience is not None and parked_at is not None and time.monotonic() >= parked_at + patience:
             return f"got no retry within call_timeout ({patience:g}s) after its input-required result"
         return f"ended before the client's answers came ({_describe(outcome)})"
 
-    async def _attend(self, call: _Call, ctx: ServerRequestContext[Any]) -> Any:
+    async def _attend(self, call: Parked, ctx: ServerRequestContext[Any]) -> Any:
         call.attended, call.relay, call.parked_at = True, LatestProgress(ctx.session.report_progress), None
         call.attendant = ctx
         call.scope.deadline = math.inf  # a retry came in time
@@ -284,7 +176,7 @@ class InputRequired(TaskOwner):
             elif not parked:  # its request was cancelled, or its client went: so is the call
                 call.scope.cancel()
 
-    def _input_required(self, call: _Call) -> types.InputRequiredResult:
+    def _input_required(self, call: Parked) -> types.InputRequiredResult:
         call.round += 1
         log.info("gateway.input_required", round=call.round, requests=sorted(call.pending))
         requests = {key: pending.request for key, pending in call.pending.items()}
@@ -293,7 +185,7 @@ class InputRequired(TaskOwner):
 
     # ---- the child's questions -----------------------------------------------------------
 
-    def room_for(self, call: _Call) -> str | None:
+    def room_for(self, call: Parked) -> str | None:
         """Why *call* may not wait for input (too many of its client's calls do), or None. Sync.
 
         At a bound, the call whose client has left it unanswered longest makes room (as the
@@ -311,7 +203,7 @@ class InputRequired(TaskOwner):
             return f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already"
         return None
 
-    def _make_room(self, calls: Iterable[_Call]) -> bool:
+    def _make_room(self, calls: Iterable[Parked]) -> bool:
         waiting = [c for c in calls if not c.attended and c.parked_at is not None]
         if not waiting:
             return False
@@ -320,7 +212,7 @@ class InputRequired(TaskOwner):
         oldest.scope.cancel()
         return True
 
-    def ask(self, call: _Call, request: types.ServerRequest) -> _Pending:
+    def ask(self, call: Parked, request: types.ServerRequest) -> Pending:
         """Record the child's *request* for the client; the attending request (or the next) sends it."""
         if not call.slot:
             call.slot = True
@@ -330,7 +222,7 @@ class InputRequired(TaskOwner):
                 self._watched.add(id(client))
                 client.on_close(lambda: self._client_gone(client))
         call.asked += 1
-        pending = _Pending(f"r{call.asked}", request)  # type: ignore[arg-type]  # one of the three
+        pending = Pending(f"r{call.asked}", request)  # type: ignore[arg-type]  # one of the three
         call.pending[pending.key] = pending
         call.wake()
         return pending
@@ -342,7 +234,7 @@ class InputRequired(TaskOwner):
 
     # ---- retries -------------------------------------------------------------------------
 
-    def _resume(self, ctx: ServerRequestContext[Any], params: types.InputResponseRequestParams) -> _Call:
+    def _resume(self, ctx: ServerRequestContext[Any], params: types.InputResponseRequestParams) -> Parked:
         """The call a retry's requestState names, its answers handed to the child's requests."""
         handle, number = self._unseal(str(params.request_state))
         call = self._calls.get(handle)
@@ -366,7 +258,7 @@ class InputRequired(TaskOwner):
             pending.answered.set()
         return call
 
-    def _validated(self, call: _Call, responses: types.InputResponses) -> dict[str, types.ClientResult]:
+    def _validated(self, call: Parked, responses: types.InputResponses) -> dict[str, types.ClientResult]:
         answers: dict[str, types.ClientResult] = {}
         for key, response in responses.items():
             pending = call.pending.get(key)
@@ -386,7 +278,7 @@ class InputRequired(TaskOwner):
             answers[key] = answer  # type: ignore[assignment]
         return answers
 
-    def _retire(self, call: _Call, reason: str) -> None:
+    def _retire(self, call: Parked, reason: str) -> None:
         if self._calls.pop(call.handle, None) is None:
             return
         if call.slot:
@@ -418,7 +310,7 @@ def _refuse(message: str) -> Any:
     raise MCPError(types.INVALID_PARAMS, f"mcp-supervisor: {message}")
 
 
-def _issued(key: str, call: _Call) -> bool:
+def _issued(key: str, call: Parked) -> bool:
     """Whether *key* names a question of *call* put to the client in an earlier round."""
     number = key[1:]
     if not (key.startswith("r") and number.isascii() and number.isdigit() and len(number) <= 9):

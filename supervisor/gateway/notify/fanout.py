@@ -27,7 +27,7 @@ from mcp.shared.subscriptions import (
     ToolsListChanged,
 )
 
-from supervisor.gateway.asks import inputrequired
+from supervisor.gateway.asks import parked
 from supervisor.gateway.notify.downstream import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
 from supervisor.gateway.notify.requestlogs import FLUSH_SECONDS, RequestLog, asked_levels
 from supervisor.gateway.owner import TaskOwner
@@ -182,7 +182,7 @@ class Fanout(TaskOwner):
         if not levels or self._tg is None:
             yield
             return
-        sink = RequestLog(levels, inputrequired.attending(ctx))
+        sink = RequestLog(levels, parked.attending(ctx))
         sinks = self._request_logs.setdefault(id(source), set())
         sinks.add(sink)
         self._tg.start_soon(sink.run)

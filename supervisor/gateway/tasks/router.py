@@ -24,10 +24,6 @@ and plain, synchronous calls (their ``task`` member is ignored, as that extensio
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +41,15 @@ from supervisor.gateway.asks.callers import SessionCaller
 from supervisor.gateway.links import expose_json
 from supervisor.gateway.progress import LatestProgress
 from supervisor.gateway.session import session_of
+from supervisor.gateway.tasks.ids import (
+    MAX_ID_LENGTH,
+    decode_cursor,
+    encode_cursor,
+    invalid,
+    parse_task_id,
+    run_of,
+    task_id,
+)
 from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
@@ -52,62 +57,19 @@ if TYPE_CHECKING:
     from supervisor.extension.supervised import Extension
     from supervisor.gateway.router import Router
 
-__all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter", "declare", "parse_task_id", "task_id")
+__all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter")
 
 log = structlog.get_logger(__name__)
 
 MAX_PAGE = 100  # tasks in one tasks/list page
 MAX_LIST_REQUESTS = 8  # children's tasks/list pages fetched for one page of ours
 LIST_TIMEOUT = 5.0  # seconds for one child's tasks/list page; a slow child is left out
-MAX_ID_LENGTH = 4096  # a task id or cursor from a client, in characters
 Context = ServerRequestContext[Any]
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # extension names (config.py), which never hold ":"
-_RUN = re.compile(r"[0-9a-f]{12}")  # the tail of a run marker (Extension._run_once)
 _UNSUPPORTED_2026 = (
     "{method}: the 2026-07-28 tasks extension (io.modelcontextprotocol/tasks) is not supported: "
     "the MCP SDK 2.3 that mcp-supervisor runs on has no implementation of it; tasks work for "
     "clients speaking 2025-11-25"
 )
-
-
-def task_id(extension: str, run: str, child_id: str) -> str:
-    """The id clients see for the task *child_id* of *extension*'s run *run*. Pure."""
-    return f"{extension}:{run}:{child_id}"
-
-
-def parse_task_id(value: str) -> tuple[str, str, str] | None:
-    """(extension, run, child's id) of a :func:`task_id`, or None if *value* is not one. Pure."""
-    extension, _, rest = value.partition(":")
-    run, _, child_id = rest.partition(":")
-    if _NAME.fullmatch(extension) and _RUN.fullmatch(run) and child_id:
-        return extension, run, child_id
-    return None
-
-
-def declare(capabilities: types.ServerCapabilities, protocol_version: str | None) -> types.ServerCapabilities:
-    """*capabilities* with the 2025-11-25 ``tasks`` capability, for handshake-era clients.
-
-    Always, not only while some child has it: capabilities are fixed at ``initialize``, while
-    children start, restart and are reloaded later; each tool's ``execution.taskSupport``
-    (passed through whole) is what says which calls may be tasks.
-    """
-    if protocol_version in MODERN_PROTOCOL_VERSIONS:
-        return capabilities
-    tools = types.TasksToolsCapability(call=types.TasksCallCapability())
-    tasks = types.ServerTasksCapability(
-        list=types.TasksListCapability(),
-        cancel=types.TasksCancelCapability(),
-        requests=types.ServerTasksRequestsCapability(tools=tools),
-    )
-    return capabilities.model_copy(update={"tasks": tasks})
-
-
-def _run_of(marker: str | None) -> str | None:
-    return marker.rsplit(":", 1)[-1] if marker else None
-
-
-def _invalid(message: str, **data: Any) -> MCPError:
-    return MCPError(types.INVALID_PARAMS, message, data or None)
 
 
 class TaskRouter:
@@ -150,7 +112,7 @@ class TaskRouter:
             return await call_next(ctx)
         name, arguments, task = params.get("name"), params.get("arguments"), params.get("task")
         if not isinstance(name, str) or not isinstance(arguments, dict | None) or not isinstance(task, dict):
-            raise _invalid("tools/call: name must be a string, arguments and task objects")
+            raise invalid("tools/call: name must be a string, arguments and task objects")
         target = self._router.route(name, ctx.request)
         ext = self._router.extension(target[0]) if target is not None else None
         if target is None or ext is None:
@@ -175,7 +137,7 @@ class TaskRouter:
             if is_tool_error(exc):
                 return raw_tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
-        run = _run_of(marker) or ""  # the run that answered: the task is in its process
+        run = run_of(marker) or ""  # the run that answered: the task is in its process
         if isinstance(result.get("task"), dict):
             task = self._renamed(result["task"], ext.name, run)
             if len(task["taskId"]) > MAX_ID_LENGTH:  # no client could name it back: never kept
@@ -208,36 +170,36 @@ class TaskRouter:
             raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method=method))
         parsed = parse_task_id(value) if len(value) <= MAX_ID_LENGTH else None
         if parsed is None:
-            raise _invalid(
+            raise invalid(
                 f"unknown task id {value[:200]!r}: task ids from this gateway look like EXTENSION:RUN:ID",
                 taskId=value[:200],
             )
         if not self.owners.owns(_client(ctx), value):  # another client's task: as if it did not exist
-            raise _invalid(f"unknown task id {value[:200]!r}", taskId=value[:200])
+            raise invalid(f"unknown task id {value[:200]!r}", taskId=value[:200])
         extension, run, child_id = parsed
         ext = self._router.extension(extension)
         if ext is None:
-            raise _invalid(f"unknown task id {value[:200]!r}: no extension {extension!r}", taskId=value[:200])
+            raise invalid(f"unknown task id {value[:200]!r}: no extension {extension!r}", taskId=value[:200])
         view = self._router.views.of(ctx.request)
         if not view.sees(extension):
-            raise _invalid(f"extension {extension!r} is not in profile {view.label!r}", taskId=value[:200])
+            raise invalid(f"extension {extension!r} is not in profile {view.label!r}", taskId=value[:200])
         serving = self._router.existing(ext, session_of(ctx))
         if serving is None:  # its own instance is gone (stopped by hand): so are its tasks
-            raise _invalid(
+            raise invalid(
                 f"task {value[:200]!r} is gone: extension {extension!r} stopped its instance for this client",
                 taskId=value[:200],
                 extension=extension,
                 reason="stopped",
             )
         ext = serving
-        now = _run_of(ext.run_marker)
+        now = run_of(ext.run_marker)
         if now != run:
             state = ext.snapshot().state
             if now is not None:
                 why, reason = f"extension {extension!r} restarted since the task was created", "restarted"
             else:
                 why, reason = f"extension {extension!r} is {state.value}", state.value
-            raise _invalid(
+            raise invalid(
                 f"task {value[:200]!r} is gone: {why}, and a server's tasks end with its process",
                 taskId=value[:200],
                 extension=extension,
@@ -254,7 +216,7 @@ class TaskRouter:
         bounds it, as nothing renews ``call_timeout`` (the task's progress goes to its creating call).
         """
         try:
-            run = _run_of(ext.run_marker) or ""
+            run = run_of(ext.run_marker) or ""
             caller = TaskCaller(SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id))
             result, _ = await ext.request_raw(
                 method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
@@ -278,7 +240,7 @@ class TaskRouter:
         """
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method="tasks/list"))
-        start = _decode_cursor(params.cursor) if params.cursor else ("", "", None, 0)
+        start = decode_cursor(params.cursor) if params.cursor else ("", "", None, 0)
         client = _client(ctx)
         sources = self._listing_sources(ctx, {tuple(t.split(":", 2)[:2]) for t in self.owners.of(client)})
         names = [ext.name for ext, _ in sources]
@@ -312,7 +274,7 @@ class TaskRouter:
         result: dict[str, Any] = {"tasks": found}
         if position < len(sources):
             ext, run = sources[position]
-            result["nextCursor"] = _encode_cursor(ext.name, run, child_cursor, offset)
+            result["nextCursor"] = encode_cursor(ext.name, run, child_cursor, offset)
         return result
 
     def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Extension, str]]:
@@ -324,7 +286,7 @@ class TaskRouter:
             ext = self._router.existing(shared, session_of(ctx)) if view.sees(shared.name) else None
             if ext is None:
                 continue
-            capabilities, run = ext.capabilities, _run_of(ext.run_marker)
+            capabilities, run = ext.capabilities, run_of(ext.run_marker)
             tasks = capabilities.tasks if capabilities is not None else None
             if (
                 tasks is not None
@@ -383,30 +345,3 @@ def _client(ctx: Context) -> object:
 
 def _relay(ctx: Context) -> LatestProgress:
     return LatestProgress(ctx.session.report_progress)
-
-
-def _encode_cursor(extension: str, run: str, child_cursor: str | None, offset: int) -> str:
-    raw = json.dumps([extension, run, child_cursor, offset], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[str, str, str | None, int]:
-    """A cursor of :func:`_encode_cursor`, or an error for the client (-32602)."""
-    try:
-        if len(cursor) > MAX_ID_LENGTH:
-            raise ValueError("too long")
-        value = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-    except (ValueError, binascii.Error, RecursionError):  # RecursionError: '[[[[...' nested deeply
-        value = None
-    if not (
-        isinstance(value, list)
-        and len(value) == 4
-        and isinstance(value[0], str)
-        and isinstance(value[1], str)
-        and isinstance(value[2], str | None)
-        and isinstance(value[3], int)
-        and not isinstance(value[3], bool)
-        and value[3] >= 0
-    ):
-        raise _invalid("tasks/list: invalid cursor (use the nextCursor of a previous page)")
-    return value[0], value[1], value[2], value[3]
