@@ -22,13 +22,12 @@ from supervisor.extension.saved import CatalogStore
 
 if TYPE_CHECKING:
     from supervisor.child.connection import Connection
-    from supervisor.extension.supervised import Extension
 
 __all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait", "tasks_working")
 
 log = structlog.get_logger(__name__)
 
-StartHook = Callable[["Extension"], Awaitable[None]]  # starts the extension in the daemon's task group
+StartHook = Callable[[Any], Awaitable[None]]  # starts the Extension given in the daemon's task group
 BUSY_RECHECK = 1.0  # a busy extension is looked at again after max(idle_stop, this) seconds
 TASKS_QUESTION_TIMEOUT = 5.0  # seconds for a child to say whether a task of its works
 MAX_TASK_PAGES = 8  # of its tasks/list, read for that

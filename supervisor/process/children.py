@@ -194,7 +194,7 @@ class ChildProcess:
         self.exited_at = datetime.now(UTC)
         self.exited.set()
 
-    def _signal(self, sig: int) -> None:
+    def signal(self, sig: int) -> None:
         """Signal the child itself through its pidfd (never a reused pid)."""
         if self._pidfd >= 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -17,7 +17,7 @@ import select
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import structlog
@@ -26,16 +26,34 @@ from supervisor.process import reaper
 from supervisor.process import tree as proctree
 from supervisor.process.cgroups import Subtree, member_of, populated
 
-if TYPE_CHECKING:
-    from supervisor.process.children import ChildProcess
-
-__all__ = ("terminate_tree", "wait_until")
+__all__ = ("Child", "terminate_tree", "wait_until")
 
 log = structlog.get_logger(__name__)
 
 
+class Child(Protocol):
+    """What a teardown needs of a child (:class:`supervisor.process.children.ChildProcess`)."""
+
+    pid: int
+    marker: str
+    exited: anyio.Event
+    cgroup: Path | None
+    started: int | None
+    returncode: int | None
+    terminated: bool
+
+    @property
+    def pgid(self) -> int: ...
+
+    def signal(self, sig: int) -> None: ...
+
+    def close_stdin(self) -> None: ...
+
+    def close_pipes(self) -> None: ...
+
+
 async def terminate_tree(
-    child: ChildProcess, *, grace: float, term_grace: float = 3.0, hurry: anyio.Event | None = None
+    child: Child, *, grace: float, term_grace: float = 3.0, hurry: anyio.Event | None = None
 ) -> None:
     """Close stdin, wait up to *grace* s, SIGTERM the tree, wait, SIGKILL what is left.
 
@@ -59,15 +77,15 @@ async def terminate_tree(
         child.terminated = True
 
 
-async def _end_cgroup(child: ChildProcess, cgroup: Path, term_grace: float, hurry: anyio.Event) -> None:
+async def _end_cgroup(child: Child, cgroup: Path, term_grace: float, hurry: anyio.Event) -> None:
     """SIGTERM the cgroup's members, wait, then ``cgroup.kill`` until it is empty, and remove it."""
     with _CgroupEvents(cgroup) as events:
         if not hurry.is_set() and (populated(cgroup) or child.returncode is None):
-            child._signal(signal.SIGTERM)  # maybe not in its cgroup yet: still in the shim
+            child.signal(signal.SIGTERM)  # maybe not in its cgroup yet: still in the shim
             _signal_members(cgroup, signal.SIGTERM)
             await wait_until(events.empty, hurry, within=term_grace)
         for _ in range(3):  # a shim that joins after the kill makes the removal fail: again
-            child._signal(signal.SIGKILL)
+            child.signal(signal.SIGKILL)
             Subtree.kill(cgroup)
             with anyio.move_on_after(2.0):
                 await events.empty.wait()
@@ -132,7 +150,7 @@ class _CgroupEvents:
             os.close(self._fd)
 
 
-async def _end_scanned(child: ChildProcess, term_grace: float, hurry: anyio.Event) -> None:
+async def _end_scanned(child: Child, term_grace: float, hurry: anyio.Event) -> None:
     """The fallback: SIGTERM what a scan finds, wait, then stop-scan-kill until nothing is new."""
     find = _tree_of(child)
     if not hurry.is_set():
@@ -153,7 +171,7 @@ async def _end_scanned(child: ChildProcess, term_grace: float, hurry: anyio.Even
     log.warning("process.tree_survivors", marker=child.marker)
 
 
-def _tree_of(child: ChildProcess) -> Callable[[dict[int, proctree.Proc]], set[int]]:
+def _tree_of(child: Child) -> Callable[[dict[int, proctree.Proc]], set[int]]:
     """A finder for *child*'s tree in a scan."""
     adopter = os.getpid() if reaper.is_subreaper() else None
 
