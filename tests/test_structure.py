@@ -42,19 +42,87 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 
+# Inside each package, bottom first: a module imports its own layer's modules or lower ones, never
+# higher. Together with LAYERS this is the architecture; docs/architecture.md draws it.
+INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
+    "config": (
+        ("secrets", "clientkeys", "runners", "snippets", "file"),
+        ("fields",),
+        ("extension",),
+        ("settings", "importer"),
+        ("migrate",),
+    ),
+    "process": (
+        ("tree", "cgroups", "sandbox.install", "sandbox.landlock", "sandbox.mounts"),
+        ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch"),
+        ("spawner", "sandbox"),
+        ("teardown",),
+        ("children",),
+        ("containment",),
+    ),
+    "child": (
+        ("listing", "media", "wire"),
+        ("spool", "rawcalls"),
+        ("pipes",),
+        ("connection",),
+    ),
+    "extension": (
+        ("state", "asking", "saved", "startup", "liveness"),
+        ("backoff", "pins", "demand"),
+        ("calls", "watcher"),
+        ("supervised",),
+        ("instances",),
+    ),
+    "gateway": (
+        (
+            "names", "toolerrors", "progress", "owner", "hello", "spoollinks", "http.limits",
+            "tasks.ids", "tasks.owners", "asks.requeststate", "view.search", "notify.downstream",
+        ),
+        ("catalog", "links"),
+        ("view.profiles",),
+        ("session",),
+        ("router", "asks.callers"),
+        ("asks.parked",),
+        ("asks.inputrequired", "notify.requestlogs", "notify.releases"),
+        ("notify.fanout",),
+        ("notify.listen", "fastpath", "tasks.router", "handlers"),
+        ("server",),
+        ("unix", "http.connections", "http.bodies", "http.sessions", "http.guard"),
+        ("http.listener",),
+        ("http",),
+    ),
+    "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
+    "daemon": (
+        ("fdlimits", "health", "metrics", "systemd", "reload"),
+        ("facade",),
+        ("root",),
+        ("run",),
+    ),
+    "cli": (
+        ("render", "demo", "connect.lines"),
+        ("connect.resume",),
+        ("connect.pump",),
+        ("connect", "main"),
+        ("remote", "local"),
+    ),
+}  # fmt: skip
+MAX_LINES = 400  # a module longer than this is two concerns: split it along its seams
+
+
 def source(module: str) -> Path:
     path = PACKAGE.joinpath(*module.split("."))
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 @cache
-def runtime_imports(module: str) -> frozenset[str]:
-    """The supervisor modules *module* imports at run time (TYPE_CHECKING blocks excluded), dotted."""
+def runtime_imports(module: str, *, typing: bool = False) -> frozenset[str]:
+    """The supervisor modules *module* imports at run time (with *typing*: in TYPE_CHECKING blocks
+    too), dotted."""
     tree = ast.parse(source(module).read_text())
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not typing:
             return
         if isinstance(node, ast.ImportFrom):
             assert not node.level, f"{module}: relative import (the package uses absolute ones)"
@@ -77,6 +145,19 @@ def runtime_imports(module: str) -> frozenset[str]:
 def layer(module: str) -> int:
     top = module.split(".")[0]
     return next(n for n, names in enumerate(LAYERS) if top in names)
+
+
+def bare_face(module: str) -> bool:
+    """A package's ``__init__`` that imports nothing: a docstring naming its modules."""
+    return source(module).name == "__init__.py" and not runtime_imports(module, typing=True)
+
+
+def inner_layer(module: str) -> int | None:
+    """*module*'s layer inside its package (None: the package's face, or a foundation module)."""
+    package, _, rest = module.partition(".")
+    if not rest or rest.endswith("__main__") or bare_face(module):
+        return None
+    return next(n for n, names in enumerate(INSIDE[package]) if rest in names)
 
 
 class TestPublicSurface:
@@ -106,8 +187,31 @@ class TestLayers:
         upward = sorted(m for m in runtime_imports(name) if layer(m) > layer(name))
         assert not upward, f"{name} imports from above: {upward}"
 
+    def test_every_module_has_a_place_in_its_package(self) -> None:
+        declared = {
+            f"{package}.{name}" for package, layers in INSIDE.items() for names in layers for name in names
+        }
+        inner = {m for m in MODULES if "." in m and not m.endswith("__main__") and not bare_face(m)}
+        assert inner == declared
+
+    @pytest.mark.parametrize("name", [m for m in MODULES if "." in m])
+    def test_imports_go_down_inside_a_package(self, name: str) -> None:
+        """Inside a package, no module imports one declared above it (type-only imports count)."""
+        own = inner_layer(name)
+        package = name.split(".")[0]
+        same = [m for m in runtime_imports(name, typing=True) if m.startswith(f"{package}.")]
+        upward = sorted(
+            m for m in same if (theirs := inner_layer(m)) is not None and own is not None and theirs > own
+        )
+        assert not upward, f"{name} imports from above it in {package}: {upward}"
+
+    @pytest.mark.parametrize("name", MODULES)
+    def test_modules_stay_small(self, name: str) -> None:
+        lines = len(source(name).read_text().splitlines())
+        assert lines <= MAX_LINES, f"{name} is {lines} lines: split it along its seams"
+
     def test_no_cycles(self) -> None:
-        """The module import graph is acyclic: data flows one way."""
+        """The module import graph is acyclic, type-only imports included: data flows one way."""
         visiting: list[str] = []
         done: set[str] = set()
 
@@ -116,7 +220,7 @@ class TestLayers:
             if module in done:
                 return
             visiting.append(module)
-            for dependency in sorted(runtime_imports(module)):
+            for dependency in sorted(runtime_imports(module, typing=True)):
                 walk(dependency)
             visiting.pop()
             done.add(module)
