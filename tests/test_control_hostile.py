@@ -1,7 +1,7 @@
 """The control socket under hostile clients, against a real daemon process.
 
 Memory is the daemon's resident set, read from /proc while the hostile clients run; the
-bounds below are stated here and in the README ("Control protocol").
+bounds below are stated here and in docs/control-protocol.md.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def _make_subtree(instance: str, want: str) -> Subtree | None:
         except OSError as exc:
             log.warning("daemon.cgroup_unavailable", cgroup=str(base), error=str(exc))
     if subtree is None:
-        log.info("daemon.no_cgroup", hint="containing process trees by /proc scans (see the README)")
+        log.info("daemon.no_cgroup", hint="containing process trees by /proc scans (see docs/operations.md)")
         return None
     for stale in subtree.stale(f"{instance}-"):  # an earlier daemon on this socket, and its guardian, died
         killed = guardian.clean_up("\0", stale)  # the prefix matches no marker: cgroup only

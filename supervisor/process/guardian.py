@@ -2,7 +2,7 @@
 
 A SIGKILLed daemon runs no cleanup, and ``PR_SET_PDEATHSIG`` reaches only its direct
 children. So each daemon starts one guardian (a fresh ``python -I -S`` importing only this
-module and the standard library: about 10 MB RSS, see the README) that holds a pidfd of the
+module and the standard library: about 12 MiB RSS, see docs/operations.md) that holds a pidfd of the
 daemon. When that pidfd says the daemon exited, however it exited, the guardian
 
 * with cgroups: writes ``cgroup.kill`` of the daemon's sub-tree (every extension's cgroup
