@@ -90,6 +90,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("notify.listen", "fastpath", "tasks.router", "handlers"),
         ("server",),
         ("unix", "http.connections", "http.bodies", "http.sessions", "http.guard"),
+        ("http.fastcalls",),
         ("http.listener",),
         ("http",),
     ),
