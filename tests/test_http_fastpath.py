@@ -186,6 +186,28 @@ class TestCancel:
         await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
         assert http.daemon.status()["rich"]["in_flight"] == 0
 
+    async def test_a_cancel_names_a_call_of_its_own_session_only(
+        self,
+        http_gateway: Callable[..., Http],  # noqa: F811
+    ) -> None:
+        """Two clients at once: one cancels request id 7, the other's call with id 7 runs on."""
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+            honest, hostile = Raw(client, http.url + "/mcp"), Raw(client, http.url + "/mcp")
+            await honest.open()
+            await hostile.open()
+            answers: list[httpx2.Response] = []
+
+            async def waiting() -> None:
+                answers.append(await honest.post(_call(7, "rich__wait", seconds=1)))
+
+            tg.start_soon(waiting)
+            await eventually(lambda: http.daemon.status()["rich"]["in_flight"] == 1, within=10)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            assert (await hostile.post(json.dumps(cancel).encode())).status_code == 202
+            await eventually(lambda: bool(answers), within=10)
+        assert answers[0].status_code == 200 and "result" in answers[0].json()
+
 
 class TestQuestions:
     async def test_a_childs_question_reaches_the_calling_http_client(
