@@ -11,8 +11,15 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
   own      the same, to an extension with ``instances: per-client``: each session its own fixture
   http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
-  proxy    the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture, installed for this
-           benchmark only, in bench/.venv-mcp-proxy
+
+Peers, each installed from its registry on first use into an ignored cache (``bench/_peers.py``)
+and serving the same fixture:
+
+  proxy         the same HTTP client to ``mcp-proxy`` (PyPI) in front of the fixture
+  hub           the SDK's SSE client to ``mcp-hub`` (npm), its unified endpoint
+  fastmcp       the stdio client spawning FastMCP's ``create_proxy`` (PyPI), which spawns the fixture
+  fastmcp-http  the HTTP client to ``fastmcp run mcp.json --transport http``
+  supergateway  the HTTP client to ``supergateway`` (npm), stdio to stateful streamable HTTP
 
 Latency: N sequential calls per way on one session each, in interleaved rounds (every way once
 per round, in a rotating order), so that the machine's slow spells fall on every way alike:
@@ -20,9 +27,11 @@ the median and p99 of all calls, the median over rounds of each round's ratio to
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
 Throughput: 8 clients calling at once, once per round (direct, floor* and own: 8 sessions, 8
 fixture processes; socket, connect and http: 8 sessions sharing one supervised fixture;
-mcp-proxy: one fixture). Prints JSON.
+proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture per session).
+Also the resident memory of each process on the path (``rss_mib``) and the machine's load
+average before and after. Prints JSON.
 
-    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--skip-proxy]
+    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--skip-peers] [--skip WAY ...]
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,25 +54,23 @@ from typing import Any
 
 import anyio
 import psutil
-from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
+from _daemon import BIN, ROOT, SERVERS, daemon, fixture, wait_for
+from _peers import HTTP_PEERS, VERSIONS, fastmcp_stdio, install, serve
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
-PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"
-PROXY_VERSION = "0.13.0"
+OURS = ("direct", "floor1", "floor2", "socket", "connect", "own", "http")
+PEERS = ("proxy", "hub", "fastmcp", "fastmcp-http", "supergateway")
+_PEER_TOOLS = {"hub": "echo__echo"}  # mcp-hub prefixes a tool with its server's name
 
 _QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
 
 Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @asynccontextmanager
@@ -83,6 +89,13 @@ async def _http(url: str) -> AsyncIterator[ClientSession]:
 
 
 @asynccontextmanager
+async def _sse(url: str) -> AsyncIterator[ClientSession]:
+    async with sse_client(url) as streams, ClientSession(streams[0], streams[1]) as session:
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
 async def _unix(path: str) -> AsyncIterator[ClientSession]:
     """A ClientSession on a unix socket speaking JSON lines (the daemon's mcp.sock)."""
     async with unix_transport(path) as (read, write), ClientSession(read, write) as session:
@@ -90,7 +103,16 @@ async def _unix(path: str) -> AsyncIterator[ClientSession]:
         yield session
 
 
-_LABELS = (("relay", "_relay.py"), ("proxy", "mcp-proxy"), ("connect", " connect "), ("fixture", FIXTURE))
+_LABELS = (
+    ("relay", "_relay.py"),
+    ("proxy", "mcp-proxy"),
+    ("hub", "mcp-hub"),
+    ("fastmcp", ".venv-fastmcp"),
+    ("supergateway", "supergateway"),
+    ("connect", " connect "),
+    ("fixture", FIXTURE),
+)
+_OFF_PATH = ("client", "fixture")  # what every way has: the rest is the gateway's cost
 
 
 def _label(process: psutil.Process) -> str:
@@ -114,6 +136,7 @@ class Route:
     processes: dict[str, list[psutil.Process]] = field(default_factory=dict)
     times: list[list[float]] = field(default_factory=list)  # per round
     cpu: dict[str, float] = field(default_factory=dict)  # seconds, summed over the rounds
+    rss: dict[str, float] = field(default_factory=dict)  # MiB per label, after the latency rounds
     throughput: list[float] = field(default_factory=list)  # per round
 
     def find_processes(self, before: set[int]) -> None:
@@ -132,6 +155,14 @@ class Route:
         return {
             label: sum(sum(process.cpu_times()[:2]) for process in processes)
             for label, processes in self.processes.items()
+        }
+
+    def rss_now(self) -> dict[str, float]:
+        """MiB per label: what this way's processes hold (the client's is the bench's own)."""
+        return {
+            label: round(sum(process.memory_info().rss for process in processes) / 2**20, 1)
+            for label, processes in self.processes.items()
+            if label != "client"
         }
 
 
@@ -168,15 +199,6 @@ async def _throughput(open_session: Opener, tool: str, clients: int, calls_each:
     return round(clients * calls_each / elapsed, 1)
 
 
-def _install_proxy() -> Path:
-    exe = PROXY_VENV / "bin" / "mcp-proxy"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(PROXY_VENV)], check=True)
-        pip = [str(PROXY_VENV / "bin" / "pip"), "install", "--quiet", f"mcp-proxy=={PROXY_VERSION}"]
-        subprocess.run(pip, check=True)
-    return exe
-
-
 @contextlib.contextmanager
 def _relay_server(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[str, int]]:
     """``_relay.py serve``: its socket and pid."""
@@ -191,35 +213,29 @@ def _relay_server(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[
             proc.wait(timeout=30)
 
 
-@contextlib.contextmanager
-def _proxy() -> Iterator[tuple[str, int]]:
-    exe = _install_proxy()
-    port = free_port()
-    with open(os.devnull, "wb") as quiet:
-        proc = subprocess.Popen(
-            [str(exe), "--port", str(port), "--", sys.executable, FIXTURE], stdout=quiet, stderr=quiet
-        )
-    try:
-        wait_for(lambda: _listening(port), "mcp-proxy to listen")
-        yield f"http://127.0.0.1:{port}/mcp", proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def _p99(times: list[list[float]]) -> float:
+    pooled = sorted(t for round_ in times for t in round_)
+    return pooled[max(0, int(len(pooled) * 0.99) - 1)]
 
 
 def _summary(path: Route, base: Route, calls: int) -> dict[str, Any]:
-    pooled = sorted(t for times in path.times for t in times)
+    """The figures of one way, and its ratios to *base* (direct)."""
+    pooled = [t for times in path.times for t in times]
     round_ratios = [
         statistics.median(mine) / statistics.median(theirs)
         for mine, theirs in zip(path.times, base.times, strict=True)
     ]
     throughput_ratios = [mine / theirs for mine, theirs in zip(path.throughput, base.throughput, strict=True)]
+    on_path = sum(seconds for label, seconds in path.cpu.items() if label not in _OFF_PATH)
     return {
         "median_ms": round(statistics.median(pooled) * 1000, 3),
-        "p99_ms": round(pooled[int(len(pooled) * 0.99) - 1] * 1000, 3),
+        "p99_ms": round(_p99(path.times) * 1000, 3),
         "median_ratio": round(statistics.median(round_ratios), 2),
         "median_ratio_range": [round(min(round_ratios), 2), round(max(round_ratios), 2)],
+        "p99_ratio": round(_p99(path.times) / _p99(base.times), 2),
         "cpu_us": {label: round(seconds / calls * 1e6) for label, seconds in path.cpu.items()},
+        "gateway_cpu_us": round(on_path / calls * 1e6),
+        "rss_mib": path.rss,
         "throughput_cps": round(statistics.median(path.throughput), 1),
         "throughput_ratio": round(statistics.median(throughput_ratios), 2),
     }
@@ -239,6 +255,8 @@ async def _run(paths: list[Route], args: argparse.Namespace) -> None:
         for round_ in range(args.rounds):
             for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
                 await _latency_round(path, sessions[path.name], per_round)
+        for path in paths:
+            path.rss = path.rss_now()
     for round_ in range(args.rounds):
         for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
             path.throughput.append(
@@ -247,7 +265,19 @@ async def _run(paths: list[Route], args: argparse.Namespace) -> None:
         print(f"bench: round {round_ + 1} of {args.rounds} done", file=sys.stderr)
 
 
+def _ways(args: argparse.Namespace) -> list[str]:
+    skipped = (
+        set(args.skip)
+        | (set(PEERS) if args.skip_peers else set())
+        | ({"proxy"} if args.skip_proxy else set())
+    )
+    return [name for name in (*OURS, *PEERS) if name == "direct" or name not in skipped]
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    ways = _ways(args)
+    install([name for name in ways if name in PEERS])
+    load_before = os.getloadavg()
     fixture_cmd = [sys.executable, FIXTURE]
     relay = [sys.executable, str(ROOT / "bench" / "_relay.py")]
     with contextlib.ExitStack() as stack:
@@ -255,22 +285,28 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         extensions = {"fx": fixture("echo.py"), "own": per_client}
         running = stack.enter_context(daemon(extensions, http=True))
         relay_sock, relay_pid = stack.enter_context(_relay_server([*relay, "serve"], fixture_cmd))
-        proxy_url, proxy_pid = stack.enter_context(_proxy()) if not args.skip_proxy else (None, None)
+        served = {name: stack.enter_context(serve(name, fixture_cmd)) for name in HTTP_PEERS if name in ways}
         wait_for(lambda: running.all_running(["fx", "own"]), "the daemon's fixtures to run")
         connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
         sock = str(Path(running.socket).parent / "mcp.sock")
         pid = running.proc.pid
-        paths = [
-            Route("direct", lambda: _stdio(*fixture_cmd), "echo"),
-            Route("floor1", lambda: _stdio(*relay, "hop", *fixture_cmd), "echo"),
-            Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
-            Route("socket", lambda: _unix(sock), "fx__echo", pid),
-            Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
-            Route("own", lambda: _stdio(*connect), "own__echo", pid),
-            Route("http", lambda: _http(running.http_url or ""), "fx__echo", pid),
-        ]
-        if proxy_url is not None:
-            paths.append(Route("proxy", lambda: _http(proxy_url), "echo", proxy_pid))
+        http = running.http_url or ""
+        routes = {
+            "direct": Route("direct", lambda: _stdio(*fixture_cmd), "echo"),
+            "floor1": Route("floor1", lambda: _stdio(*relay, "hop", *fixture_cmd), "echo"),
+            "floor2": Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
+            "socket": Route("socket", lambda: _unix(sock), "fx__echo", pid),
+            "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
+            "own": Route("own", lambda: _stdio(*connect), "own__echo", pid),
+            "http": Route("http", lambda: _http(http), "fx__echo", pid),
+            "fastmcp": Route("fastmcp", lambda: _stdio(*fastmcp_stdio(fixture_cmd)), "echo"),
+        }
+        for name, (url, peer_pid) in served.items():
+            opener = _sse if name == "hub" else _http
+            routes[name] = Route(
+                name, lambda opener=opener, url=url: opener(url), _PEER_TOOLS.get(name, "echo"), peer_pid
+            )
+        paths = [routes[name] for name in ways]
         await _run(paths, args)
     per_path_calls = args.calls // args.rounds * args.rounds
     results = {path.name: _summary(path, paths[0], per_path_calls) for path in paths}
@@ -281,6 +317,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "clients": args.clients,
         "python": sys.version.split()[0],
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "peers": {name: VERSIONS[name] for name in ways if name in PEERS},
         "results": results,
     }
 
@@ -290,7 +329,16 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratios: their median)")
-    parser.add_argument("--skip-proxy", action="store_true", help="do not install and measure mcp-proxy")
+    parser.add_argument("--skip-peers", action="store_true", help="measure only our ways: install no peer")
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=[*OURS[1:], *PEERS],
+        metavar="WAY",
+        help="leave a way out",
+    )
+    parser.add_argument("--skip-proxy", action="store_true", help="the same as --skip proxy")
     report = anyio.run(main, parser.parse_args())
     print(json.dumps(report, indent=2))
     shutil.rmtree(ROOT / "bench" / "__pycache__", ignore_errors=True)
