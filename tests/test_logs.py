@@ -5,7 +5,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -66,3 +74,39 @@ class TestNoLocals:
         renderer = structlog.get_config()["processors"][-1]
         assert isinstance(renderer, structlog.dev.ConsoleRenderer)
         assert renderer._exception_formatter is structlog.dev.plain_traceback
+
+
+class TestFormat:
+    """The daemon writes readable lines on a terminal, JSON lines elsewhere, or what it is asked."""
+
+    @staticmethod
+    def first_line(tmp_path: Path, *flags: str) -> str:
+        """The daemon's first log line, its stderr a terminal (a pty)."""
+        directory = Path(tempfile.mkdtemp(prefix="mcps-", dir="/tmp"))
+        try:
+            config = directory / "config.json"
+            config.write_text(json.dumps({"socket": str(directory / "control.sock"), "extensions": {}}))
+            leader, follower = pty.openpty()
+            argv = [sys.executable, "-m", "supervisor", "daemon", "-c", str(config), *flags]
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+            os.close(follower)
+            try:
+                line = b""
+                with open(leader, "rb", buffering=0) as terminal:
+                    while not line.endswith(b"\n"):
+                        ready, _, _ = select.select([terminal], [], [], 20)
+                        assert ready, "the daemon wrote nothing"
+                        line += terminal.read(1)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=20)
+            return line.decode().strip()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def test_a_terminal_gets_readable_lines(self, tmp_path: Path) -> None:
+        line = self.first_line(tmp_path)
+        assert not line.startswith("{") and "daemon.starting" in line, line
+
+    def test_json_when_asked_even_on_a_terminal(self, tmp_path: Path) -> None:
+        assert json.loads(self.first_line(tmp_path, "--log-format", "json"))["event"] == "daemon.starting"

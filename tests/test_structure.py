@@ -11,6 +11,8 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -88,6 +90,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("notify.listen", "fastpath", "tasks.router", "handlers"),
         ("server",),
         ("unix", "http.connections", "http.bodies", "http.sessions", "http.guard"),
+        ("http.fastcalls",),
         ("http.listener",),
         ("http",),
     ),
@@ -250,3 +253,33 @@ class TestBoundaries:
             reached.add(module)
             todo += [m for m in runtime_imports(module) if m not in reached]
         assert reached <= {"process", "process.guardian", "process.tree", "process.cgroups"}
+
+
+class TestConnect:
+    def test_connect_imports_only_what_a_pump_needs(self) -> None:
+        """``mcp-supervisor connect`` runs in every client's process tree: no pydantic, no MCP SDK, no
+        logging framework; it starts in a fraction of the daemon's import time (issue 19)."""
+        probe = (
+            "import sys\n"
+            "import supervisor.cli.main, supervisor.cli.remote, supervisor.cli.connect\n"
+            "print(' '.join(sorted(sys.modules)))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=30, check=True
+        )
+        loaded = set(done.stdout.split())
+        heavy = {"pydantic", "pydantic_core", "mcp", "mcp_types", "structlog", "yaml", "psutil", "uvicorn"}
+        assert not {m.split(".")[0] for m in loaded} & heavy
+        ours = {m.removeprefix("supervisor.") for m in loaded if m.startswith("supervisor.")}
+        allowed = {"cli", "cli.main", "cli.remote", "cli.render", "cli.connect", "control", "control.client"}
+        allowed |= {"cli.connect.lines", "cli.connect.pump", "cli.connect.resume", "control.codes"}
+        allowed |= {
+            "errors",
+            "paths",
+            "sockets",
+            "extension",
+            "extension.backoff",
+            "gateway",
+            "gateway.hello",
+        }
+        assert ours <= allowed, sorted(ours - allowed)

@@ -114,7 +114,10 @@ def daemon(args: argparse.Namespace) -> int:
 
     path = args.config or paths.default_config_path()
     overrides = {"socket": args.socket}
-    run = partial(daemon.run, settings, config_path=path, overrides=overrides, warnings=warnings)
+    log_json = {"auto": None, "json": True, "console": False}[args.log_format]
+    run = partial(
+        daemon.run, settings, config_path=path, overrides=overrides, warnings=warnings, log_json=log_json
+    )
     _exit_now(anyio.run(run, backend="asyncio"))
 
 

@@ -107,6 +107,12 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--socket", metavar="PATH", help="control socket, overriding the config", default=argparse.SUPPRESS
     )
+    sub.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="auto (default): readable lines on a terminal, JSON lines elsewhere (journald, files)",
+    )
     sub = add("status", "remote:status", "show the state of each extension")
     sub.add_argument("name", nargs="?", metavar="NAME")
     sub.add_argument("--json", action="store_true", help="print the raw status records")

@@ -46,13 +46,15 @@ async def run(
     config_path: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     warnings: Sequence[str] = (),
+    log_json: bool | None = None,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
     *config_path* and *overrides* are what a reload (SIGHUP or the ``reload`` method) reads;
     *warnings* are what loading *settings* had to say (logged once logging is set up).
+    *log_json*: JSON lines (True), readable lines (False), or JSON unless stderr is a terminal.
     """
-    logs.configure()
+    logs.configure(json=log_json)  # None: JSON lines unless stderr is a terminal
     log.info("daemon.starting", pid=os.getpid(), socket=settings.socket, extensions=len(settings.extensions))
     fds = fdlimits.plan(fdlimits.raise_soft_limit(), _children(settings))
     (log.warning if fds.cramped else log.info)(

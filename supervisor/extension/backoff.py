@@ -11,9 +11,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from supervisor.extension.state import ExitStatus
+if TYPE_CHECKING:
+    from supervisor.extension.state import ExitStatus
 
 __all__ = ("Backoff", "Outcome", "OutcomeKind", "RestartMode", "RestartPolicy")
 

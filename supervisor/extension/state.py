@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from supervisor.child.listing import Listing
-
-__all__ = ("ExitStatus", "Listing", "Snapshot", "State", "one_line")
+__all__ = ("ExitStatus", "Snapshot", "State", "one_line")
 
 SHOWN_LINE_CAP = 200  # characters of a child's stderr line shown in a status record
 

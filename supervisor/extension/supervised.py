@@ -20,6 +20,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from supervisor.child import connection as transport
+from supervisor.child.listing import Listing
 from supervisor.child.spool import ExtensionSpool
 from supervisor.config import secrets as secretrefs
 from supervisor.extension import startup
@@ -28,7 +29,7 @@ from supervisor.extension.backoff import Backoff, RestartPolicy
 from supervisor.extension.calls import Calls
 from supervisor.extension.demand import Demand
 from supervisor.extension.pins import Pins
-from supervisor.extension.state import Listing, Snapshot, State, one_line
+from supervisor.extension.state import Snapshot, State, one_line
 from supervisor.extension.watcher import Watcher
 from supervisor.process import sandbox
 

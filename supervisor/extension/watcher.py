@@ -24,12 +24,13 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp import MCPError
 
 from supervisor.child import connection as transport
+from supervisor.child.listing import Listing
 from supervisor.config import secrets as secretrefs
 from supervisor.errors import SpawnError, first_line
 from supervisor.extension import liveness, startup
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.extension.demand import tasks_working
-from supervisor.extension.state import ExitStatus, Listing, State
+from supervisor.extension.state import ExitStatus, State
 from supervisor.process import sandbox
 from supervisor.process import usage as resources
 from supervisor.process.children import ChildProcess

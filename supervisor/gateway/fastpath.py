@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from supervisor.gateway.router import Router
     from supervisor.gateway.session import Session
 
-__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "cancelled_id", "parse")
+__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "answer_call", "cancelled_id", "parse")
 
 log = structlog.get_logger(__name__)
 
@@ -153,11 +153,7 @@ class FastCalls:
         answer: bytes | None = None
         try:
             with scope:
-                try:
-                    answer = await self._answer(call, ext, tool)
-                except Exception:  # a bug of ours: this call fails, the connection goes on
-                    log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
-                    answer = _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+                answer = await answer_call(call, ext, tool, self._session, self._spool_prefix, self._send)
         finally:
             scopes = self._running[call.id]
             scopes.discard(scope)
@@ -166,20 +162,29 @@ class FastCalls:
         if answer is None or await self._send(answer):  # else the connection is ending anyway
             done()
 
-    async def _answer(self, call: FastCall, ext: Extension, tool: str) -> bytes:
-        relay = _progress_relay(call.progress_token, self._send) if call.progress_token is not None else None
-        try:
-            result = await ext.call_tool_raw(
-                tool, call.arguments, progress=relay, caller=FastCaller(self._session)
-            )
-        except (ExtensionUnavailable, CallFailed) as exc:
-            if is_tool_error(exc):
-                return _response(call.id, raw_tool_error(str(exc)))
-            return _error(call.id, exc.code, str(exc), exc.data)
-        content = result.get("content")
-        if isinstance(content, list):
-            result["content"] = expose_json(ext.name, content, self._spool_prefix)
-        return _response(call.id, result)
+
+async def answer_call(
+    call: FastCall, ext: Extension, tool: str, session: Session, spool_prefix: str, send: Send | None = None
+) -> bytes:
+    """The answer line to *call* (tool *tool* of *ext*, for *session*): its result, its links
+    rewritten, or its error as the SDK's path answers it. Progress goes through *send*, when the
+    listener has a channel for it. Never raises but for cancellation: a bug of ours fails this
+    call only.
+    """
+    relay = _progress_relay(call.progress_token, send) if call.progress_token is not None and send else None
+    try:
+        result = await ext.call_tool_raw(tool, call.arguments, progress=relay, caller=FastCaller(session))
+    except (ExtensionUnavailable, CallFailed) as exc:
+        if is_tool_error(exc):
+            return _response(call.id, raw_tool_error(str(exc)))
+        return _error(call.id, exc.code, str(exc), exc.data)
+    except Exception:  # a bug of ours: this call fails, the connection goes on
+        log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
+        return _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+    content = result.get("content")
+    if isinstance(content, list):
+        result["content"] = expose_json(ext.name, content, spool_prefix)
+    return _response(call.id, result)
 
 
 def _progress_relay(token: RequestId, send: Send) -> LatestProgress:

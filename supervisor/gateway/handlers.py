@@ -46,6 +46,7 @@ class Handlers:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         self.fanout.client(ctx)  # its Session now knows its connection: the fast path opens after this
+        self.note_http_session(ctx)
         return types.ListToolsResult(tools=list(self.views.project(self.catalog(), self._view(ctx)).listed))
 
     async def _list_prompts(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListPromptsResult:

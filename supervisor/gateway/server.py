@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from mcp.server import NotificationOptions, Server
+from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
 
 from supervisor import __version__
@@ -33,6 +33,7 @@ from supervisor.gateway.notify.fanout import Fanout
 from supervisor.gateway.notify.listen import Listen
 from supervisor.gateway.notify.releases import Releases
 from supervisor.gateway.router import Extensions, Router
+from supervisor.gateway.session import Session, session_of
 from supervisor.gateway.tasks import router as tasks
 from supervisor.gateway.tasks.ids import declare
 from supervisor.gateway.view.profiles import Views
@@ -96,6 +97,9 @@ class Gateway(Handlers):
         self._spool_readers = anyio.CapacityLimiter(2)
         self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
         self.inputs = inputrequired.InputRequired()  # 2026-07-28 clients' calls that wait for input
+        # HTTP sessions by Mcp-Session-Id, once they listed tools: the HTTP fast path's clients.
+        # One per live session (at most the session cap): each leaves with its Session.
+        self.http_sessions: dict[str, Session] = {}
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -184,6 +188,19 @@ class Gateway(Handlers):
 
     def collisions(self, extension: str) -> list[str]:
         return self.router.collisions(extension)
+
+    def note_http_session(self, ctx: ServerRequestContext[Any]) -> None:
+        """Record the client of a handshake-era HTTP session under its ``Mcp-Session-Id``, for the
+        HTTP fast path (:mod:`.http.fastcalls`); it is forgotten when the session closes. Sync."""
+        session = session_of(ctx)
+        headers = getattr(ctx.request, "headers", None)
+        session_id = headers.get("mcp-session-id") if headers is not None else None
+        if session.listener != "http" or not session.lasting or session.connection is None or not session_id:
+            return
+        if session.http_id is None and session_id not in self.http_sessions and not session.closed:
+            session.http_id = session_id
+            self.http_sessions[session_id] = session
+            session.on_close(lambda: self.http_sessions.pop(session_id, None))
 
     def holds(self, extension: str) -> bool:
         """Whether some client is subscribed to a resource of *extension* (it must not idle-stop)."""

@@ -76,6 +76,7 @@ class Session:
         self.lasting = lasting
         self.connection: Connection | None = None  # the SDK connection of its handshake-era requests
         self.notifications: Downstream | None = None  # once it made a handshake-era request
+        self.http_id: str | None = None  # its Mcp-Session-Id, once the HTTP fast path knows it
         self.in_flight = InFlight(MAX_IN_FLIGHT)
         self.closed = False
         self._asking: set[anyio.CancelScope] = set()

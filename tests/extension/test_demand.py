@@ -15,10 +15,10 @@ import mcp_types as types
 import pytest
 from pydantic import ValidationError
 
+from supervisor.child.listing import Listing
 from supervisor.config.settings import ExtensionConfig
 from supervisor.extension.demand import BUSY_RECHECK, idle_wait
 from supervisor.extension.saved import MAX_BYTES, CatalogStore, default_state_root, fingerprint, prune
-from supervisor.extension.state import Listing
 from tests.harness import (
     Daemon,
     alive,

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import mcp_types as types
 
-from supervisor.extension.state import Listing, State
+from supervisor.child.listing import Listing
+from supervisor.extension.state import State
 from supervisor.gateway.router import MAX_ROUTES, Router
 from supervisor.gateway.view.profiles import Chosen, Views
 

@@ -7,7 +7,8 @@ asking (``should_exit``), once every MCP session has been ended, so that open st
 rather than wait out uvicorn's graceful period and get cancelled.
 
 A request passes, in order: the connection's bounds (:mod:`.connections`), :class:`.Guard`,
-:class:`.ProfilePaths`, the body budget (:mod:`.bodies`), then Starlette's routes, ``/mcp``
+:class:`.ProfilePaths`, the body budget (:mod:`.bodies`), the fast path (:mod:`.fastcalls`: a
+plain tool call of a known session, answered without the SDK), then Starlette's routes, ``/mcp``
 being the SDK's streamable-HTTP transport under :class:`.Sessions`.
 """
 
@@ -35,6 +36,7 @@ from starlette.types import ASGIApp
 from supervisor.errors import SupervisorError
 from supervisor.gateway.http.bodies import Bodies
 from supervisor.gateway.http.connections import BoundedProtocol, Connections
+from supervisor.gateway.http.fastcalls import FastPath
 from supervisor.gateway.http.guard import Guard, ProfilePaths
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.gateway.http.sessions import Sessions
@@ -91,7 +93,7 @@ def build_app(
         Route("/healthz", healthz_route),
     ]
     starlette = Starlette(routes=routes, lifespan=lambda app: sessions.run())
-    bodies = Bodies(starlette, limits)
+    bodies = Bodies(FastPath(starlette, gateway, sessions), limits)
     guarded = Guard(ProfilePaths(bodies, gateway.views), host=host, port=port, token=token)
     return HttpApp(guarded, sessions, bodies)
 

@@ -20,7 +20,9 @@ otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -85,6 +87,29 @@ class Sessions(StreamableHTTPSessionManager):
         idle_scope = http_transport.idle_scope
         if idle_scope is not None and math.isfinite(idle_scope.deadline):  # nothing else in flight yet
             idle_scope.deadline = min(idle_scope.deadline, anyio.current_time() + self._fresh)
+
+    def live(self, session_id: str) -> bool:
+        """Whether *session_id* names a session that is open now (its id would not answer 404)."""
+        transport = self._server_instances.get(session_id)
+        return transport is not None and not transport.is_terminated
+
+    @contextlib.contextmanager
+    def serving(self, session_id: str) -> Iterator[None]:
+        """A request of *session_id* served outside the SDK's transport (the fast path): it holds
+        the session as one of the SDK's requests would, and its end restarts the idle countdown."""
+        transport = self._server_instances.get(session_id)
+        scope = transport.idle_scope if transport is not None else None
+        if transport is None or scope is None or self.session_idle_timeout is None:
+            yield
+            return
+        transport._requests_in_flight += 1  # the SDK's own count (2.3): handle_request does the same
+        scope.deadline = math.inf
+        try:
+            yield
+        finally:
+            transport._requests_in_flight -= 1
+            if not transport._requests_in_flight:
+                scope.deadline = anyio.current_time() + self.session_idle_timeout
 
     async def end_all(self) -> None:
         """End every session now, closing its streams (a shutdown)."""

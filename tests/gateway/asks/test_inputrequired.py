@@ -22,6 +22,7 @@ from mcp import Client, MCPError
 
 from supervisor.gateway.asks import inputrequired
 from supervisor.gateway.asks.inputrequired import MAX_PARKED, MAX_PARKED_PER_CLIENT
+from supervisor.gateway.asks.parked import Parked
 from supervisor.gateway.asks.requeststate import HANDLE_BYTES, Seal
 from tests.harness import (
     ANSWERING,
@@ -379,14 +380,14 @@ class TestTable:
         )
 
         def park(client: object) -> Any:
-            call = inputrequired._Call(os.urandom(16), client, ("tools/call", "t", ""), None)
+            call = Parked(os.urandom(16), client, ("tools/call", "t", ""), None)
             table._calls[call.handle] = call
             assert table.room_for(call) is None
             table.ask(call, question)
             return call
 
         first = [park("a") for _ in range(MAX_PARKED_PER_CLIENT)]
-        extra = inputrequired._Call(os.urandom(16), "a", ("tools/call", "t", ""), None)
+        extra = Parked(os.urandom(16), "a", ("tools/call", "t", ""), None)
         assert f"has {MAX_PARKED_PER_CLIENT} calls waiting" in str(table.room_for(extra))
         table._retire(first[0], "done")  # a slot comes free
         assert table.room_for(extra) is None
@@ -396,7 +397,7 @@ class TestTable:
                 park(n)
         park("a")
         assert len(table) == MAX_PARKED
-        stranger = inputrequired._Call(os.urandom(16), "b", ("tools/call", "t", ""), None)
+        stranger = Parked(os.urandom(16), "b", ("tools/call", "t", ""), None)
         assert f"{MAX_PARKED} calls of 2026-07-28 clients wait for input already" in str(
             table.room_for(stranger)
         )
@@ -412,14 +413,14 @@ class TestTable:
         )
         calls = []
         for n in range(MAX_PARKED_PER_CLIENT):
-            call = inputrequired._Call(os.urandom(16), "http", ("tools/call", "t", ""), None)
+            call = Parked(os.urandom(16), "http", ("tools/call", "t", ""), None)
             table._calls[call.handle] = call
             assert table.room_for(call) is None
             waiting = table.ask(call, question)
             call.parked_at = float(n)  # its input-required result went out at n, unanswered since
             calls.append((call, waiting))
         calls[0][0].attended = True  # its client is retrying right now: not to be ended
-        newcomer = inputrequired._Call(os.urandom(16), "http", ("tools/call", "t", ""), None)
+        newcomer = Parked(os.urandom(16), "http", ("tools/call", "t", ""), None)
         assert table.room_for(newcomer) is None
         (kept, _), (ended, its_question) = calls[0], calls[1]
         assert ended.scope.cancel_called and ended.handle not in table._calls
@@ -429,7 +430,7 @@ class TestTable:
 
     async def test_an_answer_to_a_question_withdrawn_meanwhile_is_dropped_not_refused(self) -> None:
         table = inputrequired.InputRequired()
-        call = inputrequired._Call(os.urandom(16), "c", ("tools/call", "t", ""), None)
+        call = Parked(os.urandom(16), "c", ("tools/call", "t", ""), None)
         question = types.ElicitRequest(
             params=types.ElicitRequestFormParams(
                 message="?", requested_schema={"type": "object", "properties": {}}

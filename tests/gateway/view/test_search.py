@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import mcp_types as types
 import pytest
 
-from supervisor.extension.state import Listing
+from supervisor.child.listing import Listing
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway.view.profiles import EVERYTHING, META_TOOLS, View, Views, hidden_reason
 from supervisor.gateway.view.search import Index, stem, tokenize
