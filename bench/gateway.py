@@ -51,7 +51,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
-from tests.gateway_client import unix_transport
+from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
 PROXY_VENV = ROOT / "bench" / ".venv-mcp-proxy"

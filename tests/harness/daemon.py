@@ -227,8 +227,8 @@ class Daemon:
         found: dict[str, Any] = {}
 
         def reached() -> bool:
-            found.update(self.status()[name])
-            return found["state"] == state
+            found.update(self.status().get(name, {}))  # a reload may not have added it yet
+            return found.get("state") == state
 
         until(reached, within)
         return found
