@@ -61,7 +61,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
-from tests.gateway_client import unix_transport
+from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
 OURS = ("direct", "floor1", "floor2", "socket", "connect", "own", "http")

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests" / "servers"))
 import toolbank
 
 from supervisor.gateway.view.search import Index
-from tests.gateway_client import gateway_session
+from tests.harness.gateway_client import gateway_session
 
 GROUPS = ("dev", "cloud", "office", "data")
 PROFILES = {

@@ -19,7 +19,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.session import MessageHandlerFnT
 
-SERVERS = Path(__file__).parent / "servers"
+from tests.harness import SERVERS
+
 CONNECTION_CLOSED = -32000
 PROTOCOL = "2025-06-18"  # not the SDK's default, so an echoed version is visible
 INIT = {

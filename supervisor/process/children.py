@@ -2,7 +2,7 @@
 
 Exit detection uses a pidfd watched by the event loop, and we reap the child ourselves.
 ``asyncio``'s ``Process.wait()`` is not enough: on CPython 3.11 it resolves only once every
-pipe is closed, so a grandchild holding stdout hides the exit (tests/test_process.py shows it).
+pipe is closed, so a grandchild holding stdout hides the exit (tests/process/test_children.py shows it).
 
 Spawning (:mod:`supervisor.process.spawner`) runs no Python code in the child and never blocks the
 event loop. Where the daemon has a cgroup sub-tree (:func:`contain_in`), each run gets a

@@ -29,8 +29,7 @@ from typing import Any
 import pytest
 
 from supervisor.process import children as process
-
-from ..test_daemon import Daemon, until
+from tests.harness import Daemon, until
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "interop"
@@ -230,24 +229,13 @@ def wait_running(daemon: Daemon, name: str) -> dict[str, Any]:
 def interop(toolchain: Toolchain) -> Iterator[Interop]:
     """One daemon supervising every published server, with the HTTP listener on a free port."""
     work = Path(tempfile.mkdtemp(prefix="mcpi-", dir="/tmp"))  # short: unix socket paths
-    daemon = Daemon(work, {})
-    config = {
-        "socket": daemon.socket,
-        "spool": {"dir": str(work / "spool")},
-        "gateway": {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}},
-        "extensions": extensions(toolchain, work),
-    }
-    daemon.config.write_text(json.dumps(config))
+    supervised = extensions(toolchain, work)
+    daemon = Daemon(work, supervised, settings={"spool": {"dir": str(work / "spool")}}, http={})
     daemon.start()
     try:
-        for name in config["extensions"]:
+        for name in supervised:
             wait_running(daemon, name)
-
-        def listening() -> list[dict[str, Any]]:
-            return [e for e in daemon.events() if e.get("event") == "gateway.http_listening"]
-
-        until(lambda: bool(listening()))
-        yield Interop(daemon, work, listening()[0]["url"], toolchain)
+        yield Interop(daemon, work, daemon.url + "/mcp", toolchain)
         assert daemon.terminate() == 0, daemon.log.read_text()[-3000:]
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:

@@ -16,7 +16,8 @@ import mcp_types as types
 import psutil
 import pytest
 
-from ..gateway_client import gateway_session
+from tests.harness import gateway_session
+
 from .conftest import Interop, reachable
 
 pytestmark = [

@@ -1,0 +1,225 @@
+"""The HTTP fast path: a plain tool call of a known session answered as JSON, without the SDK's models.
+
+A real daemon with its HTTP listener; raw HTTP requests where the test must see the wire (the
+content type, a cancel, a dropped connection), the SDK's own client where behaviour must be the
+SDK path's (questions mid-call, per-client instances are in test_instances_http.py).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client, MCPError
+
+from tests.harness import RICH, Daemon, eventually, extension_settings, first_text
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(60),
+    pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),
+]
+
+ASKER = extension_settings("asker.py")
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def _initialize() -> bytes:
+    params = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}).encode()
+
+
+def _call(request_id: int, tool: str, **arguments: Any) -> bytes:
+    params = {"name": tool, "arguments": arguments}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+
+
+class Raw:
+    """One MCP session over plain HTTP requests."""
+
+    def __init__(self, client: httpx2.AsyncClient, url: str) -> None:
+        self.client, self.url, self.headers = client, url, dict(HEADERS)
+
+    async def open(self, *, list_tools: bool = True) -> None:
+        answer = await self.client.post(self.url, content=_initialize(), headers=self.headers)
+        self.headers.update(
+            {"mcp-session-id": answer.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        )
+        await self.post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        if list_tools:
+            assert (await self.post(b'{"jsonrpc":"2.0","id":"l","method":"tools/list"}')).status_code == 200
+
+    async def post(self, body: bytes, **options: Any) -> httpx2.Response:
+        return await self.client.post(self.url, content=body, headers=self.headers, **options)
+
+
+def _tail(http: Daemon, name: str) -> str:
+    result = http.cli("logs", name)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+class TestJson:
+    async def test_a_plain_call_of_a_session_that_listed_tools_is_answered_as_json(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=10) as client:
+            session = Raw(client, http.url + "/mcp")
+            await session.open(list_tools=False)
+            before = await session.post(_call(1, "rich__echo", text="before"))
+            assert before.headers["content-type"].startswith("text/event-stream")  # not known yet: the SDK
+            await session.post(b'{"jsonrpc":"2.0","id":"l","method":"tools/list"}')
+            answer = await session.post(_call(2, "rich__echo", text="fast"))
+        assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+        message = answer.json()
+        assert message["id"] == 2 and message["result"]["content"][0]["text"] == "fast"
+        assert message["result"]["structuredContent"] == {"text": "fast"}
+
+    async def test_an_unknown_session_goes_to_the_sdk_and_gets_404(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=10) as client:
+            headers = {**HEADERS, "mcp-session-id": "0" * 32}
+            answer = await client.post(
+                http.url + "/mcp", content=_call(1, "rich__echo", text="x"), headers=headers
+            )
+        assert answer.status_code == 404
+
+    async def test_errors_answer_as_on_the_sdk_path(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        """The child's own error and an unknown tool: the same message before listing (the SDK's
+        path) as after (the fast path, or the SDK's again for a name not routed)."""
+        http = http_gateway({"rich": RICH})
+        calls = [("rich__echo", {}), ("rich__nonexistent", {}), ("rich__echo", {"text": "x"})]
+        async with httpx2.AsyncClient(timeout=10) as client:
+            session = Raw(client, http.url + "/mcp")
+            await session.open(list_tools=False)
+            slow = [
+                _message(await session.post(_call(n, tool, **args))) for n, (tool, args) in enumerate(calls)
+            ]
+            await session.post(b'{"jsonrpc":"2.0","id":"l","method":"tools/list"}')
+            fast = [
+                _message(await session.post(_call(n, tool, **args))) for n, (tool, args) in enumerate(calls)
+            ]
+        assert fast == slow
+        assert "error" in slow[0] and "error" in slow[1] and slow[2]["result"]["content"][0]["text"] == "x"
+
+    async def test_the_sdk_client_gets_its_answers(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        async with Client(http.url + "/mcp", mode="legacy") as client:
+            await client.list_tools()
+            assert first_text(await client.call_tool("rich__echo", {"text": "sdk"})) == "sdk"
+            with pytest.raises(MCPError, match="unknown tool"):
+                await client.call_tool("rich__nonexistent", {})
+
+
+def _message(answer: httpx2.Response) -> dict[str, Any]:
+    """The one JSON-RPC message of *answer*, whether a JSON body or an event stream."""
+    assert answer.status_code == 200, answer.text
+    if answer.headers["content-type"] == "application/json":
+        return answer.json()
+    data = [
+        line.removeprefix("data:").strip() for line in answer.text.splitlines() if line.startswith("data:")
+    ]
+    return json.loads(next(line for line in data if line))
+
+
+class TestCancel:
+    async def test_a_cancel_notification_cancels_the_childs_call(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+            session = Raw(client, http.url + "/mcp")
+            await session.open()
+            answers: list[httpx2.Response] = []
+
+            async def waiting() -> None:
+                answers.append(await session.post(_call(7, "rich__wait", seconds=30)))
+
+            tg.start_soon(waiting)
+            await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            assert (await session.post(json.dumps(cancel).encode())).status_code == 202
+            await eventually(lambda: bool(answers), within=10)
+        assert answers[0].status_code == 202 and answers[0].content == b""  # no answer to a cancelled call
+        await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
+
+    async def test_a_client_that_goes_cancels_the_childs_call(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=10) as client:
+            session = Raw(client, http.url + "/mcp")
+            await session.open()
+        host, port = http.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            body = _call(8, "rich__wait", seconds=30)
+            head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+            head += "".join(f"{k}: {v}\r\n" for k, v in session.headers.items()) + "\r\n"
+            sock.sendall(head.encode() + body)
+            await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
+        await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
+        assert http.status()["rich"]["in_flight"] == 0
+
+    async def test_a_cancel_names_a_call_of_its_own_session_only(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        """Two clients at once: one cancels request id 7, the other's call with id 7 runs on."""
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+            honest, hostile = Raw(client, http.url + "/mcp"), Raw(client, http.url + "/mcp")
+            await honest.open()
+            await hostile.open()
+            answers: list[httpx2.Response] = []
+
+            async def waiting() -> None:
+                answers.append(await honest.post(_call(7, "rich__wait", seconds=1)))
+
+            tg.start_soon(waiting)
+            await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+            assert (await hostile.post(json.dumps(cancel).encode())).status_code == 202
+            await eventually(lambda: bool(answers), within=10)
+        assert answers[0].status_code == 200 and "result" in answers[0].json()
+
+
+class TestQuestions:
+    async def test_a_childs_question_reaches_the_calling_http_client(
+        self,
+        http_gateway: Callable[..., Daemon],
+    ) -> None:
+        """On the fast path a question goes out on the session's own stream and its answer comes back."""
+        http = http_gateway({"asker": ASKER})
+        asked: list[str] = []
+
+        async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            asked.append(params.message)
+            return types.ElicitResult(action="accept", content={"answer": "yes"})
+
+        async with Client(http.url + "/mcp", mode="legacy", elicitation_callback=answer) as client:
+            await client.list_tools()
+            result = await client.call_tool("asker__elicit", {"message": "over http?"})
+        assert first_text(result) == 'accept {"answer": "yes"}' and asked == ["over http?"]

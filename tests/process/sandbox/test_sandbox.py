@@ -1,0 +1,215 @@
+"""The sandbox as users get it: a real daemon, a hostile fixture server, the kernel saying no.
+
+Every attempt of ``tests/servers/hostile.py`` is refused under the default sandbox (the network
+ones under ``network: none`` / ``outbound`` as each mode promises) and succeeds, in the same
+daemon, for the same server with ``sandbox: false``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from supervisor.cli import render
+from supervisor.control import client
+from supervisor.daemon.root import instance_key
+from supervisor.process import sandbox
+from tests.harness import ROOT, Daemon, extension_settings
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.anyio]
+
+
+def attempt(daemon: Daemon, name: str, kind: str, target: str | int | Path = "") -> str:
+    """What tests/servers/hostile.py's attempt of *kind* on *target* came to: "ok" or "refused: ..."."""
+    result = daemon.call(name, "attempt", kind=kind, target=str(target))
+    return str(result["content"][0]["text"])
+
+
+def logs(daemon: Daemon, name: str) -> list[str]:
+    return daemon.request("logs", {"name": name, "lines": 100})["lines"]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def sandboxed(daemons: Callable[..., Daemon]) -> Callable[..., Daemon]:
+    """A daemon with a HOME of its own (holding a key and a .bashrc to steal) on *config*: the
+    top-level settings, or a file used as it is."""
+
+    def make(config: dict[str, Any] | Path, prefix: list[str] | None = None) -> Daemon:
+        if isinstance(config, Path):
+            daemon = daemons(config=config, home=True, prefix=prefix, start=False, end="terminate")
+        else:
+            settings = {k: v for k, v in config.items() if k != "extensions"}
+            daemon = daemons(
+                config.get("extensions", {}),
+                settings=settings,
+                home=True,
+                prefix=prefix,
+                start=False,
+                end="terminate",
+            )
+        (daemon.home / ".ssh").mkdir(parents=True)
+        (daemon.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+        (daemon.home / ".bashrc").write_text("# the user's\n")
+        daemon.state.mkdir(parents=True)
+        (daemon.state / "marker").write_text("state")
+        return daemon.start()
+
+    return make
+
+
+@pytest.fixture
+def tcp_listener() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server.getsockname()[1]
+
+
+@pytest.fixture
+def abstract_listener() -> Iterator[str]:
+    name = f"mcps-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind("\0" + name)
+        server.listen()
+        yield name
+
+
+HOSTILE = {
+    "confined": extension_settings("hostile.py"),
+    "no_network": extension_settings("hostile.py", sandbox={"network": "none"}),
+    "outbound": extension_settings("hostile.py", sandbox={"network": "outbound"}),
+    "free": extension_settings("hostile.py", sandbox=False),
+    "sibling": extension_settings("quick.py"),
+    "media": extension_settings("media.py"),
+}
+
+
+class TestHostileServer:
+    async def test_every_attempt_is_refused_confined_and_succeeds_unconfined(
+        self, sandboxed: Any, tcp_listener: int, abstract_listener: str
+    ) -> None:
+        """Files, the daemon's own things, signals, ptrace and unix sockets: refused in every
+        mode; TCP as each network mode says; all of it works with ``sandbox: false``."""
+        daemon = sandboxed({"spool": {"max_inline_bytes": 1024}, "extensions": HOSTILE})
+        records = daemon.wait_running(*HOSTILE)
+        spooled = daemon.call("media", "image", bytes=100_000)
+        link = next(c for c in spooled["content"] if c["type"] == "resource_link")
+        spool_file = link["uri"].removeprefix("file://")
+        assert Path(spool_file).is_file()  # noqa: ASYNC240 - one stat in a test
+        attempts = {
+            "read ~/.ssh/id_ed25519": ("read", daemon.home / ".ssh" / "id_ed25519"),
+            "write ~/.bashrc": ("write", daemon.home / ".bashrc"),
+            "list the state directory": ("list", daemon.state),
+            "read another extension's spool file": ("read", spool_file),
+            "read the daemon's config": ("read", daemon.config),
+            "connect to the control socket": ("connect_unix", daemon.socket),
+            "kill the daemon": ("kill", daemon.proc.pid),
+            "connect to an abstract unix socket": ("connect_abstract", abstract_listener),
+            "ptrace a sibling": ("ptrace", records["sibling"]["pid"]),
+        }
+        for name in ("confined", "no_network", "outbound", "free"):
+            for what, (kind, target) in attempts.items():
+                outcome = attempt(daemon, name, kind, target)
+                expected = "ok" if name == "free" else "refused"
+                assert outcome.startswith(expected), (name, what, outcome)
+        network = {  # mode -> (connect to a local port, bind a port)
+            "confined": ("ok", "ok"),  # network: all (the default)
+            "outbound": ("ok", "refused"),
+            "no_network": ("refused", "refused"),
+            "free": ("ok", "ok"),
+        }
+        for name, (connect, bind) in network.items():
+            assert (attempt(daemon, name, "connect_tcp", tcp_listener)).startswith(connect), name
+            assert (attempt(daemon, name, "bind_tcp")).startswith(bind), name
+        assert (daemon.home / ".bashrc").read_text().count("hostile") == 1  # only the unconfined one
+        base = sandbox.tmp_base(instance_key(daemon.socket))
+        assert len(os.listdir(base)) == 5  # one private temporary directory per confined extension
+        daemon.terminate()
+        assert not os.path.exists(base)  # noqa: ASYNC240 - gone with the daemon
+
+    async def test_a_grant_of_the_home_still_hides_its_credentials(self, sandboxed: Any) -> None:
+        """`read: [~]` shows ~/.bashrc (read-only) but not ~/.ssh nor the daemon's state in it."""
+        extensions = {"reader": extension_settings("hostile.py", sandbox={"read": ["~"]})}
+        daemon = sandboxed({"extensions": extensions})
+        daemon.wait_running("reader")
+        assert attempt(daemon, "reader", "read", daemon.home / ".bashrc") == "ok"
+        assert (attempt(daemon, "reader", "write", daemon.home / ".bashrc")).startswith("refused: EROFS")
+        assert (attempt(daemon, "reader", "read", daemon.home / ".ssh" / "id_ed25519")).startswith("refused")
+        assert (attempt(daemon, "reader", "read", daemon.state / "marker")).startswith("refused")
+
+
+class TestExample:
+    async def test_the_example_config_runs_confined_as_it_is(self, sandboxed: Any) -> None:
+        """configs/example.yaml, unchanged: both demo servers run confined and answer."""
+        daemon = sandboxed(ROOT / "configs" / "example.yaml")
+        records = daemon.wait_running("clock", "notes")
+        assert {records[n]["sandbox"]["mode"] for n in ("clock", "notes")} == {"confined"}
+        now = daemon.call("clock", "now", timezone="Europe/Paris")
+        assert not now["isError"] and now["content"][0]["text"]
+        added = daemon.call("notes", "add_note", text="confined")
+        assert not added["isError"], added
+
+
+class TestVisible:
+    async def test_status_health_and_logs_show_the_sandbox(self, sandboxed: Any) -> None:
+        """status and health carry mode, network and digest; the server's refusals are in its logs;
+        granting one more path changes the digest (a reload restarts it)."""
+        extensions = {
+            "confined": extension_settings("hostile.py", sandbox={"network": "outbound"}),
+            "free": extension_settings("hostile.py", sandbox=False),
+        }
+        daemon = sandboxed({"extensions": extensions})
+        records = daemon.wait_running(*extensions)
+        shown = records["confined"]["sandbox"]
+        assert shown["mode"] == "confined" and shown["network"] == "outbound"
+        assert len(shown["digest"]) == 12
+        assert records["free"]["sandbox"] == {"mode": "off"}
+        health = await client.request(daemon.socket, "health")
+        assert {e["name"]: e["sandbox"] for e in health["extensions"]}["confined"] == shown
+        table = render.health_text(health).splitlines()
+        assert table[2].split()[-1] == "SANDBOX"
+        rows = {line.split()[0]: line for line in table[3:5]}
+        assert rows["confined"].endswith(f"network outbound, {shown['digest'][:8]}")
+        assert rows["free"].endswith("off")
+
+        attempt(daemon, "confined", "read", daemon.home / ".ssh" / "id_ed25519")
+        assert any(
+            "No such file or directory" in line and "id_ed25519" in line for line in logs(daemon, "confined")
+        )
+
+        extensions["confined"]["sandbox"]["read"] = [str(daemon.directory)]
+        daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": extensions}))
+        assert (await client.request(daemon.socket, "reload"))["restarted"] == ["confined"]
+        records = daemon.wait_running("confined")
+        assert records["confined"]["sandbox"]["digest"] != shown["digest"]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+class TestUnenforceable:
+    async def test_network_none_without_network_namespaces_fails_clearly_and_alone(
+        self, sandboxed: Any
+    ) -> None:
+        """A kernel that cannot make network namespaces: `network: none` fails for good, saying how
+        to opt out; it never runs unconfined; the default sandbox still runs."""
+        limit = 'echo 0 > /proc/sys/user/max_net_namespaces && exec "$@"'  # in a user namespace of its own
+        extensions = {
+            "offline": extension_settings("hostile.py", sandbox={"network": "none"}),
+            "online": extension_settings("hostile.py"),
+        }
+        daemon = sandboxed(
+            {"extensions": extensions}, prefix=["unshare", "-U", "-r", "sh", "-c", limit, "sh"]
+        )
+        daemon.wait_running("online")
+        with anyio.fail_after(20):
+            while (record := daemon.status()["offline"])["state"] != "failed":  # noqa: ASYNC110 - another process
+                await anyio.sleep(0.05)
+        assert "network namespaces" in record["last_error"]
+        assert "network: outbound" in record["last_error"] and "sandbox: false" in record["last_error"]
+        assert record["pid"] is None and record["restarts"] == 0
