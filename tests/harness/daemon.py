@@ -163,7 +163,7 @@ class Daemon:
         return {**kept, "HOME": str(self.home), "PATH": path, **self.extra_env}
 
     def start(self, env: dict[str, str] | None = None, within: float = START_WITHIN) -> Daemon:
-        """Start the daemon (with *env* added); return once it listens (or has exited: check ``proc``)."""
+        """Start the daemon (with *env* added); return once it is ready (or has exited: check ``proc``)."""
         self.extra_env.update(env or {})
         nofile = self.nofile
 
@@ -172,12 +172,14 @@ class Daemon:
                 resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
 
         argv = [*self.prefix, *CLI, "daemon", "-c", str(self.config)]
+        readies = len(self.find("daemon.ready")) if self.log.exists() else 0  # the log spans restarts
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdout=log, stderr=log, env=self.env, preexec_fn=limit if nofile else None
             )
         proc = self.proc
-        until(lambda: accepts(self.socket) or proc.poll() is not None, within)
+        # Ready, as systemd would be told: autostart extensions are launched (not yet running).
+        until(lambda: len(self.find("daemon.ready")) > readies or proc.poll() is not None, within)
         if self.http is not None and proc.poll() is None:
             until(lambda: bool(self.find("gateway.http_listening")) or proc.poll() is not None, within)
             if proc.poll() is None:  # the control socket comes first, then the HTTP listener
@@ -288,7 +290,9 @@ class Daemon:
     # ---- the log and the process, from outside ----------------------------------------------
 
     def events(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        """The logged events; a last line still being written is not one yet."""
+        lines = self.log.read_text().split("\n")[:-1]
+        return [json.loads(line) for line in lines if line.startswith("{")]
 
     def find(self, event: str) -> list[dict[str, Any]]:
         """The logged events named *event*."""
