@@ -283,3 +283,20 @@ class TestConnect:
             "gateway.hello",
         }
         assert ours <= allowed, sorted(ours - allowed)
+
+
+class TestTestsLayout:
+    def test_test_folders_mirror_the_package(self) -> None:
+        """A module's tests sit in the folder of its package, so a newcomer finds them by name:
+        ``supervisor/gateway/http/`` is tested in ``tests/gateway/http/``. Besides the mirror:
+        the harness, the fixture servers, the published servers (interop) and their data."""
+        tests = Path(__file__).resolve().parent
+        apart = {"harness", "servers", "interop", "data"}
+        strays = [
+            str(folder.relative_to(tests))
+            for folder in sorted({path.parent for path in tests.rglob("test_*.py")})
+            if folder != tests
+            and folder.relative_to(tests).parts[0] not in apart
+            and not (PACKAGE / folder.relative_to(tests)).is_dir()
+        ]
+        assert not strays, f"test folders with no package of that name: {strays}"
