@@ -7,6 +7,7 @@ import json
 import signal
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,13 @@ def _request(daemon: Daemon, method: str, params: dict[str, Any] | None = None) 
 
 def _status(daemon: Daemon) -> dict[str, dict[str, Any]]:
     return {record["name"]: record for record in _request(daemon, "status")["extensions"]}
+
+
+def _shutdown_took(daemon: Daemon) -> float:
+    """Seconds from ``daemon.shutting_down`` to ``daemon.stopped`` in the daemon's log."""
+    (begun,), (ended,) = daemon.find("daemon.shutting_down"), daemon.find("daemon.stopped")
+    took = datetime.fromisoformat(ended["timestamp"]) - datetime.fromisoformat(begun["timestamp"])
+    return took.total_seconds()
 
 
 def _never(short_tmp: Path, **overrides: Any) -> dict[str, Any]:
@@ -170,6 +178,7 @@ class TestShutdownDuringAStorm:
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.proc.wait(timeout=30) == 0
         took = time.monotonic() - sent
-        assert took < 3, f"exited {took:.1f}s after SIGTERM, shutdown_timeout is 3"
+        assert _shutdown_took(daemon) < 3  # by its own clock: SIGTERM handled to the last line
+        assert took < 3.5, f"exited {took:.1f}s after SIGTERM (the interpreter ends after its last line)"
         assert not alive(pid)
         assert "daemon.shutdown_timeout" in [e["event"] for e in daemon.events()]
