@@ -120,5 +120,7 @@ def _replay(first: Message, receive: Receive) -> Receive:
 async def _respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers or []})
+    # A length, not chunks: two writes per answer instead of three, and the client parses less.
+    length = (b"content-length", str(len(body)).encode())
+    await send({"type": "http.response.start", "status": status, "headers": [*(headers or []), length]})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -83,6 +83,8 @@ class TestJson:
             await session.post(b'{"jsonrpc":"2.0","id":"l","method":"tools/list"}')
             answer = await session.post(_call(2, "rich__echo", text="fast"))
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+        assert answer.headers["content-length"] == str(len(answer.content))  # one body, not chunks
+        assert "transfer-encoding" not in answer.headers
         message = answer.json()
         assert message["id"] == 2 and message["result"]["content"][0]["text"] == "fast"
         assert message["result"]["structuredContent"] == {"text": "fast"}
