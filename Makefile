@@ -21,7 +21,7 @@ run: venv
 
 test: venv
 	$(BIN)/ruff check supervisor tests bench
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -n $(WORKERS) --dist worksteal
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -n $(WORKERS) --dist worksteal --durations=10
 
 lint: venv
 	$(BIN)/ruff check supervisor tests bench
@@ -31,6 +31,8 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/restart.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/media.py --repeat 6
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/gateway.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/connect.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/coldstart.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/contain.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/soak.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/hostile.py
