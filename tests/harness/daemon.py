@@ -28,6 +28,8 @@ from supervisor.control.client import DaemonUnreachable, RemoteError
 from supervisor.daemon.root import instance_key
 from supervisor.errors import SupervisorError
 
+from . import zygote
+
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
 CLI = [sys.executable, "-m", "supervisor"]
@@ -118,7 +120,7 @@ class Daemon:
         self.directory = directory
         self.socket = str(directory / "control.sock")
         self.log = directory / "daemon.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | zygote.Forked | None = None
         self.http = http
         self.settings = dict(settings or {})
         self.url = ""  # the HTTP listener's base URL, once started with http
@@ -173,10 +175,13 @@ class Daemon:
 
         argv = [*self.prefix, *CLI, "daemon", "-c", str(self.config)]
         readies = len(self.find("daemon.ready")) if self.log.exists() else 0  # the log spans restarts
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=log, env=self.env, preexec_fn=limit if nofile else None
-            )
+        if not self.prefix and zygote.enabled():  # the same process, without a second of imports
+            self.proc = zygote.spawn(argv[len(CLI) :], env=self.env, log=self.log, nofile=nofile)
+        else:
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    argv, stdout=log, stderr=log, env=self.env, preexec_fn=limit if nofile else None
+                )
         proc = self.proc
         # Ready, as systemd would be told: autostart extensions are launched (not yet running).
         until(lambda: len(self.find("daemon.ready")) > readies or proc.poll() is not None, within)
