@@ -16,6 +16,7 @@ process of its own again.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -61,6 +62,13 @@ class _Zygote:
         self.reader = ours.makefile("rb")
         self.lock = threading.Lock()
 
+    def close(self) -> None:
+        """End it with the worker: a closed socket is its signal to exit."""
+        self.reader.close()
+        self.channel.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
         with self.lock:
             self.channel.sendall(json.dumps(message).encode() + b"\n")
@@ -79,6 +87,7 @@ def _the_zygote() -> _Zygote:
     with _started:
         if _zygote is None or _zygote.proc.poll() is not None:
             _zygote = _Zygote()
+            atexit.register(_zygote.close)
         return _zygote
 
 

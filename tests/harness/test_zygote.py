@@ -1,0 +1,52 @@
+"""The harness's forked daemons are the processes ``python -m supervisor daemon`` would be."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.harness import Daemon, extension_settings, zygote
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not zygote.enabled(), reason="MCP_TEST_FORK=0: no zygote"),
+]
+
+
+def _links(pid: int) -> set[str]:
+    """What the fds of *pid* point at, but stdio (sockets and pipes by inode)."""
+    folder = f"/proc/{pid}/fd"
+    return {os.readlink(f"{folder}/{fd}") for fd in os.listdir(folder) if int(fd) > 2}
+
+
+def test_a_forked_daemon_has_its_own_stdio_environment_limits_and_exit_code(
+    daemons: Callable[..., Daemon],
+) -> None:
+    daemon = daemons(
+        {"env": extension_settings("getenv.py")}, env={"MCP_TEST_MARK": "forked"}, nofile=(512, 4096)
+    )
+    assert isinstance(daemon.proc, zygote.Forked)
+    process = psutil.Process(daemon.pid)
+    daemon.wait_state("env", "running")
+    # /proc/PID/environ is the zygote's (it is fixed at exec); what the daemon passes on is its own.
+    arguments = {"name": "MCP_TEST_MARK"}
+    answer = daemon.request("call", {"name": "env", "tool": "getenv", "arguments": arguments})
+    assert answer["content"][0]["text"] == "forked", answer
+    assert process.rlimit(psutil.RLIMIT_NOFILE) == (4096, 4096)  # the daemon raises soft to hard
+    fds = {fd: os.readlink(f"/proc/{daemon.pid}/fd/{fd}") for fd in (0, 1, 2)}
+    assert fds == {0: os.devnull, 1: str(daemon.log), 2: str(daemon.log)}
+    assert not _links(daemon.pid) & _links(process.ppid())  # none of the zygote's fds (its socket)
+    assert daemon.find("daemon.ready")
+    daemon.proc.send_signal(signal.SIGKILL)
+    assert daemon.proc.wait(timeout=20) == -signal.SIGKILL  # as Popen reports it
+
+
+def test_sigterm_ends_it_with_exit_0(daemons: Callable[..., Daemon], short_tmp: Path) -> None:
+    daemon = daemons({})
+    assert daemon.terminate() == 0
+    assert daemon.find("daemon.stopped")
