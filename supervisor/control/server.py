@@ -29,38 +29,17 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor import sockets
 from supervisor.control import rpc
-from supervisor.control.codes import (
-    CALL_FAILED,
-    CONFIG_INVALID,
-    EXTENSION_UNAVAILABLE,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
-    PARSE_ERROR,
-    SUPERVISOR_ERROR,
-    UNKNOWN_EXTENSION,
-)
+from supervisor.control.codes import INVALID_REQUEST, SUPERVISOR_ERROR
 from supervisor.control.methods import METHODS, Backend, Method
 from supervisor.sockets import Spare
 
 __all__ = (
-    "CALL_FAILED",
-    "CONFIG_INVALID",
     "CROWDED_IDLE_TIMEOUT",
-    "EXTENSION_UNAVAILABLE",
     "IDLE_TIMEOUT",
-    "INTERNAL_ERROR",
-    "INVALID_PARAMS",
-    "INVALID_REQUEST",
     "MAX_CONNECTIONS",
     "MAX_FRAME",
     "METHODS",
-    "METHOD_NOT_FOUND",
-    "PARSE_ERROR",
     "REPLY_TIMEOUT",
-    "SUPERVISOR_ERROR",
-    "UNKNOWN_EXTENSION",
     "Backend",
     "Method",
     "serve",

@@ -25,7 +25,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor import cli, sockets
-from supervisor.control import client
+from supervisor.control import client, codes
 from supervisor.control import server as control
 from tests.harness import Daemon
 
@@ -407,11 +407,11 @@ class TestBadInput:
         assert len(answered) == sum(expected)
         assert all(set(reply) == {"jsonrpc", "id", "error"} for reply in answered if "result" not in reply)
         assert {reply["error"]["code"] for reply in answered if "error" in reply} <= {
-            control.PARSE_ERROR,
-            control.INVALID_REQUEST,
-            control.METHOD_NOT_FOUND,
-            control.INVALID_PARAMS,
-            control.UNKNOWN_EXTENSION,
+            codes.PARSE_ERROR,
+            codes.INVALID_REQUEST,
+            codes.METHOD_NOT_FOUND,
+            codes.INVALID_PARAMS,
+            codes.UNKNOWN_EXTENSION,
         }
         assert (
             oversized
@@ -419,7 +419,7 @@ class TestBadInput:
                 {
                     "jsonrpc": "2.0",
                     "id": None,
-                    "error": {"code": control.INVALID_REQUEST, "message": "request too large (over 1 MiB)"},
+                    "error": {"code": codes.INVALID_REQUEST, "message": "request too large (over 1 MiB)"},
                 }
             ]
             * OVERSIZED

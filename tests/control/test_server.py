@@ -19,7 +19,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
 
-from supervisor.control import client
+from supervisor.control import client, codes
 from supervisor.control import server as control
 from supervisor.errors import SupervisorError
 from tests.harness import FakeBackend, eventually
@@ -188,7 +188,7 @@ class TestMethods:
         backend.reload_errors = ["extensions.a.restart (line 3): bad", "extensions.b (line 9): bad"]
         async with serving(backend, short_tmp) as path, wire(path) as w:
             reply = await w.request("reload")
-        assert error_of(reply) == (control.CONFIG_INVALID, "the config is not valid; nothing was changed")
+        assert error_of(reply) == (codes.CONFIG_INVALID, "the config is not valid; nothing was changed")
         assert reply["error"]["data"] == {"errors": backend.reload_errors}
 
     async def test_health_as_json_and_as_prometheus_text(self, short_tmp: Path) -> None:
@@ -199,14 +199,14 @@ class TestMethods:
             bad = await w.request("health", {"format": "xml"}, request_id=3)
         assert report["result"]["process"] == {"pid": 1}
         assert "mcp_supervisor_spool_bytes 0.0" in text["result"]["text"]
-        assert bad["error"]["code"] == control.INVALID_PARAMS
+        assert bad["error"]["code"] == codes.INVALID_PARAMS
 
     @pytest.mark.parametrize("method", ["shutdown", "gateway", ""])
     async def test_methods_outside_the_table_are_not_found(self, short_tmp: Path, method: str) -> None:
         """A method not in METHODS is -32601."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request(method)
-        assert error_of(reply) == (control.METHOD_NOT_FOUND, f"unknown method {method!r}")
+        assert error_of(reply) == (codes.METHOD_NOT_FOUND, f"unknown method {method!r}")
 
 
 @pytest.mark.anyio
@@ -215,13 +215,13 @@ class TestApplicationErrors:
         """An unknown extension name is -32004 with the error's sentence."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("start", {"name": "nope"})
-        assert error_of(reply) == (control.UNKNOWN_EXTENSION, "no extension named 'nope' is configured")
+        assert error_of(reply) == (codes.UNKNOWN_EXTENSION, "no extension named 'nope' is configured")
 
     async def test_extension_unavailable_carries_state_and_retryable(self, short_tmp: Path) -> None:
         """ExtensionUnavailable is -32003 with data naming the state and whether to retry."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "unavailable"})
-        assert reply["error"]["code"] == control.EXTENSION_UNAVAILABLE
+        assert reply["error"]["code"] == codes.EXTENSION_UNAVAILABLE
         assert reply["error"]["data"] == {"state": "backoff", "retryable": True}
         assert "try again shortly" in reply["error"]["message"]
 
@@ -230,7 +230,7 @@ class TestApplicationErrors:
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "broken"})
         assert reply["error"] == {
-            "code": control.CALL_FAILED,
+            "code": codes.CALL_FAILED,
             "message": "the extension closed the connection",
             "data": {"code": -32000},
         }
@@ -239,7 +239,7 @@ class TestApplicationErrors:
         """Any other SupervisorError is -32000 with its message."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("call", {"name": "alpha", "tool": "plain"})
-        assert error_of(reply) == (control.SUPERVISOR_ERROR, "something the daemon refuses")
+        assert error_of(reply) == (codes.SUPERVISOR_ERROR, "something the daemon refuses")
 
     async def test_a_crashing_handler_is_an_internal_error_and_the_server_goes_on(
         self, short_tmp: Path, logs: list[dict[str, Any]]
@@ -249,7 +249,7 @@ class TestApplicationErrors:
             reply = await w.request("call", {"name": "alpha", "tool": "explode"})
             after = await w.request("status", request_id=2)
             elsewhere = await other.request("status")
-        assert error_of(reply) == (control.INTERNAL_ERROR, "internal error: RuntimeError: boom")
+        assert error_of(reply) == (codes.INTERNAL_ERROR, "internal error: RuntimeError: boom")
         assert "result" in after
         assert "result" in elsewhere
         crashes = [e for e in logs if e["event"] == "control.handler_crashed"]
@@ -269,9 +269,9 @@ class TestProtocolErrors:
             deep = await w.receive()
             valid = await w.request("status", request_id=7)
         assert broken["id"] is None
-        assert broken["error"]["code"] == control.PARSE_ERROR
-        assert error_of(not_utf8) == (control.PARSE_ERROR, "parse error: the request is not valid UTF-8")
-        assert deep["error"]["code"] == control.PARSE_ERROR
+        assert broken["error"]["code"] == codes.PARSE_ERROR
+        assert error_of(not_utf8) == (codes.PARSE_ERROR, "parse error: the request is not valid UTF-8")
+        assert deep["error"]["code"] == codes.PARSE_ERROR
         assert valid["id"] == 7
         assert "result" in valid
 
@@ -306,14 +306,14 @@ class TestProtocolErrors:
             await w.send(message)
             reply = await w.receive()
         assert reply["id"] == reply_id
-        assert error_of(reply) == (control.INVALID_REQUEST, text)
+        assert error_of(reply) == (codes.INVALID_REQUEST, text)
 
     async def test_batches_are_refused(self, short_tmp: Path) -> None:
         """A JSON array is -32600 'batch requests are not supported'."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             await w.send([{"jsonrpc": "2.0", "id": 1, "method": "status"}])
             reply = await w.receive()
-        assert error_of(reply) == (control.INVALID_REQUEST, "batch requests are not supported")
+        assert error_of(reply) == (codes.INVALID_REQUEST, "batch requests are not supported")
 
     @pytest.mark.parametrize(
         ("method", "params", "problem"),
@@ -339,13 +339,13 @@ class TestProtocolErrors:
         """Params failing their pydantic model are -32602 with a readable message."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request(method, params)
-        assert error_of(reply) == (control.INVALID_PARAMS, f"invalid params for {method!r}: {problem}")
+        assert error_of(reply) == (codes.INVALID_PARAMS, f"invalid params for {method!r}: {problem}")
 
     async def test_params_must_be_an_object(self, short_tmp: Path) -> None:
         """Positional (array) params are -32602."""
         async with serving(FakeBackend(), short_tmp) as path, wire(path) as w:
             reply = await w.request("status", [1])
-        assert error_of(reply) == (control.INVALID_PARAMS, "params must be a JSON object")
+        assert error_of(reply) == (codes.INVALID_PARAMS, "params must be a JSON object")
 
     async def test_notifications_run_without_a_reply(self, short_tmp: Path) -> None:
         """A request without id is executed but answered by nothing, not even an error."""
@@ -376,7 +376,7 @@ class TestIsolation:
                 reply = await big.receive()
                 await big.wait_closed()
                 served = await other.request("status")
-        assert error_of(reply) == (control.INVALID_REQUEST, "request too large (over 1 MiB)")
+        assert error_of(reply) == (codes.INVALID_REQUEST, "request too large (over 1 MiB)")
         assert reply["id"] is None
         assert "result" in served
 
@@ -460,7 +460,7 @@ class TestIsolation:
                     assert "result" in await w.request("status", request_id=2)
         assert notice["id"] is None
         assert error_of(notice) == (
-            control.SUPERVISOR_ERROR,
+            codes.SUPERVISOR_ERROR,
             "connection closed to make room for a new client (it was the idlest)",
         )
 
@@ -477,7 +477,7 @@ class TestIsolation:
             backend.gate.set()
             reply = await slow.receive()
         assert error_of(refusal) == (
-            control.SUPERVISOR_ERROR,
+            codes.SUPERVISOR_ERROR,
             "too many connections, each with a request in progress",
         )
         assert reply["result"]["state"] == "running"
@@ -603,7 +603,7 @@ class TestSocketFile:
                 reply = json.loads(await anyio.to_thread.run_sync(replies.readline))
                 rest = await anyio.to_thread.run_sync(replies.read)
         assert error_of(reply) == (
-            control.SUPERVISOR_ERROR,
+            codes.SUPERVISOR_ERROR,
             "permission denied: uid 65534 may not use this socket",
         )
         assert rest == b""
@@ -623,7 +623,7 @@ class TestClient:
         async with serving(FakeBackend(), short_tmp) as path:
             with anyio.fail_after(WAIT), pytest.raises(client.RemoteError) as caught:
                 await client.request(path, "call", {"name": "alpha", "tool": "unavailable"})
-        assert caught.value.code == control.EXTENSION_UNAVAILABLE
+        assert caught.value.code == codes.EXTENSION_UNAVAILABLE
         assert caught.value.data == {"state": "backoff", "retryable": True}
         assert str(caught.value) == "extension 'alpha' is backoff (restart in 1s); try again shortly"
 
