@@ -62,6 +62,22 @@ class Raw:
     async def post(self, body: bytes, **options: Any) -> httpx2.Response:
         return await self.client.post(self.url, content=body, headers=self.headers, **options)
 
+    async def calling(self, tg: anyio.abc.TaskGroup, body: bytes) -> list[httpx2.Response]:
+        """POST *body* in *tg*; its answer lands in the list returned."""
+        answers: list[httpx2.Response] = []
+
+        async def call() -> None:
+            answers.append(await self.post(body))
+
+        tg.start_soon(call)
+        return answers
+
+    async def cancel(self, request_id: int) -> int:
+        """``notifications/cancelled`` for *request_id*; the HTTP status."""
+        params = {"requestId": request_id}
+        message = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params}
+        return (await self.post(json.dumps(message).encode())).status_code
+
 
 def _tail(http: Daemon, name: str) -> str:
     result = http.cli("logs", name)
@@ -154,15 +170,9 @@ class TestCancel:
         async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
             session = Raw(client, http.url + "/mcp")
             await session.open()
-            answers: list[httpx2.Response] = []
-
-            async def waiting() -> None:
-                answers.append(await session.post(_call(7, "rich__wait", seconds=30)))
-
-            tg.start_soon(waiting)
+            answers = await session.calling(tg, _call(7, "rich__wait", seconds=30))
             await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
-            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
-            assert (await session.post(json.dumps(cancel).encode())).status_code == 202
+            assert await session.cancel(7) == 202
             await eventually(lambda: bool(answers), within=10)
         assert answers[0].status_code == 202 and answers[0].content == b""  # no answer to a cancelled call
         await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
@@ -195,15 +205,9 @@ class TestCancel:
             honest, hostile = Raw(client, http.url + "/mcp"), Raw(client, http.url + "/mcp")
             await honest.open()
             await hostile.open()
-            answers: list[httpx2.Response] = []
-
-            async def waiting() -> None:
-                answers.append(await honest.post(_call(7, "rich__wait", seconds=1)))
-
-            tg.start_soon(waiting)
+            answers = await honest.calling(tg, _call(7, "rich__wait", seconds=1))
             await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
-            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
-            assert (await hostile.post(json.dumps(cancel).encode())).status_code == 202
+            assert await hostile.cancel(7) == 202
             await eventually(lambda: bool(answers), within=10)
         assert answers[0].status_code == 200 and "result" in answers[0].json()
 
