@@ -15,6 +15,10 @@ connection):
 - an answer the client leaves unread for ``send_timeout`` (the socket's buffer stays full)
   ends the connection, so a client that stops reading holds no stream open;
 - ``TCP_NODELAY``: without it a keep-alive client waits out Nagle's 40 ms on every answer.
+
+Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
+served outside the SDK (:mod:`.fastcalls`) can set :attr:`BoundedProtocol.on_lost` and hear of
+its client going without a task waiting on ``receive()``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -31,7 +36,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
 
-__all__ = ("BoundedProtocol", "Connections")
+__all__ = ("CONNECTION", "BoundedProtocol", "Connections")
+
+CONNECTION = "supervisor.connection"  # the scope key of a request's BoundedProtocol
 
 log = structlog.get_logger(__name__)
 
@@ -87,6 +94,7 @@ class BoundedProtocol(H11Protocol):
         self._unread: asyncio.TimerHandle | None = None  # while the client does not take our answer
         self._phase: object = None  # what _timer waits for: h11.IDLE (headers) or h11.SEND_BODY
         self.active_at = time.monotonic()  # its last byte in, or its last answer out
+        self.on_lost: Callable[[], None] | None = None  # what the request being served does if it goes
 
     @property
     def idle(self) -> bool:
@@ -119,16 +127,26 @@ class BoundedProtocol(H11Protocol):
         if self._unread is not None:
             self._unread.cancel()
         super().connection_lost(exc)
+        if self.on_lost is not None:
+            lost, self.on_lost = self.on_lost, None
+            lost()
 
     def data_received(self, data: bytes) -> None:
         self.active_at = time.monotonic()
         super().data_received(data)
+        self._expose()
         self._watch()
 
     def on_response_complete(self) -> None:
         self.active_at = time.monotonic()
         super().on_response_complete()  # may start a pipelined request
+        self._expose()
         self._watch()
+
+    def _expose(self) -> None:
+        """Put this connection in the scope of the request just parsed (its task has not run yet)."""
+        if self.cycle is not None:
+            self.cycle.scope[CONNECTION] = self  # type: ignore[literal-required]
 
     def shutdown(self) -> None:
         """The listener stops: a request not yet whole will never be served; drop it now, not after

@@ -13,7 +13,7 @@ What the SDK's path gives a call, this one keeps: the session's per-client insta
 questions (on the session's own connection, its GET stream), the session held busy while the
 call runs (:meth:`~.sessions.Sessions.serving`), and cancellation: by the client's
 ``notifications/cancelled`` (POSTed later, matched by session and request id) or by its
-connection closing.
+connection closing (heard through the connection's ``on_lost``, without a task per call).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import MARK, RequestId, answer_call
+from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
@@ -57,14 +58,14 @@ class FastPath:
         body = first.get("body", b"") if first["type"] == "http.request" else b""
         replay = _replay(first, receive)
         takes_json = b"application/json" in headers.get(b"accept", b"")
-        if MARK in body and takes_json and await self._serve(scope, body, session_id, receive, send):
+        if MARK in body and takes_json and await self._serve(scope, body, session_id, send):
             return
         cancelled = fastpath.cancelled_id(body) if _CANCELLED in body else None
         if cancelled is not None and (running := self._running.get((session_id, cancelled))) is not None:
             running.cancel()  # and on to the SDK, which answers the notification (202)
         await self.app(scope, replay, send)
 
-    async def _serve(self, scope: Scope, body: bytes, session_id: str, receive: Receive, send: Send) -> bool:
+    async def _serve(self, scope: Scope, body: bytes, session_id: str, send: Send) -> bool:
         """Answer *body* here if the fast path can; False to let the SDK's path serve it."""
         session = self._gateway.http_sessions.get(session_id)
         call = fastpath.parse(body)
@@ -79,15 +80,17 @@ class FastPath:
         key = (session_id, call.id)
         if key in self._running:
             return False  # a duplicate id in flight: the SDK's path answers as it does
+        connection = scope.get(CONNECTION)
+        if connection is None or connection.transport.is_closing():
+            return False  # not our listener's, or the client has gone: the SDK's path notices
         answer: bytes | None = None
         with anyio.CancelScope() as cancelled, self._sessions.serving(session_id):
             self._running[key] = cancelled
+            connection.on_lost = cancelled.cancel  # the client going cancels the call
             try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_cancel_when_gone, receive, cancelled)
-                    answer = await answer_call(call, *route, session, self._gateway.spool_prefix)
-                    tg.cancel_scope.cancel()
+                answer = await answer_call(call, *route, session, self._gateway.spool_prefix)
             finally:
+                connection.on_lost = None
                 self._running.pop(key, None)
         if answer is None:  # cancelled by the client, or it went: a cancelled request gets no answer
             await _respond(send, 202, b"")
@@ -95,13 +98,6 @@ class FastPath:
         headers = [*_JSON, (b"mcp-session-id", session_id.encode("latin-1"))]
         await _respond(send, 200, answer, headers)
         return True
-
-
-async def _cancel_when_gone(receive: Receive, scope: anyio.CancelScope) -> None:
-    """Cancel *scope* when the client's connection closes (the request's next ASGI message)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
 
 
 def _replay(first: Message, receive: Receive) -> Receive:
