@@ -127,6 +127,8 @@ class BoundedProtocol(H11Protocol):
         if self._unread is not None:
             self._unread.cancel()
         super().connection_lost(exc)
+        if self.cycle is not None:
+            self.cycle.scope.pop(CONNECTION, None)  # type: ignore[misc]  # no cycle through the scope
         if self.on_lost is not None:
             lost, self.on_lost = self.on_lost, None
             lost()

@@ -86,7 +86,8 @@ class FastPath:
         answer: bytes | None = None
         with anyio.CancelScope() as cancelled, self._sessions.serving(session_id):
             self._running[key] = cancelled
-            connection.on_lost = cancelled.cancel  # the client going cancels the call
+            connection.on_lost = cancelled.cancel  # the client going cancels the call ...
+            connection.flow.resume_reading()  # ... which a connection paused by a big body would miss
             try:
                 answer = await answer_call(call, *route, session, self._gateway.spool_prefix)
             finally:

@@ -177,20 +177,26 @@ class TestCancel:
         assert answers[0].status_code == 202 and answers[0].content == b""  # no answer to a cancelled call
         await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
 
+    @pytest.mark.parametrize("pad", [0, 100_000], ids=["small body", "body over 64 KiB"])
     async def test_a_client_that_goes_cancels_the_childs_call(
         self,
         http_gateway: Callable[..., Daemon],
+        pad: int,
     ) -> None:
+        """The body comes in a read of its own: over uvicorn's 64 KiB high-water mark that pauses
+        reading, and a paused connection hears no close unless reading resumes."""
         http = http_gateway({"rich": RICH})
         async with httpx2.AsyncClient(timeout=10) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open()
         host, port = http.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            body = _call(8, "rich__wait", seconds=30)
+            body = _call(8, "rich__wait", seconds=30, pad="x" * pad)
             head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
             head += "".join(f"{k}: {v}\r\n" for k, v in session.headers.items()) + "\r\n"
-            sock.sendall(head.encode() + body)
+            sock.sendall(head.encode())
+            await anyio.sleep(0.1)  # not a wait: it makes the body a write (and a read) of its own
+            sock.sendall(body)
             await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
         await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
         assert http.status()["rich"]["in_flight"] == 0
