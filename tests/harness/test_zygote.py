@@ -50,3 +50,19 @@ def test_sigterm_ends_it_with_exit_0(daemons: Callable[..., Daemon], short_tmp: 
     daemon = daemons({})
     assert daemon.terminate() == 0
     assert daemon.find("daemon.stopped")
+
+
+def test_a_stale_answer_or_a_failed_request_leaves_the_zygote_in_step(daemons: Callable[..., Daemon]) -> None:
+    """An ask interrupted after its request (a test's timeout) leaves an answer unread; a request
+    the zygote cannot serve gets an error. Neither shifts the answers of the next ones."""
+    first = daemons({})
+    the_zygote = zygote._the_zygote()
+    the_zygote.channel.sendall(b'{"poll": 1, "n": -1}\n')  # its answer is never read
+    with pytest.raises(RuntimeError, match="KeyError"):
+        the_zygote.ask({"unknown": True})
+    (first.directory / "second").mkdir(mode=0o700)  # a socket directory of its own
+    second = daemons({}, directory=first.directory / "second")
+    assert second.pid != first.pid and second.proc is not None and second.proc.poll() is None
+    second.proc.kill()
+    assert second.proc.wait(timeout=20) == -signal.SIGKILL
+    assert first.proc is not None and first.proc.poll() is None

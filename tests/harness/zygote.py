@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import select
@@ -61,6 +62,7 @@ class _Zygote:
         self.channel = ours
         self.reader = ours.makefile("rb")
         self.lock = threading.Lock()
+        self.numbers = itertools.count()
 
     def close(self) -> None:
         """End it with the worker: a closed socket is its signal to exit."""
@@ -70,12 +72,21 @@ class _Zygote:
             self.proc.wait(timeout=5)
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send *message*, return its answer. Requests are numbered: an answer left unread by an
+        interrupted ask (a test's timeout) is skipped, never taken for the next one's."""
         with self.lock:
-            self.channel.sendall(json.dumps(message).encode() + b"\n")
-            line = self.reader.readline(MAX_MESSAGE)
-        if not line:
-            raise RuntimeError(f"the test zygote ended (exit {self.proc.poll()})")
-        return json.loads(line)
+            number = next(self.numbers)
+            self.channel.sendall(json.dumps({**message, "n": number}).encode() + b"\n")
+            while True:
+                line = self.reader.readline(MAX_MESSAGE)
+                if not line:
+                    raise RuntimeError(f"the test zygote ended (exit {self.proc.poll()})")
+                answer: dict[str, Any] = json.loads(line)
+                if answer.get("n") == number:
+                    break
+        if "error" in answer:
+            raise RuntimeError(f"the test zygote: {answer['error']}")
+        return answer
 
 
 _zygote: _Zygote | None = None
@@ -92,16 +103,33 @@ def _the_zygote() -> _Zygote:
 
 
 class Forked:
-    """A forked daemon, as much of ``subprocess.Popen`` as the harness and the tests use."""
+    """A forked daemon, as much of ``subprocess.Popen`` as the harness and the tests use.
+
+    Signals go through a pidfd, so they reach this daemon or nothing, even once the zygote has
+    reaped it; its exit code is asked of the zygote only once the pidfd says it has ended.
+    """
 
     def __init__(self, zygote: _Zygote, pid: int, args: list[str]) -> None:
         self._zygote, self.pid, self.args = zygote, pid, args
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:  # it ended at once, and the zygote has reaped it already
+            self._pidfd = None
+        self._lock = threading.Lock()
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._zygote.ask({"poll": self.pid})["code"]
-        return self.returncode
+        with self._lock:
+            if self.returncode is None and self._ended():
+                code = self._zygote.ask({"poll": self.pid})["code"]
+                if code is not None:  # the zygote reaps on every poll: it has it now
+                    self.returncode = code
+                    if self._pidfd is not None:
+                        os.close(self._pidfd)
+            return self.returncode
+
+    def _ended(self) -> bool:
+        return self._pidfd is None or bool(select.select([self._pidfd], [], [], 0)[0])
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -112,8 +140,10 @@ class Forked:
         return code
 
     def send_signal(self, signum: int) -> None:
-        if self.poll() is None:  # not reaped: the pid is still this daemon's
-            os.kill(self.pid, signum)
+        with self._lock:
+            if self.returncode is None and self._pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):  # it has ended, not yet polled
+                    signal.pidfd_send_signal(self._pidfd, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -191,6 +221,13 @@ def serve(channel: socket.socket) -> None:
         reap()
         return {"code": exited.pop(message["poll"], None)}
 
+    def answered(message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to *message*, numbered as it is; a failure (a fork refused) is an answer too."""
+        try:
+            return {**answer(message), "n": message.get("n")}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}", "n": message.get("n")}
+
     pending = b""
     while True:
         ready, _, _ = select.select([channel], [], [], 0.1)
@@ -203,7 +240,7 @@ def serve(channel: socket.socket) -> None:
         pending += data
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            channel.sendall(json.dumps(answer(json.loads(line))).encode() + b"\n")
+            channel.sendall(json.dumps(answered(json.loads(line))).encode() + b"\n")
 
 
 if __name__ == "__main__":
