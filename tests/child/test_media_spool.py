@@ -165,7 +165,6 @@ def rss(pid: int) -> int:
 
 
 class TestThroughTheDaemon:
-    @pytest.mark.long
     async def test_200_calls_of_5_mib_leave_memory_flat_and_the_spool_within_quota(
         self, daemon: Callable[..., tuple[subprocess.Popen[bytes], str]], short_tmp: Path
     ) -> None:

@@ -240,7 +240,6 @@ class TestSystemdNotify:
 
 
 class TestBounds:
-    @pytest.mark.long
     @pytest.mark.timeout(150)
     async def test_10000_calls_and_1000_restarts_leave_everything_within_bounds(self, daemon: Daemon) -> None:
         """After 10,000 calls and 1,000 restarts every collection is within its bound and the

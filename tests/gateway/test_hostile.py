@@ -62,7 +62,6 @@ class TestFileDescriptors:
         (event,) = [e for e in http.events() if e.get("event") == "daemon.fd_limit"]
         assert event["limit"] == 4096 and event["http"] == 256
 
-    @pytest.mark.long
     def test_status_answers_while_a_listener_is_at_its_cap(self, hostile) -> None:
         """Under a hard limit of 256 fds, a flood of half-open HTTP connections fills the HTTP
         listener's share and no more: the control socket answers at once, mcp.sock serves."""
@@ -209,7 +208,6 @@ anyio.run(main)
 
 
 class TestSoak:
-    @pytest.mark.long
     @pytest.mark.timeout(120)
     def test_every_attack_at_once_while_honest_clients_call(self) -> None:
         """bench/hostile.py, short and scaled down: no honest call fails, the daemon stays bounded."""

@@ -215,7 +215,6 @@ def table(results: dict[tuple[str, str], dict[str, int]]) -> str:
 
 
 class TestOrphanMatrix:
-    @pytest.mark.long
     @pytest.mark.anyio
     @pytest.mark.timeout(120)
     async def test_no_process_of_any_tree_survives(self, short_tmp: Path) -> None:
