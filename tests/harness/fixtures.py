@@ -19,6 +19,7 @@ import pytest
 from supervisor.config.settings import ExtensionConfig
 from supervisor.extension.supervised import Extension
 from supervisor.process import children as process
+from supervisor.process import sandbox
 
 from .daemon import Daemon
 
@@ -140,6 +141,9 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        # A killed daemon's sandbox temporary directories: its next start would sweep them, and
+        # no test starts a daemon on this socket again.
+        shutil.rmtree(sandbox.tmp_base(daemon.instance), ignore_errors=True)
         assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
     assert not unclean, unclean
 
