@@ -17,8 +17,8 @@ connection):
 - ``TCP_NODELAY``: without it a keep-alive client waits out Nagle's 40 ms on every answer.
 
 Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
-served outside the SDK (:mod:`.fastcalls`) can set :attr:`BoundedProtocol.on_lost` and hear of
-its client going without a task waiting on ``receive()``.
+served outside the SDK (:mod:`.fastcalls`) can hear of its client going through
+:meth:`BoundedProtocol.watch_lost`, without a task waiting on ``receive()``.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class BoundedProtocol(H11Protocol):
         self._unread: asyncio.TimerHandle | None = None  # while the client does not take our answer
         self._phase: object = None  # what _timer waits for: h11.IDLE (headers) or h11.SEND_BODY
         self.active_at = time.monotonic()  # its last byte in, or its last answer out
-        self.on_lost: Callable[[], None] | None = None  # what the request being served does if it goes
+        self._on_lost: Callable[[], None] | None = None  # what the request being served does if it goes
 
     @property
     def idle(self) -> bool:
@@ -129,8 +129,8 @@ class BoundedProtocol(H11Protocol):
         super().connection_lost(exc)
         if self.cycle is not None:
             self.cycle.scope.pop(CONNECTION, None)  # type: ignore[misc]  # no cycle through the scope
-        if self.on_lost is not None:
-            lost, self.on_lost = self.on_lost, None
+        if self._on_lost is not None:
+            lost, self._on_lost = self._on_lost, None
             lost()
 
     def data_received(self, data: bytes) -> None:
@@ -144,6 +144,14 @@ class BoundedProtocol(H11Protocol):
         super().on_response_complete()  # may start a pipelined request
         self._expose()
         self._watch()
+
+    def watch_lost(self, callback: Callable[[], None] | None) -> None:
+        """Call *callback* if the connection is lost while the request being served runs (None: no
+        more). Reading resumes: a body over uvicorn's 64 KiB high-water mark paused it, and a
+        paused connection would not see its client close until something read again."""
+        self._on_lost = callback
+        if callback is not None:
+            self.flow.resume_reading()
 
     def _expose(self) -> None:
         """Put this connection in the scope of the request just parsed (its task has not run yet)."""

@@ -13,7 +13,7 @@ What the SDK's path gives a call, this one keeps: the session's per-client insta
 questions (on the session's own connection, its GET stream), the session held busy while the
 call runs (:meth:`~.sessions.Sessions.serving`), and cancellation: by the client's
 ``notifications/cancelled`` (POSTed later, matched by session and request id) or by its
-connection closing (heard through the connection's ``on_lost``, without a task per call).
+connection closing (heard through the connection's ``watch_lost``, without a task per call).
 """
 
 from __future__ import annotations
@@ -86,12 +86,11 @@ class FastPath:
         answer: bytes | None = None
         with anyio.CancelScope() as cancelled, self._sessions.serving(session_id):
             self._running[key] = cancelled
-            connection.on_lost = cancelled.cancel  # the client going cancels the call ...
-            connection.flow.resume_reading()  # ... which a connection paused by a big body would miss
+            connection.watch_lost(cancelled.cancel)  # the client going cancels the call
             try:
                 answer = await answer_call(call, *route, session, self._gateway.spool_prefix)
             finally:
-                connection.on_lost = None
+                connection.watch_lost(None)
                 self._running.pop(key, None)
         if answer is None:  # cancelled by the client, or it went: a cancelled request gets no answer
             await _respond(send, 202, b"")
