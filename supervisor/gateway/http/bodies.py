@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
 
-__all__ = ("Bodies",)
+__all__ = ("Bodies", "replay")
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +79,7 @@ class Bodies:
                 body = await self._read(headers, receive, send)
                 if body is None:
                     return  # answered already, or the client is gone
-                receive = _replay(body, receive)
+                receive = replay({"type": "http.request", "body": body, "more_body": False}, receive)
             await self.app(scope, receive, send)
         finally:
             if session is not None:
@@ -175,18 +175,19 @@ def _has_body(method: str, headers: dict[bytes, bytes]) -> bool:
     )
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """*receive* for the app: the body at once, whole, then whatever the client does next."""
+def replay(first: Message, receive: Receive) -> Receive:
+    """*receive* for the app: *first* (the whole body, read already), then whatever the client
+    does next (a disconnect, when it comes)."""
     given = False
 
-    async def replay() -> Message:
+    async def replayed() -> Message:
         nonlocal given
         if not given:
             given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # a disconnect, when it comes
+            return first
+        return await receive()
 
-    return replay
+    return replayed
 
 
 async def _answer(send: Send, status: int, message: str) -> None:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import anyio
 import structlog
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import MARK, RequestId, answer_call
+from supervisor.gateway.http.bodies import replay
 from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
@@ -56,14 +57,14 @@ class FastPath:
             return
         first = await receive()  # the whole body (.bodies read it first)
         body = first.get("body", b"") if first["type"] == "http.request" else b""
-        replay = _replay(first, receive)
+        replayed = replay(first, receive)
         takes_json = b"application/json" in headers.get(b"accept", b"")
         if MARK in body and takes_json and await self._serve(scope, body, session_id, send):
             return
         cancelled = fastpath.cancelled_id(body) if _CANCELLED in body else None
         if cancelled is not None and (running := self._running.get((session_id, cancelled))) is not None:
             running.cancel()  # and on to the SDK, which answers the notification (202)
-        await self.app(scope, replay, send)
+        await self.app(scope, replayed, send)
 
     async def _serve(self, scope: Scope, body: bytes, session_id: str, send: Send) -> bool:
         """Answer *body* here if the fast path can; False to let the SDK's path serve it."""
@@ -98,19 +99,6 @@ class FastPath:
         headers = [*_JSON, (b"mcp-session-id", session_id.encode("latin-1"))]
         await _respond(send, 200, answer, headers)
         return True
-
-
-def _replay(first: Message, receive: Receive) -> Receive:
-    given = False
-
-    async def replay() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return first
-        return await receive()
-
-    return replay
 
 
 async def _respond(
