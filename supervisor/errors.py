@@ -7,6 +7,7 @@ from collections.abc import Iterable
 __all__ = (
     "CallFailed",
     "ConfigError",
+    "DaemonUnreachable",
     "ExtensionUnavailable",
     "SpawnError",
     "StartFailed",
@@ -18,6 +19,14 @@ __all__ = (
 
 class SupervisorError(Exception):
     """Base class; ``str(exc)`` is shown to users as is."""
+
+
+class DaemonUnreachable(SupervisorError):
+    """No daemon could be reached at *path*."""
+
+    def __init__(self, path: str, reason: str | None = None) -> None:
+        super().__init__(reason or f"no daemon is listening on {path}")
+        self.path = path
 
 
 class UnknownExtension(SupervisorError):

@@ -16,14 +16,15 @@ import errno
 import os
 import socket
 import stat
-import struct
 from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from supervisor import peers
 from supervisor.errors import SupervisorError
+from supervisor.peers import UntrustedPeer, trusted_uid
 
 __all__ = (
     "ACCEPT_RETRY_DELAY",
@@ -54,15 +55,6 @@ def _log() -> Any:
     import structlog  # lazily: client commands import this module for connect() alone
 
     return structlog.get_logger(__name__)
-
-
-class UntrustedPeer(SupervisorError):
-    """The process at the other end of a socket runs as a uid we do not trust."""
-
-
-def trusted_uid(uid: int) -> bool:
-    """Whether a peer running as *uid* may be talked to: ourselves, or root (who can do anything)."""
-    return uid in (os.geteuid(), 0)
 
 
 class Stream(anyio.abc.SocketStream):
@@ -233,10 +225,7 @@ async def next_client(
 
 def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
     """The (pid, uid) of the process at the other end, from SO_PEERCRED."""
-    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-    creds = raw.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    return pid, uid
+    return peers.credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
 
 
 async def connect(path: str) -> anyio.abc.SocketStream:
@@ -249,16 +238,10 @@ async def connect(path: str) -> anyio.abc.SocketStream:
     """
     stream = await anyio.connect_unix(path)
     try:
-        _pid, uid = peer_credentials(stream)
-    except OSError:
+        peers.check(stream.extra(anyio.abc.SocketAttribute.raw_socket), path)
+    except (OSError, UntrustedPeer):
         await stream.aclose()
         raise
-    if not trusted_uid(uid):
-        await stream.aclose()
-        raise UntrustedPeer(
-            f"refusing to talk to {path}: the process listening there runs as uid {uid}, not as you"
-            f" (uid {os.geteuid()}); another user may have taken the socket over"
-        )
     return stream
 
 

@@ -18,11 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, NoReturn
 
-import anyio
-
 from supervisor import paths
-from supervisor.control.client import DaemonUnreachable
-from supervisor.errors import ConfigError, SupervisorError
+from supervisor.errors import ConfigError, DaemonUnreachable, SupervisorError
 
 __all__ = (
     "CLIENT_NAMES",
@@ -94,15 +91,19 @@ def _build_parser() -> argparse.ArgumentParser:
     remote = _Parser(add_help=False)
     remote.add_argument("--socket", metavar="PATH", help=socket_help, default=argparse.SUPPRESS)
 
-    def add(name: str, run: str, help_text: str, *, is_async: bool = True) -> argparse.ArgumentParser:
+    def add(
+        name: str, run: str, help_text: str, *, asks_daemon: bool = True, is_async: bool = True
+    ) -> argparse.ArgumentParser:
         """A command; *run* is "module:function" in this package, imported only when it runs."""
         sub = commands.add_parser(
-            name, parents=[remote] if is_async else [], help=help_text, description=help_text
+            name, parents=[remote] if asks_daemon else [], help=help_text, description=help_text
         )
-        sub.set_defaults(run=run, is_async=is_async)
+        sub.set_defaults(run=run, asks_daemon=asks_daemon, is_async=is_async)
         return sub
 
-    sub = add("daemon", "local:daemon", "run the supervisor in the foreground", is_async=False)
+    sub = add(
+        "daemon", "local:daemon", "run the supervisor in the foreground", asks_daemon=False, is_async=False
+    )
     sub.add_argument("-c", "--config", metavar="CONFIG", help="config file (default: $MCP_SUPERVISOR_CONFIG)")
     sub.add_argument(
         "--socket", metavar="PATH", help="control socket, overriding the config", default=argparse.SUPPRESS
@@ -148,8 +149,11 @@ def _build_parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--prometheus", action="store_true", help="print metrics in the Prometheus text format"
     )
-    sub = add(
-        "connect", "remote:connect", "an MCP server on stdio for MCP clients: a pipe to the daemon's gateway"
+    sub = add(  # no event loop of asyncio's: connect has its own (connect/loop.py)
+        "connect",
+        "connect:command",
+        "an MCP server on stdio for MCP clients: a pipe to the daemon's gateway",
+        is_async=False,
     )
     sub.add_argument(
         "--reconnect-timeout",
@@ -161,7 +165,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--profile", metavar="NAME", help="see the tools of this profile of the config only (default: all)"
     )
-    sub = add("check-config", "local:check_config", "validate a config file", is_async=False)
+    sub = add(
+        "check-config", "local:check_config", "validate a config file", asks_daemon=False, is_async=False
+    )
     sub.add_argument("config", metavar="CONFIG")
     sub.add_argument(
         "--explain",
@@ -173,6 +179,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "import",
         "local:import_servers",
         "add the stdio servers of an MCP client's config file to the config",
+        asks_daemon=False,
         is_async=False,
     )
     sub.add_argument("file", metavar="FILE", help="claude_desktop_config.json, mcp.json, .mcp.json, ...")
@@ -200,6 +207,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "client-config",
         "local:client_config",
         "print the entry an MCP client needs to use the daemon",
+        asks_daemon=False,
         is_async=False,
     )
     sub.add_argument("--client", choices=list(CLIENT_NAMES), default="claude", help="default: claude")
@@ -219,7 +227,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.command in ("start", "stop", "restart") and bool(args.name) == bool(args.all):
         raise UsageError(f"give either NAME or --all (see '{PROG} {args.command} --help')")
-    if getattr(args, "is_async", False) and not args.socket:
+    if getattr(args, "asks_daemon", False) and not args.socket:
         args.socket = paths.default_socket_path()
     return args
 
@@ -263,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Callable[[argparse.Namespace], Any] = getattr(commands, function)
     try:
         if args.is_async:
+            import anyio  # here: connect, the command run most, has no use for it
+
             command: Callable[[], Awaitable[int]] = partial(run, args)
             return anyio.run(command, backend="asyncio")
         return run(args)

@@ -1,5 +1,5 @@
 """The commands that ask the daemon: status, start/stop/restart, tools, call, approve, logs, reload,
-health, and connect (the stdio pump to the gateway)."""
+health. (``connect``, the stdio pump to the gateway, is its own package: it runs no asyncio.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 from supervisor.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, fail, print_json
 
-__all__ = ("action", "approve", "call", "connect", "health", "logs", "reload", "status", "tools")
+__all__ = ("action", "approve", "call", "health", "logs", "reload", "status", "tools")
 
 _QUERY_TIMEOUT = 30.0  # status, tools, logs: they answer from memory
 _ALL_CONCURRENCY = 16  # requests in flight for --all, well under the daemon's connection cap
@@ -223,10 +223,3 @@ async def health(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(render.health_text(report))
     return EXIT_OK
-
-
-async def connect(args: argparse.Namespace) -> int:
-    from supervisor.cli import connect
-
-    path = connect.gateway_socket(args.socket)
-    return await connect.run(path, reconnect_timeout=args.reconnect_timeout, profile=args.profile)

@@ -23,7 +23,7 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor import sockets
-from supervisor.errors import SupervisorError
+from supervisor.errors import DaemonUnreachable, SupervisorError
 
 __all__ = ("MAX_REPLY", "Client", "DaemonUnreachable", "OnNotification", "RemoteError", "request")
 
@@ -39,14 +39,6 @@ class RemoteError(SupervisorError):
     def __init__(self, code: int, message: str, data: Any = None) -> None:
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
-
-
-class DaemonUnreachable(SupervisorError):
-    """No daemon could be reached at *path*."""
-
-    def __init__(self, path: str, reason: str | None = None) -> None:
-        super().__init__(reason or f"no daemon is listening on {path}")
-        self.path = path
 
 
 class Client:

@@ -8,12 +8,14 @@ and tells the client to re-list; requests in flight at the break get an error, s
 or may not have run. Lines that arrive meanwhile are held, a few, and sent once reconnected:
 they never reached a daemon, so sending them later is not a replay.
 
-Resource handling: :func:`run` owns its connections and the two fds, whose blocking mode it
-restores on return. One owner task runs the connections one after another; the bytes move in
-protocol callbacks. Nothing but protocol bytes goes to stdout; notes go to stderr.
+Resource handling: :func:`run` owns its loop (:mod:`.loop`, selectors and no asyncio: connect
+starts in a few tens of milliseconds and stays small), its connections and dups of the two
+fds, whose blocking mode it restores on return. The bytes move in the loop's callbacks; the
+owner (reconnect, resume, the end) waits in ``Loop.run_until``, one thing at a time. Nothing
+but protocol bytes goes to stdout; notes go to stderr.
 
 Error handling: no daemon of our uid at the start, or none back within the reconnect timeout,
-is :class:`~supervisor.control.client.DaemonUnreachable` (exit 3 in the CLI); a profile the daemon does
+is :class:`~supervisor.errors.DaemonUnreachable` (exit 3 in the CLI); a profile the daemon does
 not know, :class:`UnknownProfile` (exit 2).
 
 Profiles: with ``--profile NAME``, each connection (the first and every reconnection) starts
@@ -23,33 +25,30 @@ client's first byte; the pump itself never sees either.
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import errno
 import itertools
 import json
 import os
 import socket
-import stat
+import time
+from collections.abc import Callable
 
-import anyio
-import anyio.abc
-import anyio.to_thread
-
-from supervisor import sockets
-from supervisor.cli.connect.pump import ClientIn, ClientOut, Link, Pump, note
-from supervisor.control.client import DaemonUnreachable
-from supervisor.errors import ConfigError
+from supervisor import peers
+from supervisor.cli.connect.loop import Channel, Loop
+from supervisor.cli.connect.pump import Link, Pump, note
+from supervisor.errors import ConfigError, DaemonUnreachable
 from supervisor.extension.backoff import Backoff
 from supervisor.gateway.hello import HELLO_METHOD
 
-__all__ = ("EOF_GRACE", "RECONNECT", "UnknownProfile", "gateway_socket", "run")
+__all__ = ("EOF_GRACE", "RECONNECT", "UnknownProfile", "command", "gateway_socket", "run")
 
 EOF_GRACE = 2.0  # after stdin ends: how long answers still due (and unread output) are waited for
 RECONNECT = Backoff(initial=0.05, maximum=1.0, multiplier=2.0, jitter=0.1)  # jitter: N clients at once
-_READ = 65536
 _HELLO_ID = "mcp-supervisor-connect-profile"
 _HELLO_TIMEOUT = 10.0  # seconds for the daemon to answer the profile line
 _HELLO_MAX = 65536  # bytes of that answer
+_BUSY_TIMEOUT = 1.0  # seconds to retry a listener whose backlog is full
 _NOBODY_THERE = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR})
 _NOT_BACK = "the mcp-supervisor daemon did not come back; the request was not sent"
 _INPUT_ENDED = "the client closed its input while the mcp-supervisor daemon was restarting; not sent"
@@ -58,6 +57,12 @@ _INPUT_ENDED = "the client closed its input while the mcp-supervisor daemon was 
 def gateway_socket(control_socket: str) -> str:
     """The gateway's socket: ``mcp.sock`` beside the control socket."""
     return os.path.join(os.path.dirname(control_socket), "mcp.sock")
+
+
+def command(args: argparse.Namespace) -> int:
+    """``mcp-supervisor connect``, as parsed by the CLI."""
+    path = gateway_socket(args.socket)
+    return run(path, reconnect_timeout=args.reconnect_timeout, profile=args.profile)
 
 
 class _WrongOwner(DaemonUnreachable):
@@ -71,56 +76,84 @@ class UnknownProfile(ConfigError):
         super().__init__([message])
 
 
-async def _choose(stream: anyio.abc.SocketStream, path: str, profile: str) -> None:
+def _connected(loop: Loop, path: str) -> socket.socket:
+    """A non-blocking socket connected to *path*; a listener with a full backlog is retried a while."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    busy_until = time.monotonic() + _BUSY_TIMEOUT
+    while True:
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:  # EAGAIN: the daemon is not accepting as fast as clients come
+            if time.monotonic() < busy_until:
+                loop.pause(0.01)
+                continue
+            reason = f"the daemon on {path} is not accepting connections"
+        except PermissionError:
+            reason = f"permission denied connecting to {path}"
+        except OSError as exc:
+            nobody = exc.errno in _NOBODY_THERE
+            reason = None if nobody else f"cannot connect to {path}: {exc.strerror or exc}"
+        sock.close()
+        raise DaemonUnreachable(path, reason)
+
+
+def _choose(loop: Loop, sock: socket.socket, path: str, profile: str) -> None:
     """Send the profile line and read its answer, which is all the daemon sends until we speak."""
     hello = {"jsonrpc": "2.0", "id": _HELLO_ID, "method": HELLO_METHOD, "params": {"name": profile}}
-    await stream.send(json.dumps(hello).encode() + b"\n")
-    answer = b""
+    answer = bytearray()
+    ended = False
+
+    def read(data: bytes) -> None:
+        answer.extend(data)
+
+    def lost(_: OSError | None) -> None:
+        nonlocal ended
+        ended = True
+
+    # A throwaway channel on a dup: the link gets the socket itself, unread and untouched.
+    channel = Channel(loop, os.dup(sock.fileno()), on_data=read, on_lost=lost)
     try:
-        with anyio.fail_after(_HELLO_TIMEOUT):
-            while b"\n" not in answer and len(answer) < _HELLO_MAX:
-                answer += await stream.receive()
-        reply = json.loads(answer.partition(b"\n")[0])
-    except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, ValueError):
-        raise DaemonUnreachable(path, f"the daemon on {path} did not answer the profile request") from None
-    error = reply.get("error") if isinstance(reply, dict) else None
+        channel.write(json.dumps(hello).encode() + b"\n")
+        loop.run_until(lambda: ended or b"\n" in answer or len(answer) >= _HELLO_MAX, _HELLO_TIMEOUT)
+    finally:
+        channel.abort()
+    try:
+        reply = json.loads(answer.partition(b"\n")[0]) if b"\n" in answer else None
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        raise DaemonUnreachable(path, f"the daemon on {path} did not answer the profile request")
+    error = reply.get("error")
     if error is not None:
         message = error.get("message") if isinstance(error, dict) else None
         raise UnknownProfile(str(message or f"the daemon refused profile {profile!r}"))
 
 
-async def _dial(path: str, profile: str | None = None) -> socket.socket:
+def _dial(loop: Loop, path: str, profile: str | None = None) -> socket.socket:
     """A socket connected to *path*, once the daemon is known to run as our uid (or root).
 
     With a *profile*, the daemon has accepted it (:class:`UnknownProfile` if not).
     """
+    sock = _connected(loop, path)
     try:
-        stream = await sockets.connect(path)
-    except sockets.UntrustedPeer as exc:
+        peers.check(sock, path)
+        if profile is not None:
+            _choose(loop, sock, path, profile)
+    except peers.UntrustedPeer as exc:
+        sock.close()
         raise _WrongOwner(path, str(exc)) from None
-    except PermissionError:
-        raise DaemonUnreachable(path, f"permission denied connecting to {path}") from None
     except OSError as exc:
-        if exc.errno in _NOBODY_THERE:
-            raise DaemonUnreachable(path) from None
+        sock.close()
         raise DaemonUnreachable(path, f"cannot connect to {path}: {exc.strerror or exc}") from None
-    if profile is not None:
-        try:
-            await _choose(stream, path, profile)
-        except BaseException:
-            await stream.aclose()
-            raise
-    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-    return socket.socket(fileno=raw.detach())
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
-def _pollable(fd: int) -> bool:
-    """Whether epoll can watch *fd* (pipes, sockets, terminals; not files or /dev/null)."""
-    mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
-
-
-async def run(
+def run(
     socket_path: str,
     *,
     reconnect_timeout: float = 60.0,
@@ -137,127 +170,121 @@ async def run(
         UnknownProfile: the daemon has no *profile* (at the start; after a restart, the daemon
             is given up on as unreachable, saying why).
     """
-    sock = await _dial(socket_path, profile)
-    blocking = [(fd, os.get_blocking(fd)) for fd in {stdin, stdout}]
+    loop = Loop()
     try:
-        return await _Owner(socket_path, reconnect_timeout, profile).serve(sock, stdin, stdout)
+        sock = _dial(loop, socket_path, profile)
+        blocking = [(fd, os.get_blocking(fd)) for fd in {stdin, stdout}]
+        try:
+            owner = _Owner(loop, socket_path, reconnect_timeout, profile)
+            return owner.serve(sock, os.dup(stdin), os.dup(stdout))
+        finally:
+            for fd, mode in blocking:  # the fds may be shared with the client's terminal
+                os.set_blocking(fd, mode)
     finally:
-        for fd, mode in blocking:  # the fds may be shared with the client's terminal
-            os.set_blocking(fd, mode)
+        loop.close()
 
 
 class _Owner:
     """Runs the connections one after another: reconnect, resume, and when to stop."""
 
-    def __init__(self, path: str, reconnect_timeout: float, profile: str | None = None) -> None:
-        self.path, self.reconnect_timeout, self.profile = path, reconnect_timeout, profile
+    def __init__(self, loop: Loop, path: str, reconnect_timeout: float, profile: str | None = None) -> None:
+        self.loop, self.path, self.reconnect_timeout, self.profile = loop, path, reconnect_timeout, profile
         self.pump = Pump()
         self.gave_up: str | None = None
         self._deadline: float | None = None  # of the current reconnection
         self._ids = itertools.count(1)
-        self._scope = anyio.CancelScope()
 
-    async def serve(self, sock: socket.socket, stdin: int, stdout: int) -> int:
-        loop, pump = asyncio.get_running_loop(), self.pump
-        out = ClientOut(pump)
-        if _pollable(stdout):  # a dup: the transport closes its file, fd 1 stays ours
-            pipe = os.fdopen(os.dup(stdout), "wb", buffering=0)
-            pump.stdout, _ = await loop.connect_write_pipe(lambda: out, pipe)
-        else:
-            pump.stdout_fd = stdout  # a file: plain blocking writes
-        pump.live = link = await self._open(sock)
+    def serve(self, sock: socket.socket, stdin: int, stdout: int) -> int:
+        """Serve until the client's input ends (0) or the daemon is given up on (raises)."""
+        pump = self.pump
+        pump.attach(self.loop, stdin, stdout)
+        pump.live = link = self._open(sock)
         try:
-            with self._scope:
-                async with anyio.create_task_group() as tg:
-                    if _pollable(stdin):
-                        pipe = os.fdopen(os.dup(stdin), "rb", buffering=0)
-                        pump.stdin, _ = await loop.connect_read_pipe(lambda: ClientIn(pump), pipe)
-                    else:
-                        tg.start_soon(self._read_file, stdin)
-                    tg.start_soon(self._watch_end)
-                    await self._connections(link)
+            if self._connections(link):
+                self._finish()
         finally:
-            await self._close(out)
+            self._close()
         if self.gave_up is not None:
             raise DaemonUnreachable(self.path, self.gave_up)
         return 0
 
-    async def _close(self, out: ClientOut) -> None:
+    def _wait(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Serve until *done()*, the client's end, or *timeout*; whether *done()* came true."""
+        pump = self.pump
+        self.loop.run_until(lambda: pump.ending or done(), timeout)
+        return done()
+
+    def _finish(self) -> None:
+        """The client's input ended (or its output went): the answers still due, within a grace."""
+        pump = self.pump
+        if pump.gone:
+            return
+        if pump.live is None:
+            pump.answer_held(_INPUT_ENDED)
+        elif pump.waiting():
+            self.loop.run_until(lambda: pump.drained, EOF_GRACE)
+
+    def _close(self) -> None:
         pump = self.pump
         for link in list(pump.links):
-            if link.transport is not None:
-                link.transport.abort()
+            link.abort()
         if pump.stdin is not None:
-            pump.stdin.close()
+            pump.stdin.abort()
+        self.loop.settle()  # a link's end may still end a half-written line on stdout
         if pump.stdout is not None:  # let the last answers out, within the grace
-            pump.stdout.close()
-            with anyio.move_on_after(EOF_GRACE, shield=True):
-                await out.flushed.wait()
-            if not out.flushed.is_set():  # the client stopped reading: give up on it
-                pump.stdout.abort()
+            stdout = pump.stdout
+            stdout.close()
+            if not self.loop.run_until(lambda: stdout.closed, EOF_GRACE):
+                stdout.abort()  # the client stopped reading: give up on it
+            self.loop.settle()
 
-    async def _read_file(self, fd: int) -> None:
-        while chunk := await anyio.to_thread.run_sync(os.read, fd, _READ, abandon_on_cancel=True):
-            self.pump.from_client(chunk)
-            while self.pump.stdin_paused:
-                await self.pump.stdin_resumed.wait()
-        self.pump.client_ended()
-
-    async def _watch_end(self) -> None:
-        pump = self.pump
-        await pump.ending.wait()
-        if not pump.gone and pump.live is None:
-            pump.answer_held(_INPUT_ENDED)
-        elif not pump.gone and pump.waiting():
-            with anyio.move_on_after(EOF_GRACE):
-                await pump.drained.wait()
-        self._scope.cancel()
-
-    async def _open(self, sock: socket.socket) -> Link:
+    def _open(self, sock: socket.socket) -> Link:
         link = Link(self.pump)
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_unix_connection(link.protocol, sock=sock)
-        self.pump.link(transport, link)
+        self.pump.link(self.loop, sock.detach(), link)
         return link
 
-    async def _connections(self, link: Link) -> None:
+    def _connections(self, link: Link) -> bool:
+        """Keep a live link until the client ends (True) or the daemon is given up on (False)."""
+        pump = self.pump
         while True:
-            await link.closed.wait()  # the pump failed its requests in flight already
-            if self.pump.ending.is_set():
-                return  # _watch_end finishes
+            self._wait(lambda current=link: current.closed)  # the pump failed its requests in flight already
+            if pump.ending:
+                return True
             if self._deadline is None:
-                self._deadline = anyio.current_time() + self.reconnect_timeout
+                self._deadline = time.monotonic() + self.reconnect_timeout
                 note(f"lost the daemon on {self.path}; reconnecting for up to {self.reconnect_timeout:g} s")
-            next_link = None if self.gave_up is not None else await self._redial()
+            next_link = None if self.gave_up is not None else self._redial()
             if next_link is None:
-                self.pump.answer_held(_NOT_BACK)
-                self._scope.cancel()
-                return
+                if pump.ending and self.gave_up is None:
+                    return True
+                pump.answer_held(_NOT_BACK)
+                return False
             link = next_link
-            if not await self._resume(link) and link.transport is not None:
-                link.transport.abort()
+            if not self._resume(link):
+                link.abort()
 
-    async def _redial(self) -> Link | None:
-        """A new connection, trying with backoff until the deadline; None when giving up."""
+    def _redial(self) -> Link | None:
+        """A new connection, trying with backoff until the deadline; None when giving up or ending."""
         assert self._deadline is not None
         attempt = 0
-        while True:
+        while not self.pump.ending:
             attempt += 1
             try:
-                return await self._open(await _dial(self.path, self.profile))
+                return self._open(_dial(self.loop, self.path, self.profile))
             except (_WrongOwner, UnknownProfile) as exc:
                 self.gave_up = str(exc)
                 return None
-            except (DaemonUnreachable, OSError):
+            except DaemonUnreachable:
                 pass
-            remaining = self._deadline - anyio.current_time()
+            remaining = self._deadline - time.monotonic()
             if remaining <= 0:
                 timeout = f"{self.reconnect_timeout:g} s"
                 self.gave_up = f"the daemon on {self.path} went away and did not come back within {timeout}"
                 return None
-            await anyio.sleep(min(RECONNECT.delay(attempt), remaining))
+            self._wait(lambda: False, min(RECONNECT.delay(attempt), remaining))
+        return None
 
-    async def _resume(self, link: Link) -> bool:
+    def _resume(self, link: Link) -> bool:
         """Replay the session's set-up on *link*, send what was held, and make it live."""
         assert self._deadline is not None
         pump = self.pump
@@ -271,20 +298,19 @@ class _Owner:
         if initialize is not None:
             link.initialize_id = initialize["id"]
             link.write([json.dumps(initialize).encode()])
-            with anyio.move_on_after(self._deadline - anyio.current_time()):
-                await link.answered.wait()
+            self._wait(lambda: link.answered, self._deadline - time.monotonic())
             answer = link.initialize_answer
             if answer is None:
-                return False  # it closed, or the deadline passed (the next dial gives up)
+                return False  # it closed, the client ended, or the deadline passed (the next dial gives up)
             if "error" in answer:
                 error = answer["error"]
                 reason = error.get("message") if isinstance(error, dict) else error
                 self.gave_up = f"the restarted daemon on {self.path} would not resume the session: {reason}"
                 return False
-        if link.closed.is_set():
+        if link.closed:
             return False
         link.write(lines)
-        pump.send_held(link)  # no await since the write above: nothing can overtake the held lines
+        pump.send_held(link)  # nothing ran since the write above: nothing can overtake the held lines
         pump.live, self._deadline = link, None
         note(f"reconnected to the daemon on {self.path}")
         pump.write(pump.changes(link))

@@ -1,10 +1,9 @@
 """connect's byte path: the client's stdio to the current daemon connection, and back.
 
-All of it runs in asyncio protocol callbacks (``data_received``, ``connection_lost``, flow
-control): each chunk is handled and written on at once, in order, with no task switch, lock or
-per-read epoll re-registration. That halved connect's CPU per call compared with a task per
-direction. What it remembers of the session is ``resume.SessionMemory``; when to reconnect and
-how to resume is ``connect``'s owner task.
+All of it runs in the loop's callbacks (:mod:`.loop`): each chunk is handled and written on at
+once, in order, with no task switch, lock or per-read epoll re-registration. What it
+remembers of the session is ``resume.SessionMemory``; when to reconnect and how to resume is
+``connect``'s owner.
 
 Back-pressure: the client not reading its stdout pauses reading the daemon; the daemon not
 reading (or a big line still going out, in 1 MiB slices, never copied whole) pauses stdin.
@@ -12,24 +11,20 @@ reading (or a big line still going out, in 1 MiB slices, never copied whole) pau
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import sys
 from collections import deque
 from typing import Any
 
-import anyio
-
 from supervisor.cli.connect.lines import Kind, LineBuffer, Oversize, Peek, error_line, peek
+from supervisor.cli.connect.loop import Channel, Loop
 from supervisor.cli.connect.resume import Downstream, SessionMemory
 
 __all__ = (
     "MAX_CLIENT_LINE",
     "MAX_HELD_BYTES",
     "MAX_HELD_LINES",
-    "ClientIn",
-    "ClientOut",
+    "SLICE",
     "Link",
     "Pump",
     "note",
@@ -42,7 +37,7 @@ MAX_HELD_LINES = 64  # client lines held while reconnecting ...
 MAX_HELD_BYTES = 4 << 20  # ... and their bytes; past either, a request is answered with an error
 RESTARTED = -32000
 TOO_LARGE = -32600
-_SLICE = 1 << 20
+SLICE = 1 << 20  # a big line goes to the daemon in slices of this, as its socket drains
 _LIST_CHANGED = {
     kind: {"jsonrpc": "2.0", "method": f"notifications/{kind}/list_changed"}
     for kind in ("tools", "prompts", "resources")
@@ -61,41 +56,58 @@ def note(message: str) -> None:
 
 
 class Link:
-    """One connection to the daemon: its transport, its pending slices, the answers awaited."""
+    """One connection to the daemon: its channel, its pending slices, the answers awaited."""
 
     def __init__(self, pump: Pump) -> None:
         self.pump = pump
-        self.transport: asyncio.Transport | None = None
+        self.channel: Channel | None = None
         self.downstream = Downstream(self._keep, self._done)
         self.backlog: deque[memoryview] = deque()  # slices of a big send, written as the socket drains
-        self.full = False  # the socket's send buffer is over its high-water mark
         self.dropped: set[Any] = set()  # ids of connect's own replayed requests
         self.initialize_id: str | None = None
         self.initialize_answer: dict[str, Any] | None = None
-        self.answered = anyio.Event()  # the replayed initialize was answered, or the link died
-        self.closed = anyio.Event()
+        self.answered = False  # the replayed initialize was answered, or the link died
+        self.closed = False
+
+    @property
+    def full(self) -> bool:
+        """The socket's send buffer is over its high-water mark."""
+        return self.channel is not None and self.channel.full
 
     def write(self, lines: list[bytes]) -> None:
         """Send *lines*, a newline after each: small ones in one write, a big one in slices."""
-        assert self.transport is not None
-        if not self.backlog and sum(len(line) for line in lines) <= _SLICE:
-            self.transport.write(b"".join(line + b"\n" for line in lines))
+        assert self.channel is not None
+        if not self.backlog and sum(len(line) for line in lines) <= SLICE:
+            self.channel.write(b"".join(line + b"\n" for line in lines))
             return
         for line in lines:
             view = memoryview(line)
-            self.backlog.extend(view[start : start + _SLICE] for start in range(0, len(view), _SLICE))
+            self.backlog.extend(view[start : start + SLICE] for start in range(0, len(view), SLICE))
             self.backlog.append(memoryview(b"\n"))
         self.drain()
 
     def drain(self) -> None:
         """Write backlog slices while the socket takes them; stdin waits until it is empty."""
-        assert self.transport is not None
-        while self.backlog and self.transport.get_write_buffer_size() < _SLICE:
-            self.transport.write(self.backlog.popleft())
+        assert self.channel is not None
+        while self.backlog and not self.channel.closing and self.channel.buffered < SLICE:
+            self.channel.write(self.backlog.popleft())
         self.pump.flow(self)
 
-    def protocol(self) -> asyncio.Protocol:
-        return _DaemonSide(self)
+    def abort(self) -> None:
+        if self.channel is not None:
+            self.channel.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self.pump.from_daemon(self, data)
+
+    def connection_lost(self, exc: OSError | None) -> None:
+        self.pump.daemon_lost(self)
+
+    def pressure(self, full: bool) -> None:
+        if full:
+            self.pump.flow(self)
+        else:
+            self.drain()
 
     def _keep(self, seen: Peek) -> bool:
         if seen.kind is not Kind.RESPONSE or seen.id not in self.dropped:
@@ -103,67 +115,12 @@ class Link:
         self.dropped.discard(seen.id)
         if seen.id == self.initialize_id:
             self.initialize_answer = seen.message or {"result": None}
-            self.answered.set()
+            self.answered = True
         return False
 
     def _done(self, seen: Peek) -> None:
         if seen.kind is Kind.RESPONSE:
             self.pump.memory.answered(seen.id)
-
-
-class _DaemonSide(asyncio.Protocol):
-    def __init__(self, link: Link) -> None:
-        self.link = link
-
-    def data_received(self, data: bytes) -> None:
-        self.link.pump.from_daemon(self.link, data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.link.pump.daemon_lost(self.link)
-
-    def pause_writing(self) -> None:
-        self.link.full = True
-        self.link.pump.flow(self.link)
-
-    def resume_writing(self) -> None:
-        self.link.full = False
-        self.link.drain()
-
-
-class ClientIn(asyncio.Protocol):
-    """The client's stdin."""
-
-    def __init__(self, pump: Pump) -> None:
-        self.pump = pump
-
-    def data_received(self, data: bytes) -> None:
-        self.pump.from_client(data)
-
-    def eof_received(self) -> bool:
-        self.pump.client_ended()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.pump.client_ended()
-
-
-class ClientOut(asyncio.BaseProtocol):
-    """The client's stdout."""
-
-    def __init__(self, pump: Pump) -> None:
-        self.pump = pump
-        self.flushed = anyio.Event()  # the transport closed: all written, or the client is gone
-
-    def pause_writing(self) -> None:
-        self.pump.pause_daemon(True)
-
-    def resume_writing(self) -> None:
-        self.pump.pause_daemon(False)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.flushed.set()
-        if exc is not None:  # EPIPE, or the read end closed: nobody reads the answers any more
-            self.pump.client_gone()
 
 
 class Pump:
@@ -181,35 +138,43 @@ class Pump:
         self.held: list[tuple[bytes | bytearray, Peek]] = []
         self.held_bytes = 0
         self.stdin_ended = self.gone = False
-        self.ending = anyio.Event()  # stdin ended or stdout went away
-        self.drained = anyio.Event()  # ... and no answer is due any more
-        self.stdin: asyncio.ReadTransport | None = None  # None: read by a thread (a file)
+        self.ending = False  # stdin ended or stdout went away
+        self.drained = False  # ... and no answer is due any more
+        self.stdin: Channel | None = None
+        self.stdout: Channel | None = None
         self.stdin_paused = False
-        self.stdin_resumed = anyio.Event()  # for the thread reader
-        self.stdout: asyncio.WriteTransport | None = None  # None: blocking writes to stdout_fd
-        self.stdout_fd = -1
         self._daemon_paused = False
 
-    def link(self, transport: asyncio.Transport, link: Link) -> None:
-        """Adopt *link*, now connected over *transport*."""
-        transport.set_write_buffer_limits(high=_SLICE, low=_SLICE // 4)
-        link.transport = transport
+    def attach(self, loop: Loop, stdin: int, stdout: int) -> None:
+        """Serve the client on the fds *stdin* and *stdout* (the channels own and close them)."""
+        self.stdin = Channel(loop, stdin, on_data=self.from_client, on_lost=lambda _: self.client_ended())
+        self.stdout = Channel(
+            loop, stdout, on_lost=self._stdout_lost, on_pressure=self.pause_daemon, watch_hangup=True
+        )
+
+    def link(self, loop: Loop, fd: int, link: Link) -> None:
+        """Adopt *link*, now connected over the socket *fd* (its channel owns and closes it)."""
+        link.channel = Channel(
+            loop,
+            fd,
+            on_data=link.data_received,
+            on_lost=link.connection_lost,
+            on_pressure=link.pressure,
+            high=SLICE,
+            low=SLICE // 4,
+        )
         self.links.add(link)
         if self._daemon_paused:
-            transport.pause_reading()
+            link.channel.pause_reading()
 
     def write(self, data: bytes) -> None:
         """Write *data* to the client's stdout, in order with everything else."""
-        if not data or self.gone:
-            return
-        if self.stdout is not None:
+        if data and not self.gone:
+            assert self.stdout is not None
             self.stdout.write(data)
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self.stdout_fd, view) :]
-        except OSError:
+
+    def _stdout_lost(self, exc: OSError | None) -> None:
+        if exc is not None:  # EPIPE, or the read end closed: nobody reads the answers any more
             self.client_gone()
 
     # --- the daemon's side ---
@@ -217,16 +182,15 @@ class Pump:
     def from_daemon(self, link: Link, data: bytes) -> None:
         self.write(link.downstream.feed(data))
         if self.stdin_ended and not self.waiting():
-            self.drained.set()
+            self.drained = True
 
     def daemon_lost(self, link: Link) -> None:
         self.write(link.downstream.cut())
         link.backlog.clear()
         self.links.discard(link)
-        link.answered.set()
-        link.closed.set()
-        if self.ending.is_set():
-            self.drained.set()  # nothing more can come
+        link.answered = link.closed = True
+        if self.ending:
+            self.drained = True  # nothing more can come
         elif self.live is link:
             self.lost()  # now, so that no client line goes to the dead link meanwhile
 
@@ -265,12 +229,10 @@ class Pump:
             self.send(self.live, lines)
 
     def client_ended(self) -> None:
-        self.stdin_ended = True
-        self.ending.set()
+        self.stdin_ended = self.ending = True
 
     def client_gone(self) -> None:
-        self.gone = True
-        self.ending.set()
+        self.gone = self.ending = True
 
     def waiting(self) -> bool:
         """Whether an answer is still due (listen streams never end by themselves)."""
@@ -285,7 +247,7 @@ class Pump:
                 continue
             self.memory.sent(line, peek(line))
             out.append(line)  # type: ignore[arg-type]  # bytes-like is enough
-        if out and not link.closed.is_set():  # else it is failed with the rest at the break
+        if out and not link.closed:  # else it is failed with the rest at the break
             link.write(out)
 
     def send_held(self, link: Link) -> None:
@@ -343,13 +305,10 @@ class Pump:
         self.stdin_paused = paused
         if self.stdin is not None:
             (self.stdin.pause_reading if paused else self.stdin.resume_reading)()
-        elif not paused:
-            self.stdin_resumed.set()
-            self.stdin_resumed = anyio.Event()
 
     def pause_daemon(self, paused: bool) -> None:
         """The client is not reading its stdout: stop reading the daemon until it does."""
         self._daemon_paused = paused
         for link in self.links:
-            if link.transport is not None and not link.transport.is_closing():
-                (link.transport.pause_reading if paused else link.transport.resume_reading)()
+            if link.channel is not None:
+                (link.channel.pause_reading if paused else link.channel.resume_reading)()

@@ -6,6 +6,7 @@ starting it again on the same path is a daemon restart as connect sees it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import mcp_types as types
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -252,6 +254,46 @@ class TestExits:
             assert (await raw.receive())["result"]["content"][0]["text"] == "done"
             with anyio.fail_after(WAIT):
                 assert await raw.process.wait() == 0
+
+    async def test_a_client_that_closes_its_end_of_stdout_ends_connect(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """Nobody reads the answers any more: connect notices at once, with nothing to write, and ends."""
+        server, tg = fixture
+        await server.start(tg)
+        env = {**os.environ, MARKER_ENV: marker_prefix + "connect"}
+        pipes = subprocess.PIPE  # Popen's: anyio's aclose of a process's stdout leaves its fd open
+        with subprocess.Popen(connect_argv(short_tmp), stdin=pipes, stdout=pipes, env=env) as process:  # noqa: ASYNC220
+            assert process.stdin is not None and process.stdout is not None
+            try:
+                process.stdin.write(line(INITIALIZE))
+                process.stdin.flush()
+                answer = await anyio.to_thread.run_sync(process.stdout.readline)
+                assert json.loads(answer)["id"] == 0
+                process.stdout.close()  # stdin stays open
+                assert await anyio.to_thread.run_sync(functools.partial(process.wait, WAIT)) == 0
+            finally:
+                process.kill()
+
+    async def test_files_as_stdin_and_stdout(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """Regular files cannot be polled: read and written in turn, the answers all land, exit 0."""
+        server, tg = fixture
+        await server.start(tg)
+        requests, answers = short_tmp / "in.jsonl", short_tmp / "out.jsonl"
+        requests.write_bytes(b"".join(line(m) for m in (INITIALIZE, INITIALIZED, call(1, "echo", text="f"))))
+        env = {**os.environ, MARKER_ENV: marker_prefix + "connect"}
+        with requests.open("rb") as stdin, answers.open("wb") as stdout:
+            done = await anyio.to_thread.run_sync(
+                functools.partial(
+                    subprocess.run, connect_argv(short_tmp), stdin=stdin, stdout=stdout, env=env, timeout=WAIT
+                )
+            )
+        assert done.returncode == 0
+        replies = [json.loads(text) for text in answers.read_text().splitlines()]
+        assert [reply["id"] for reply in replies] == [0, 1]
+        assert replies[1]["result"]["content"][0]["text"] == "f"
 
     async def test_refuses_a_listener_of_another_uid(self, short_tmp: Path, marker_prefix: str) -> None:
         """A socket served by uid 65534: refused with exit 3 before a single byte is sent."""
