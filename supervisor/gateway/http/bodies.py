@@ -93,7 +93,7 @@ class Bodies:
         try:
             declared = int(headers[b"content-length"]) if b"content-length" in headers else None
         except ValueError:
-            declared = None  # h11 refuses such a request before it gets here
+            declared = None  # the HTTP parser refuses such a request before it gets here
         if declared is not None and declared > limit:
             self.refused("too_large", reason="body over the limit", limit=limit)
             await _answer(send, 413, f"request body over {limit} bytes")

@@ -2,7 +2,7 @@
 
 uvicorn holds a connection for as long as its client keeps it open: one that sent half a
 request line and stalled was held for good, and a thousand of them took every fd the daemon
-had, its control socket's included. :class:`BoundedProtocol` is uvicorn's h11 protocol with
+had, its control socket's included. :class:`BoundedProtocol` is uvicorn's httptools protocol with
 what a listener on a shared host needs, all decided in the protocol's callbacks (no task per
 connection):
 
@@ -15,8 +15,8 @@ connection):
 - an answer the client leaves unread for ``send_timeout`` (the socket's buffer stays full)
   ends the connection, so a client that stops reading holds no stream open;
 - ``TCP_NODELAY``: without it a keep-alive client waits out Nagle's 40 ms on every answer;
-- requests a client sends ahead of their answers (pipelining) are read as they are served, at
-  most :data:`MAX_AHEAD` bytes plus one read ahead.
+- requests a client sends ahead of their answers (pipelining) are read as they are served:
+  at most one read ahead, of at most :data:`MAX_AHEAD` requests (past it: 400, closed).
 
 Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
 served outside the SDK (:mod:`.fastcalls`) can hear of its client going through
@@ -28,13 +28,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
-import h11
 import structlog
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
@@ -42,7 +41,7 @@ from supervisor.logs import Throttled
 __all__ = ("CONNECTION", "MAX_AHEAD", "BoundedProtocol", "Connections")
 
 CONNECTION = "supervisor.connection"  # the scope key of a request's BoundedProtocol
-MAX_AHEAD = 64 << 10  # bytes of requests received ahead of their turn past which reading waits
+MAX_AHEAD = 16  # requests a client may send ahead of their turn in one read (past it: 400, closed)
 
 log = structlog.get_logger(__name__)
 
@@ -87,35 +86,40 @@ class Connections:
 
 
 class _ReadAhead(FlowControl):
-    """uvicorn's flow control, except that reading stays paused while the client has more than
-    :data:`MAX_AHEAD` bytes of requests waiting their turn in h11's buffer.
+    """uvicorn's flow control, except that reading stays paused while requests the client sent
+    ahead of their turn (pipelined) wait in *pipeline*.
 
-    uvicorn resumes reading for every body read and after every answer, and h11 takes in one
-    more read (up to 256 KiB) each time before pausing again: a client that pipelined requests
-    without pause filled the daemon's memory, 1.3 GB in 15 s. Requests already in are served
-    in turn; reading resumes once they are below the bound.
+    uvicorn resumes reading for every body read and after every answer, and the fast path does
+    for each call (to hear its client go): with h11, one more read of up to 256 KiB each time,
+    and a client that pipelined requests without pause grew the daemon by 1.3 GB in 15 s.
+    Requests already in are served in turn; reading resumes once none waits.
     """
 
-    def __init__(self, transport: asyncio.Transport, conn: h11.Connection) -> None:
+    def __init__(self, transport: asyncio.Transport, pipeline: Sized) -> None:
         super().__init__(transport)
-        self._conn = conn
+        self._pipeline = pipeline
 
     def resume_reading(self) -> None:
-        if len(self._conn.trailing_data[0]) <= MAX_AHEAD:
+        if not self._pipeline:
             super().resume_reading()
 
 
-class BoundedProtocol(H11Protocol):
-    """uvicorn's h11 protocol within :class:`Connections`' bounds (see the module's docstring)."""
+class _TooFarAhead(Exception):
+    """Raised in the parser's callback: the parse stops, and uvicorn answers 400 and closes."""
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol within :class:`Connections`' bounds (see the module's docstring)."""
 
     def __init__(self, *args: Any, connections: Connections, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._bounded = connections
         self._limits = connections.limits
         self._admitted = False
+        self._receiving: str | None = None  # "headers" or "body" of the request arriving, if any
         self._timer: asyncio.TimerHandle | None = None  # the deadline of the request arriving now
         self._unread: asyncio.TimerHandle | None = None  # while the client does not take our answer
-        self._phase: object = None  # what _timer waits for: h11.IDLE (headers) or h11.SEND_BODY
+        self._phase: str | None = None  # what _timer waits for: "headers" or "body"
         self.active_at = time.monotonic()  # its last byte in, or its last answer out
         self._on_lost: Callable[[], None] | None = None  # what the request being served does if it goes
 
@@ -140,7 +144,7 @@ class BoundedProtocol(H11Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)
-        self.flow = _ReadAhead(transport, self.conn)
+        self.flow = _ReadAhead(transport, self.pipeline)
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -160,33 +164,26 @@ class BoundedProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         self.active_at = time.monotonic()
         super().data_received(data)
-        self._expose()
         self._watch()
 
     def on_response_complete(self) -> None:
         self.active_at = time.monotonic()
         super().on_response_complete()  # may start a pipelined request
-        self._expose()
         self._watch()
 
     def watch_lost(self, callback: Callable[[], None] | None) -> None:
         """Call *callback* if the connection is lost while the request being served runs (None: no
         more). Reading resumes: a body over uvicorn's 64 KiB high-water mark paused it, and a
-        paused connection would not see its client close until something read again (within
-        :class:`_ReadAhead`'s bound)."""
+        paused connection would not see its client close until something read again (unless
+        requests sent ahead wait their turn: :class:`_ReadAhead`)."""
         self._on_lost = callback
         if callback is not None:
             self.flow.resume_reading()
 
-    def _expose(self) -> None:
-        """Put this connection in the scope of the request just parsed (its task has not run yet)."""
-        if self.cycle is not None:
-            self.cycle.scope[CONNECTION] = self  # type: ignore[literal-required]
-
     def shutdown(self) -> None:
         """The listener stops: a request not yet whole will never be served; drop it now, not after
         uvicorn's graceful wait (which then cancels its task with an error in the log)."""
-        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.idle:
+        if self._receiving == "body" and not self.pipeline and not self.idle:
             self.end()
             return
         super().shutdown()
@@ -202,19 +199,39 @@ class BoundedProtocol(H11Protocol):
             self._unread.cancel()
             self._unread = None
 
+    # ---- the parser's callbacks, within data_received -----------------------------------
+
+    def on_message_begin(self) -> None:
+        if len(self.pipeline) >= MAX_AHEAD:
+            raise _TooFarAhead
+        self._receiving = "headers"
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._receiving = "body"
+        super().on_headers_complete()
+        if self.cycle is not None:  # the request's task has not run yet
+            self.cycle.scope[CONNECTION] = self  # type: ignore[literal-required]
+
+    def on_message_complete(self) -> None:
+        self._receiving = None
+        super().on_message_complete()
+
     # ---- deadlines -----------------------------------------------------------------------
 
     def _watch(self) -> None:
-        """Arm the deadline for what the connection waits for now: headers, a body, or nothing."""
-        state = self.conn.their_state
-        if state is h11.IDLE and self.idle and not self._kept_alive():
-            phase, timeout = h11.IDLE, self._limits.header_timeout
-        elif state is h11.SEND_BODY:
-            phase, timeout = h11.SEND_BODY, self._limits.body_timeout
+        """Arm the deadline for what the connection waits for now: headers, a body, or nothing.
+
+        Not while requests sent ahead wait their turn: then it is this side that is not reading.
+        """
+        if self._receiving == "body" and not self.pipeline:
+            phase, timeout = "body", self._limits.body_timeout
+        elif self.idle and (self._receiving == "headers" or not self._kept_alive()):
+            phase, timeout = "headers", self._limits.header_timeout
         else:  # the request is whole, or the connection is waiting between requests (keep-alive)
             self._cancel_timer()
             return
-        if self._phase is not phase:
+        if self._phase != phase:
             self._cancel_timer()
             self._phase = phase
             self._timer = self.loop.call_later(timeout, self._too_slow)
@@ -229,7 +246,7 @@ class BoundedProtocol(H11Protocol):
         self._timer, self._phase = None, None
 
     def _too_slow(self) -> None:
-        what = "headers" if self._phase is h11.IDLE else "body"
+        what = self._phase or "headers"
         self._timer, self._phase = None, None
         if self.transport.is_closing():
             return
