@@ -2,8 +2,9 @@
 
 A real daemon (one echo extension, the HTTP listener on with a token) is attacked for the whole
 run by: half-open HTTP connections (half a request line, then nothing), slow headers (a byte a
-second), slow 60 MiB bodies (1 MiB a second), a session flood (``initialize`` and never again)
-and a token-less flood. Meanwhile honest clients call ``echo`` in a loop: some through
+second), slow 60 MiB bodies (1 MiB a second), pipelining floods (2,000 requests sent ahead of
+their answers in one write), a session flood (``initialize`` and never again) and a token-less
+flood. Meanwhile honest clients call ``echo`` in a loop: some through
 ``mcp.sock`` (the SDK's ClientSession over ``mcp-supervisor connect``), some over HTTP with the
 token. The daemon's fds, RSS and tasks are sampled throughout; after the attacks stop, the time
 until its fds are back near their baseline is the time to recover.
@@ -261,7 +262,14 @@ async def attack(url: str, seconds: float, scale: float) -> dict[str, int]:
         f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nauthorization: Bearer {TOKEN}\r\n"
         f"content-type: application/json\r\ncontent-length: {60 << 20}\r\n\r\n"
     ).encode()
+    ahead = (
+        f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nauthorization: Bearer {TOKEN}\r\n"
+        "content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
+        "mcp-session-id: none\r\ncontent-length: 2\r\n\r\n{}"
+    ).encode() * 2000
     async with anyio.create_task_group() as tg:
+        for _ in range(int(4 * scale)):
+            tg.start_soon(_held, port, until, tally, "pipelined", ahead, b"", 3600)
         for _ in range(int(300 * scale)):
             tg.start_soon(_held, port, until, tally, "half_open", b"POST /mcp HTTP/1.1\r\n", b"", 3600)
         for _ in range(int(50 * scale)):

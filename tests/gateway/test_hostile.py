@@ -224,3 +224,4 @@ class TestSoak:
         assert report["goals"]["no_honest_errors"], report["honest"]
         assert report["goals"]["rss_under_200_mib"] and report["goals"]["fds_under_512"], report["daemon"]
         assert report["attacks"]["tokenless_flood_401"] > 0 and report["attacks"]["half_open"] > 0
+        assert report["attacks"]["pipelined"] > 0
