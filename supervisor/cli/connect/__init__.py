@@ -76,31 +76,35 @@ class UnknownProfile(ConfigError):
         super().__init__([message])
 
 
-def _connected(loop: Loop, path: str) -> socket.socket:
-    """A non-blocking socket connected to *path*; a listener with a full backlog is retried a while."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.setblocking(False)
+def _connected(loop: Loop, path: str, stop: Callable[[], bool]) -> socket.socket:
+    """A non-blocking socket connected to *path*; a listener with a full backlog is retried a while
+    (serving the loop, until *stop()*)."""
     busy_until = time.monotonic() + _BUSY_TIMEOUT
+    sock: socket.socket | None = None
     while True:
         try:
+            sock = sock or socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
             sock.connect(path)
             return sock
         except BlockingIOError:  # EAGAIN: the daemon is not accepting as fast as clients come
-            if time.monotonic() < busy_until:
+            if time.monotonic() < busy_until and not stop():
                 loop.pause(0.01)
                 continue
             reason = f"the daemon on {path} is not accepting connections"
         except PermissionError:
             reason = f"permission denied connecting to {path}"
-        except OSError as exc:
+        except OSError as exc:  # nothing there, or no fd to spare (EMFILE): a redial tries again
             nobody = exc.errno in _NOBODY_THERE
             reason = None if nobody else f"cannot connect to {path}: {exc.strerror or exc}"
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise DaemonUnreachable(path, reason)
 
 
-def _choose(loop: Loop, sock: socket.socket, path: str, profile: str) -> None:
-    """Send the profile line and read its answer, which is all the daemon sends until we speak."""
+def _choose(loop: Loop, sock: socket.socket, path: str, profile: str, stop: Callable[[], bool]) -> None:
+    """Send the profile line and read its answer, which is all the daemon sends until we speak
+    (serving the loop meanwhile, until *stop()*)."""
     hello = {"jsonrpc": "2.0", "id": _HELLO_ID, "method": HELLO_METHOD, "params": {"name": profile}}
     answer = bytearray()
     ended = False
@@ -112,11 +116,14 @@ def _choose(loop: Loop, sock: socket.socket, path: str, profile: str) -> None:
         nonlocal ended
         ended = True
 
+    def done() -> bool:
+        return ended or stop() or b"\n" in answer or len(answer) >= _HELLO_MAX
+
     # A throwaway channel on a dup: the link gets the socket itself, unread and untouched.
     channel = Channel(loop, os.dup(sock.fileno()), on_data=read, on_lost=lost)
     try:
         channel.write(json.dumps(hello).encode() + b"\n")
-        loop.run_until(lambda: ended or b"\n" in answer or len(answer) >= _HELLO_MAX, _HELLO_TIMEOUT)
+        loop.run_until(done, _HELLO_TIMEOUT)
     finally:
         channel.abort()
     try:
@@ -131,16 +138,19 @@ def _choose(loop: Loop, sock: socket.socket, path: str, profile: str) -> None:
         raise UnknownProfile(str(message or f"the daemon refused profile {profile!r}"))
 
 
-def _dial(loop: Loop, path: str, profile: str | None = None) -> socket.socket:
+def _dial(
+    loop: Loop, path: str, profile: str | None = None, stop: Callable[[], bool] = lambda: False
+) -> socket.socket:
     """A socket connected to *path*, once the daemon is known to run as our uid (or root).
 
-    With a *profile*, the daemon has accepted it (:class:`UnknownProfile` if not).
+    With a *profile*, the daemon has accepted it (:class:`UnknownProfile` if not). Waits end
+    early when *stop()* (the client went, mid-redial).
     """
-    sock = _connected(loop, path)
+    sock = _connected(loop, path, stop)
     try:
         peers.check(sock, path)
         if profile is not None:
-            _choose(loop, sock, path, profile)
+            _choose(loop, sock, path, profile, stop)
     except peers.UntrustedPeer as exc:
         sock.close()
         raise _WrongOwner(path, str(exc)) from None
@@ -270,7 +280,7 @@ class _Owner:
         while not self.pump.ending:
             attempt += 1
             try:
-                return self._open(_dial(self.loop, self.path, self.profile))
+                return self._open(_dial(self.loop, self.path, self.profile, lambda: self.pump.ending))
             except (_WrongOwner, UnknownProfile) as exc:
                 self.gave_up = str(exc)
                 return None

@@ -17,6 +17,7 @@ call that closed it, as asyncio's ``connection_lost`` does.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import stat
@@ -24,17 +25,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ("READ_SIZE", "Channel", "Loop", "pollable")
+__all__ = ("READ_SIZE", "Channel", "Loop")
 
 READ_SIZE = 1 << 18  # bytes per read, as asyncio's transports read
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})
+_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
 
 
-def pollable(fd: int) -> bool:
-    """Whether epoll can watch *fd* (pipes, sockets, terminals; not files or /dev/null)."""
-    mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+def _write_only_pipe(fd: int) -> bool:
+    """A pipe open for writing only turns readable when its reader goes; a terminal, a socket or
+    a FIFO open read-write turns readable with input too, so only this one is watched."""
+    write_only = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+    return write_only and stat.S_ISFIFO(os.fstat(fd).st_mode)
 
 
 class Loop:
@@ -75,6 +77,16 @@ class Loop:
 
     def soon(self, callback: Callable[[], None]) -> None:
         self._soon.append(callback)
+
+    def can_poll(self, fd: int) -> bool:
+        """Whether epoll can watch *fd*: pipes, sockets, terminals, most devices; not regular
+        files or /dev/null (EPERM), which are always ready instead."""
+        try:
+            self._selector.register(fd, _READ)
+        except PermissionError:
+            return False
+        self._selector.unregister(fd)
+        return True
 
     def watch(self, channel: Channel, events: int) -> None:
         """Call ``channel.ready`` when its fd is ready for *events* (0: no longer)."""
@@ -125,13 +137,12 @@ class Channel:
         self.loop, self.fd = loop, fd
         self.on_data, self.on_lost, self.on_pressure = on_data, on_lost, on_pressure
         self.high, self.low = high, low
-        self.pollable = pollable(fd)
+        self.pollable = loop.can_poll(fd)
         os.set_blocking(fd, False)
         self.reading = on_data is not None
         self.full = False
         self.closed = False
-        # Only a pipe: a terminal or a socket turns readable with the client's input, not its going.
-        self._hangup = watch_hangup and on_data is None and stat.S_ISFIFO(os.fstat(fd).st_mode)
+        self._hangup = watch_hangup and on_data is None and _write_only_pipe(fd)
         self._closing = False
         self._out: deque[bytes | memoryview] = deque()
         self._buffered = 0
@@ -147,7 +158,8 @@ class Channel:
         return self._closing or self.closed
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Write *data* after everything before it; ignored once closing."""
+        """Write *data* after everything before it; ignored once closing. What the fd does not take
+        at once is kept as a view of *data*: a bytearray passed here must not change after."""
         if self.closing or not data:
             return
         if not self._out:

@@ -5,8 +5,9 @@ once, in order, with no task switch, lock or per-read epoll re-registration. Wha
 remembers of the session is ``resume.SessionMemory``; when to reconnect and how to resume is
 ``connect``'s owner.
 
-Back-pressure: the client not reading its stdout pauses reading the daemon; the daemon not
-reading (or a big line still going out, in 1 MiB slices, never copied whole) pauses stdin.
+Back-pressure: the client not reading its stdout pauses reading the daemon and stdin (whose
+requests may be answered here while the daemon is away); the daemon not reading (or a big line
+still going out, in 1 MiB slices, never copied whole) pauses stdin.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Link:
         assert self.channel is not None
         while self.backlog and not self.channel.closing and self.channel.buffered < SLICE:
             self.channel.write(self.backlog.popleft())
-        self.pump.flow(self)
+        self.pump.flow()
 
     def abort(self) -> None:
         if self.channel is not None:
@@ -105,7 +106,7 @@ class Link:
 
     def pressure(self, full: bool) -> None:
         if full:
-            self.pump.flow(self)
+            self.pump.flow()
         else:
             self.drain()
 
@@ -199,7 +200,7 @@ class Pump:
         self.live = None
         failed = self.memory.broken()
         self.write(b"".join(error_line(failed_id, RESTARTED, _IN_FLIGHT) for failed_id in failed))
-        self.pause_stdin(False)
+        self.flow()
 
     def changes(self, link: Link) -> bytes:
         """list_changed for what the new daemon serves (both eras), so the client re-lists."""
@@ -210,8 +211,9 @@ class Pump:
             kinds = [k for k in _LIST_CHANGED if not isinstance(capabilities, dict) or k in capabilities]
             lines += [_LIST_CHANGED[kind] for kind in kinds]
         for request_id, line in self.memory.listens.items():  # 2026-07-28: events on the listen stream
-            params = json.loads(line).get("params") or {}
-            wanted = params.get("notifications") or {}
+            params = json.loads(line).get("params")
+            wanted = params.get("notifications") if isinstance(params, dict) else None
+            wanted = wanted if isinstance(wanted, dict) else {}
             meta = {"_meta": {_SUBSCRIPTION_ID: request_id}}
             kinds = [kind for kind, key in _LISTEN_KEYS.items() if wanted.get(key)]
             lines += [{**_LIST_CHANGED[kind], "params": meta} for kind in kinds]
@@ -294,10 +296,11 @@ class Pump:
 
     # --- back-pressure ---
 
-    def flow(self, link: Link) -> None:
-        """stdin waits while the live link's socket is full or a big send is still going out."""
-        if link is self.live:
-            self.pause_stdin(link.full or bool(link.backlog))
+    def flow(self) -> None:
+        """stdin waits while the client leaves its answers unread, or the live link's socket is full
+        or a big send is still going out."""
+        live = self.live
+        self.pause_stdin(self._daemon_paused or (live is not None and (live.full or bool(live.backlog))))
 
     def pause_stdin(self, paused: bool) -> None:
         if paused == self.stdin_paused:
@@ -307,8 +310,10 @@ class Pump:
             (self.stdin.pause_reading if paused else self.stdin.resume_reading)()
 
     def pause_daemon(self, paused: bool) -> None:
-        """The client is not reading its stdout: stop reading the daemon until it does."""
+        """The client is not reading its stdout: read neither the daemon nor the client until it
+        does (what the client sends meanwhile may be answered here, by an error line)."""
         self._daemon_paused = paused
         for link in self.links:
             if link.channel is not None:
                 (link.channel.pause_reading if paused else link.channel.resume_reading)()
+        self.flow()

@@ -6,6 +6,7 @@ starting it again on the same path is a daemon restart as connect sees it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -276,6 +277,42 @@ class TestExits:
             finally:
                 process.kill()
 
+    async def test_a_fifo_open_read_write_as_stdout_is_not_taken_for_a_hang_up(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """`1<>fifo`: connect's own answers make its stdout readable, which on a write-only pipe
+        would mean the reader went. Only write-only pipes are watched for that."""
+        server, tg = fixture
+        await server.start(tg)
+        fifo = short_tmp / "out.fifo"
+        os.mkfifo(fifo)
+        stdout = os.open(fifo, os.O_RDWR)
+        answers = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        env = {**os.environ, MARKER_ENV: marker_prefix + "connect"}
+        try:
+            process = await anyio.open_process(
+                connect_argv(short_tmp), stdin=subprocess.PIPE, stdout=stdout, env=env
+            )
+            async with process:
+                assert process.stdin is not None
+                await process.stdin.send(
+                    line(INITIALIZE) + line(INITIALIZED) + line(call(1, "echo", text="f"))
+                )
+                data = b""
+                with anyio.fail_after(WAIT):
+                    while data.count(b"\n") < 2:
+                        with contextlib.suppress(BlockingIOError):
+                            data += os.read(answers, 65536)
+                        await anyio.sleep(0.01)  # polling a non-blocking fd, within the deadline
+                assert [json.loads(text)["id"] for text in data.splitlines()] == [0, 1]
+                assert process.returncode is None  # still serving
+                await process.stdin.aclose()
+                with anyio.fail_after(WAIT):
+                    assert await process.wait() == 0
+        finally:
+            os.close(stdout)
+            os.close(answers)
+
     async def test_files_as_stdin_and_stdout(
         self, fixture: Running, short_tmp: Path, marker_prefix: str
     ) -> None:
@@ -411,6 +448,29 @@ class TestRestart:
                     await server.start(tg)
                     assert isinstance(await subscription.__anext__(), ToolsListChanged)
                     assert text_of(await client.call_tool("echo", {"text": "modern"})) == "modern"
+
+    async def test_while_away_a_client_that_reads_nothing_is_not_read_either(
+        self, fixture: Running, short_tmp: Path, marker_prefix: str
+    ) -> None:
+        """With the daemon away, each request past the held few is answered with an error at once;
+        a client that never reads those answers is not read either. Before, connect kept reading
+        and buffering its answers: 86 MB more in 8 s."""
+        server, tg = fixture
+        await server.start(tg)
+        async with raw_connect(short_tmp, marker_prefix) as raw:
+            await raw.send(INITIALIZE)
+            assert (await raw.receive())["id"] == 0
+            await server.kill()
+            await raw.stderr(until="lost the daemon")
+            assert raw.process.stdin is not None
+            flood = b"".join(line(call(n, "echo", text="x" * 100)) for n in range(1000))
+            sent = 0
+            with anyio.move_on_after(4):  # the writes block once connect stops reading: the point
+                while True:
+                    await raw.process.stdin.send(flood)
+                    sent += len(flood)
+            assert sent < 8 << 20, f"connect took {sent >> 20} MiB from a client that read nothing"
+            assert psutil.Process(raw.process.pid).memory_info().rss < 30 << 20
 
     async def test_a_call_made_while_away_is_held_and_answered(
         self, fixture: Running, short_tmp: Path, marker_prefix: str
