@@ -15,8 +15,9 @@ connection):
 - an answer the client leaves unread for ``send_timeout`` (the socket's buffer stays full)
   ends the connection, so a client that stops reading holds no stream open;
 - ``TCP_NODELAY``: without it a keep-alive client waits out Nagle's 40 ms on every answer;
-- requests a client sends ahead of their answers (pipelining) are read as they are served:
-  at most one read ahead, of at most :data:`MAX_AHEAD` requests (past it: 400, closed).
+- requests a client sends ahead of their answers (pipelining) wait their turn, at most
+  :data:`MAX_AHEAD` of them parsed and :data:`MAX_HELD` bytes more unparsed; past the first the
+  rest is dropped and the connection closes after the answers owed, in order.
 
 Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
 served outside the SDK (:mod:`.fastcalls`) can hear of its client going through
@@ -28,20 +29,21 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
 
-__all__ = ("CONNECTION", "MAX_AHEAD", "BoundedProtocol", "Connections")
+__all__ = ("CONNECTION", "MAX_AHEAD", "MAX_HELD", "BoundedProtocol", "Connections")
 
 CONNECTION = "supervisor.connection"  # the scope key of a request's BoundedProtocol
-MAX_AHEAD = 16  # requests a client may send ahead of their turn in one read (past it: 400, closed)
+MAX_AHEAD = 16  # requests that may wait their turn; past it the rest is dropped, closed after the 16
+MAX_HELD = 64 << 10  # bytes received (unparsed) while requests wait, past which reading waits too
 
 log = structlog.get_logger(__name__)
 
@@ -86,26 +88,21 @@ class Connections:
 
 
 class _ReadAhead(FlowControl):
-    """uvicorn's flow control, except that reading stays paused while requests the client sent
-    ahead of their turn (pipelined) wait in *pipeline*.
+    """uvicorn's flow control, except that reading stays paused while *may_read()* says no.
 
     uvicorn resumes reading for every body read and after every answer, and the fast path does
-    for each call (to hear its client go): with h11, one more read of up to 256 KiB each time,
-    and a client that pipelined requests without pause grew the daemon by 1.3 GB in 15 s.
-    Requests already in are served in turn; reading resumes once none waits.
+    for each call (to hear its client go); with h11 each resume took one more read of up to
+    256 KiB, and a client that pipelined requests without pause grew the daemon by 1.3 GB in
+    15 s. :class:`BoundedProtocol` says no once it holds :data:`MAX_HELD` bytes sent ahead.
     """
 
-    def __init__(self, transport: asyncio.Transport, pipeline: Sized) -> None:
+    def __init__(self, transport: asyncio.Transport, may_read: Callable[[], bool]) -> None:
         super().__init__(transport)
-        self._pipeline = pipeline
+        self._may_read = may_read
 
     def resume_reading(self) -> None:
-        if not self._pipeline:
+        if self._may_read():
             super().resume_reading()
-
-
-class _TooFarAhead(Exception):
-    """Raised in the parser's callback: the parse stops, and uvicorn answers 400 and closes."""
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -117,6 +114,9 @@ class BoundedProtocol(HttpToolsProtocol):
         self._limits = connections.limits
         self._admitted = False
         self._receiving: str | None = None  # "headers" or "body" of the request arriving, if any
+        self._served: RequestResponseCycle | None = None  # uvicorn's self.cycle is the newest, maybe waiting
+        self._held = bytearray()  # bytes received while requests wait their turn, not parsed yet
+        self._dropping = False  # over MAX_AHEAD: what else comes is dropped, the connection ends
         self._timer: asyncio.TimerHandle | None = None  # the deadline of the request arriving now
         self._unread: asyncio.TimerHandle | None = None  # while the client does not take our answer
         self._phase: str | None = None  # what _timer waits for: "headers" or "body"
@@ -144,7 +144,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)
-        self.flow = _ReadAhead(transport, self.pipeline)
+        self.flow = _ReadAhead(transport, lambda: len(self._held) <= MAX_HELD and not self._dropping)
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -154,21 +154,38 @@ class BoundedProtocol(HttpToolsProtocol):
         self._cancel_timer()
         if self._unread is not None:
             self._unread.cancel()
-        super().connection_lost(exc)
-        if self.cycle is not None:
-            self.cycle.scope.pop(CONNECTION, None)  # type: ignore[misc]  # no cycle through the scope
+        super().connection_lost(exc)  # tells self.cycle only: the newest
+        for cycle in (self._served, *(waiting for waiting, _ in self.pipeline)):
+            if cycle is not None and cycle is not self.cycle:
+                cycle.disconnected = cycle.disconnected or not cycle.response_complete
+                cycle.message_event.set()
+        for cycle in (self._served, self.cycle):
+            if cycle is not None:
+                cycle.scope.pop(CONNECTION, None)  # type: ignore[misc]  # no cycle through the scope
+        self._held = bytearray()
         if self._on_lost is not None:
             lost, self._on_lost = self._on_lost, None
             lost()
 
     def data_received(self, data: bytes) -> None:
         self.active_at = time.monotonic()
+        if self._dropping:
+            return
+        if self.pipeline or self._held:  # requests wait their turn: what follows waits unparsed
+            self._held += data
+            if len(self._held) > MAX_HELD:
+                self.flow.pause_reading()
+            return
         super().data_received(data)
         self._watch()
 
     def on_response_complete(self) -> None:
         self.active_at = time.monotonic()
-        super().on_response_complete()  # may start a pipelined request
+        super().on_response_complete()  # may start a request that waited
+        if self._held and not self.pipeline and not self.transport.is_closing():
+            held, self._held = bytes(self._held), bytearray()
+            self.data_received(held)
+            self.flow.resume_reading()
         self._watch()
 
     def watch_lost(self, callback: Callable[[], None] | None) -> None:
@@ -202,20 +219,46 @@ class BoundedProtocol(HttpToolsProtocol):
     # ---- the parser's callbacks, within data_received -----------------------------------
 
     def on_message_begin(self) -> None:
-        if len(self.pipeline) >= MAX_AHEAD:
-            raise _TooFarAhead
+        if len(self.pipeline) >= MAX_AHEAD and not self._dropping:
+            self._dropping = True  # the rest of this read is parsed into nothing, and no more is read
+            self.cycle.keep_alive = False  # the last request taken: the connection ends with its answer
+            self.flow.pause_reading()
+            reason = "too many requests sent ahead of their answers"
+            self._bounded.ended("ahead", reason=reason, limit=MAX_AHEAD)
+        if self._dropping:
+            return
         self._receiving = "headers"
         super().on_message_begin()
 
+    def on_url(self, url: bytes) -> None:
+        if not self._dropping:
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._dropping:
+            super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
+        if self._dropping:
+            return
         self._receiving = "body"
         super().on_headers_complete()
         if self.cycle is not None:  # the request's task has not run yet
             self.cycle.scope[CONNECTION] = self  # type: ignore[literal-required]
 
+    def on_body(self, body: bytes) -> None:
+        if not self._dropping:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._dropping:
+            return
         self._receiving = None
         super().on_message_complete()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._served = cycle
+        super()._start_asgi_task(cycle, app)
 
     # ---- deadlines -----------------------------------------------------------------------
 
