@@ -118,7 +118,7 @@ def daemon(args: argparse.Namespace) -> int:
     run = partial(
         daemon.run, settings, config_path=path, overrides=overrides, warnings=warnings, log_json=log_json
     )
-    _exit_now(anyio.run(run, backend="asyncio"))
+    _exit_now(anyio.run(run, backend="asyncio", backend_options={"use_uvloop": True}))
 
 
 def _exit_now(code: int) -> NoReturn:

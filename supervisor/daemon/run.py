@@ -123,6 +123,7 @@ async def run(
             want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto"),
         )
         tg.start_soon(daemon.containment.keep_guardian)
+        tg.start_soon(daemon.containment.keep_reaping)
         swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
         if swept:
             log.warning("daemon.swept_orphans", count=swept)
@@ -166,14 +167,11 @@ async def _serve_signals(
     daemon: Daemon, tg: TaskGroup, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
     """Signal handlers only note the signal; the work happens here, in the event loop."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD) as signals:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         shutting_down = False
         async for signum in signals:
-            if signum == signal.SIGCHLD:  # an orphan handed to us (a subreaper) may have exited
-                if daemon.containment is not None:
-                    await daemon.containment.reap()
-            elif signum == signal.SIGHUP:
+            if signum == signal.SIGHUP:
                 tg.start_soon(_reload_on_signal, daemon)
             elif not shutting_down:
                 shutting_down = True

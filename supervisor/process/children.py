@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import anyio
 import structlog
@@ -92,8 +93,7 @@ class PipeReader(asyncio.Protocol):
         self._transport: asyncio.ReadTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.ReadTransport)
-        self._transport = transport
+        self._transport = cast(asyncio.ReadTransport, transport)  # uvloop's are not asyncio's subclasses
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data

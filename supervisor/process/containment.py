@@ -25,11 +25,12 @@ from supervisor.process import cgroups, guardian, reaper, spawner
 from supervisor.process import children as process
 from supervisor.process.cgroups import Subtree
 
-__all__ = ("MODES", "Containment")
+__all__ = ("MODES", "REAP_INTERVAL", "Containment")
 
 log = structlog.get_logger(__name__)
 
 MODES = ("auto", "cgroup", "scan")
+REAP_INTERVAL = 1.0  # seconds between looks for exited orphans (see Containment.keep_reaping)
 _GUARDIAN_START = 10.0  # seconds for a guardian to say it is ready
 
 
@@ -83,11 +84,20 @@ class Containment:
             "guardian_restarts": self._restarts,
         }
 
-    async def reap(self) -> None:
-        """Reap orphans that came back to us and exited (call on SIGCHLD)."""
-        reaped = await anyio.to_thread.run_sync(reaper.reap_strangers)
-        if reaped:
-            log.debug("daemon.reaped_orphans", count=len(reaped))
+    async def keep_reaping(self) -> None:
+        """Reap the orphans that came back to us (a subreaper) and exited, every
+        :data:`REAP_INTERVAL` seconds, until cancelled.
+
+        Not on SIGCHLD: the event loop (uvloop) keeps that signal for itself. Meanwhile a zombie
+        holds only its pid; the peek that finds none costs one system call.
+        """
+        if not self.subreaper:
+            return
+        while True:
+            await anyio.sleep(REAP_INTERVAL)
+            reaped = await anyio.to_thread.run_sync(reaper.reap_strangers)
+            if reaped:
+                log.debug("daemon.reaped_orphans", count=len(reaped))
 
     async def keep_guardian(self) -> None:
         """Start a new guardian whenever it died (it should not) or could not start; runs until cancelled."""

@@ -1,4 +1,4 @@
-"""The daemon as a child subreaper: orphans of its trees come back to it and are reaped at once.
+"""The daemon as a child subreaper: orphans of its trees come back to it and are reaped.
 
 Without it, a double-forked descendant is handed to PID 1, which in a container started
 without an init may never reap it; and it is out of the daemon's reach. With it, such a
@@ -8,7 +8,7 @@ reaps when it exits.
 
 Our own children are reaped by whoever spawned them (:mod:`supervisor.process.children`, through
 their pidfd), never here: they are registered with :func:`track` under :data:`lock` in the
-same step as the fork, so a SIGCHLD handled in between cannot take one for a stranger.
+same step as the fork, so a reaping in between cannot take one for a stranger.
 Children in the daemon's own session are never taken either (every tree lives in sessions
 of its own): a subprocess started by other code, e.g. asyncio's, stays its owner's to wait for.
 """

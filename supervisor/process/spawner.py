@@ -86,7 +86,7 @@ def shim_argv(argv: Sequence[str], *, cgroup: Path | None, setpriv: str | None =
 
 
 def _pipe_popen(argv: list[str], env: dict[str, str], cwd: str | None) -> subprocess.Popen[bytes]:
-    with reaper.lock:  # a SIGCHLD handled between fork and track() must not see a stranger
+    with reaper.lock:  # a reaping between fork and track() must not see a stranger
         popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,

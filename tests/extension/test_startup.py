@@ -163,6 +163,29 @@ class TestWithinStartLimit:
         assert (caught.value.busy, caught.value.slow, slowed) == (True, True, [1])
         assert 0.3 * startup.SLOW_START_FACTOR <= elapsed < 0.3 * startup.SLOW_START_FACTOR + 1.5
 
+    async def test_timers_that_wake_early_do_not_make_a_busy_child_idle(self) -> None:
+        """uvloop's timers count whole milliseconds and may wake before the clock says so: the
+        judge then saw the hard limit not yet reached, measured again over a fraction of a
+        millisecond, below the kernel's CPU accounting tick, and called a busy child idle."""
+        cpu, slowed = _Cpu(), []
+
+        def slower() -> float:  # every wake-up looks 1% early by this clock
+            return time.monotonic() * 0.99
+
+        async def ticks() -> float:
+            return round(await cpu(), 2)  # CPU time in 10 ms ticks, as the kernel counts it
+
+        with pytest.raises(StartTimeout) as caught:
+            await within_start_limit(
+                anyio.sleep_forever,
+                limit=0.3,
+                cpu_seconds=ticks,
+                on_slow=lambda: slowed.append(1),
+                window=0.1,
+                clock=slower,
+            )
+        assert (caught.value.busy, caught.value.slow, slowed) == (True, True, [1])
+
     async def test_a_slow_child_that_goes_idle_is_ended_then(self) -> None:
         """Busy past the deadline, then idle: ended at the first idle window, before the hard limit."""
         cpu, slowed = _Cpu(), []

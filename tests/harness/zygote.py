@@ -197,7 +197,7 @@ def _become(request: dict[str, Any]) -> None:
 
 def serve(channel: socket.socket) -> None:
     """Answer the worker's requests until it closes the socket: spawn a daemon, or poll one."""
-    for module in ("supervisor.cli.main", "supervisor.cli.local", "supervisor.daemon.run"):
+    for module in ("supervisor.cli.main", "supervisor.cli.local", "supervisor.daemon.run", "uvloop"):
         importlib.import_module(module)  # what a daemon imports, once for every fork
 
     exited: dict[int, int] = {}
