@@ -40,6 +40,19 @@ def _echo(request_id: int) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
 
 
+def _waiting(request_id: int, seconds: float) -> bytes:
+    params = {"name": "rich__wait", "arguments": {"seconds": seconds}}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+
+
+async def _session(http: Daemon) -> Raw:
+    """A handshake-era session of *http* that listed tools (its calls take the fast path)."""
+    async with httpx2.AsyncClient(timeout=10) as client:
+        session = Raw(client, http.url + "/mcp")
+        await session.open()
+    return session
+
+
 def _listing(request_id: int) -> bytes:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/list"}).encode()
 
@@ -85,9 +98,7 @@ class TestPipelining:
         body: Callable[[int], bytes],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
-            session = Raw(client, http.url + "/mcp")
-            await session.open()
+        session = await _session(http)
         batches = functools.partial(_batches, http.url, session.headers, body, 20, MAX_AHEAD)
         answered = await anyio.to_thread.run_sync(batches)
         assert answered == list(range(20 * MAX_AHEAD))
@@ -102,17 +113,8 @@ class TestPipelining:
         16 that may wait are answered, in order, then the connection closes; the rest was never
         run. Before, a 400 went out at once, ahead of the call's answer, as if it were that."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
-            session = Raw(client, http.url + "/mcp")
-            await session.open()
-        slow = json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "tools/call",
-                "params": {"name": "rich__wait", "arguments": {"seconds": 0.5}},
-            }
-        ).encode()
+        session = await _session(http)
+        slow = _waiting(0, seconds=0.5)
         data = await anyio.to_thread.run_sync(
             _flood, http.url, session.headers, [slow] + [body(n) for n in range(1, 31)]
         )
@@ -131,15 +133,14 @@ class TestPipelining:
         for every body read and every answer, and h11 took one more 256 KiB read into its buffer
         each time: 620-700 MiB in 4 s (1.3 GB in 15 s), at 45 answers a second."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
-            session = Raw(client, http.url + "/mcp")
-            await session.open()
-            before = http.rss()
-            for _ in range(3):  # three floods, one after the other
-                data = await anyio.to_thread.run_sync(_flood, http.url, session.headers, [body] * 20_000)
-                assert 0 < len(re.findall(rb"HTTP/1.1 200", data)) <= 1 + MAX_AHEAD
-            assert http.rss() - before < 64 << 20, f"the daemon grew {(http.rss() - before) >> 20} MiB"
-            answer = await session.post(_echo(2))  # the session goes on, on a connection of its own
+        session = await _session(http)
+        before = http.rss()
+        for _ in range(3):  # three floods, one after the other
+            data = await anyio.to_thread.run_sync(_flood, http.url, session.headers, [body] * 20_000)
+            assert 0 < len(re.findall(rb"HTTP/1.1 200", data)) <= 1 + MAX_AHEAD
+        assert http.rss() - before < 64 << 20, f"the daemon grew {(http.rss() - before) >> 20} MiB"
+        # The session goes on, on a connection of its own.
+        answer = httpx2.post(http.url + "/mcp", content=_echo(2), headers=session.headers, timeout=10)
         assert answer.status_code == 200 and answer.json()["id"] == 2
 
     async def test_a_client_that_goes_is_heard_while_requests_wait_their_turn(
@@ -150,17 +151,8 @@ class TestPipelining:
         cancelled in the child. Before, reading stayed paused while a request waited, and the
         close went unheard until the call ended by itself."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
-            session = Raw(client, http.url + "/mcp")
-            await session.open()
-        slow = json.dumps(
-            {
-                "jsonrpc": "2.0",
-                "id": 0,
-                "method": "tools/call",
-                "params": {"name": "rich__wait", "arguments": {"seconds": 30}},
-            }
-        ).encode()
+        session = await _session(http)
+        slow = _waiting(0, seconds=30)
         host, port = http.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(_requests(http.url, session.headers, [slow, _echo(1)]))
