@@ -218,11 +218,10 @@ class _Owner:
             raise DaemonUnreachable(self.path, self.gave_up)
         return 0
 
-    def _wait(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Serve until *done()*, the client's end, or *timeout*; whether *done()* came true."""
+    def _wait(self, done: Callable[[], bool], timeout: float | None = None) -> None:
+        """Serve until *done()*, the client's end, or *timeout*."""
         pump = self.pump
         self.loop.run_until(lambda: pump.ending or done(), timeout)
-        return done()
 
     def _finish(self) -> None:
         """The client's input ended (or its output went): the answers still due, within a grace."""

@@ -25,7 +25,6 @@ __all__ = (
     "MAX_CLIENT_LINE",
     "MAX_HELD_BYTES",
     "MAX_HELD_LINES",
-    "SLICE",
     "Link",
     "Pump",
     "note",
@@ -38,7 +37,7 @@ MAX_HELD_LINES = 64  # client lines held while reconnecting ...
 MAX_HELD_BYTES = 4 << 20  # ... and their bytes; past either, a request is answered with an error
 RESTARTED = -32000
 TOO_LARGE = -32600
-SLICE = 1 << 20  # a big line goes to the daemon in slices of this, as its socket drains
+_SLICE = 1 << 20  # a big line goes to the daemon in slices of this, as its socket drains
 _LIST_CHANGED = {
     kind: {"jsonrpc": "2.0", "method": f"notifications/{kind}/list_changed"}
     for kind in ("tools", "prompts", "resources")
@@ -78,19 +77,19 @@ class Link:
     def write(self, lines: list[bytes]) -> None:
         """Send *lines*, a newline after each: small ones in one write, a big one in slices."""
         assert self.channel is not None
-        if not self.backlog and sum(len(line) for line in lines) <= SLICE:
+        if not self.backlog and sum(len(line) for line in lines) <= _SLICE:
             self.channel.write(b"".join(line + b"\n" for line in lines))
             return
         for line in lines:
             view = memoryview(line)
-            self.backlog.extend(view[start : start + SLICE] for start in range(0, len(view), SLICE))
+            self.backlog.extend(view[start : start + _SLICE] for start in range(0, len(view), _SLICE))
             self.backlog.append(memoryview(b"\n"))
         self.drain()
 
     def drain(self) -> None:
         """Write backlog slices while the socket takes them; stdin waits until it is empty."""
         assert self.channel is not None
-        while self.backlog and not self.channel.closing and self.channel.buffered < SLICE:
+        while self.backlog and not self.channel.closing and self.channel.buffered < _SLICE:
             self.channel.write(self.backlog.popleft())
         self.pump.flow()
 
@@ -161,8 +160,8 @@ class Pump:
             on_data=link.data_received,
             on_lost=link.connection_lost,
             on_pressure=link.pressure,
-            high=SLICE,
-            low=SLICE // 4,
+            high=_SLICE,
+            low=_SLICE // 4,
         )
         self.links.add(link)
         if self._daemon_paused:

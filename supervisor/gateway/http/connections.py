@@ -16,8 +16,8 @@ connection):
   ends the connection, so a client that stops reading holds no stream open;
 - ``TCP_NODELAY``: without it a keep-alive client waits out Nagle's 40 ms on every answer;
 - requests a client sends ahead of their answers (pipelining) wait their turn, at most
-  :data:`MAX_AHEAD` of them parsed and :data:`MAX_HELD` bytes more unparsed; past the first the
-  rest is dropped and the connection closes after the answers owed, in order.
+  :data:`MAX_AHEAD` of them parsed and :data:`MAX_HELD` bytes more unparsed; past
+  :data:`MAX_AHEAD` the rest is dropped and the connection closes after the answers owed, in order.
 
 Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
 served outside the SDK (:mod:`.fastcalls`) can hear of its client going through
@@ -91,9 +91,9 @@ class _ReadAhead(FlowControl):
     """uvicorn's flow control, except that reading stays paused while *may_read()* says no.
 
     uvicorn resumes reading for every body read and after every answer, and the fast path does
-    for each call (to hear its client go); with h11 each resume took one more read of up to
-    256 KiB, and a client that pipelined requests without pause grew the daemon by 1.3 GB in
-    15 s. :class:`BoundedProtocol` says no once it holds :data:`MAX_HELD` bytes sent ahead.
+    for each call (to hear its client go); each resume let one more read (up to 256 KiB) in, and
+    a client that pipelined requests without pause grew the daemon by 1.3 GB in 15 s.
+    :class:`BoundedProtocol` says no once it holds :data:`MAX_HELD` bytes sent ahead, or drops.
     """
 
     def __init__(self, transport: asyncio.Transport, may_read: Callable[[], bool]) -> None:
