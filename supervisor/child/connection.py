@@ -251,9 +251,9 @@ async def connect(
     raw = connection.raw = RawCalls(write_send, child.stdin, spool.sent if spool is not None else None)
 
     def end(failure: str | None) -> None:
+        connection.end(failure)  # first: a raw call failed by callback asks whether it ended
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
         raw.close()
-        connection.end(failure)
 
     stdout = StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched)
 

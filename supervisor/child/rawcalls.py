@@ -29,7 +29,7 @@ from mcp import MCPError
 
 from supervisor.child.wire import SENDING
 
-__all__ = ("MARK", "RawCalls", "encode")
+__all__ = ("MARK", "RawCalls", "Waiter", "call_params", "encode", "result", "tool_result")
 
 PREFIX = "mcpsv-"
 MARK = b'"' + PREFIX.encode()  # in every line that answers a raw call or reports its progress
@@ -61,22 +61,31 @@ def encode(message: dict[str, Any]) -> bytes:
 _STRICT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-class _Waiter:
-    """One raw call in flight: the latest progress and the answer, as the stdout pump finds them."""
+class Waiter:
+    """One raw call in flight: the latest progress and the answer, as the stdout pump finds them.
 
-    __slots__ = ("answer", "changed", "closed", "progress")
+    An awaiting caller waits on :attr:`changed`; a caller served by callbacks gives *notify*
+    instead, called (sync, from the pump) with each change.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("answer", "changed", "closed", "notify", "progress")
+
+    def __init__(self, notify: Callable[[Waiter], None] | None = None) -> None:
         # asyncio's Event, cleared and reused: a sixth of anyio.Event's cost, twice per call. The
         # daemon runs anyio on asyncio only (the stdin writer below is asyncio's too), and a
         # cancel scope cancels a task waiting on it as on anything else.
-        self.changed = asyncio.Event()
+        self.changed = asyncio.Event() if notify is None else None
+        self.notify = notify
         self.progress: tuple[float, float | None, str | None] | None = None
         self.answer: dict[str, Any] | None = None
         self.closed = False
 
     def wake(self) -> None:
-        self.changed.set()
+        if self.notify is not None:
+            self.notify(self)
+        else:
+            assert self.changed is not None
+            self.changed.set()
 
 
 class RawCalls:
@@ -99,7 +108,7 @@ class RawCalls:
         self._stdin = stdin
         self._on_request = on_request  # sees (id, method, params) of each request before it goes
         self._ids = itertools.count(1)
-        self._waiting: dict[str, _Waiter] = {}
+        self._waiting: dict[str, Waiter] = {}
         self._closed = False
 
     def __len__(self) -> int:
@@ -115,13 +124,10 @@ class RawCalls:
         connection ends first, or ``INVALID_PARAMS`` when the call cannot be encoded (nothing
         is sent then); ``ValueError`` for an answer that is not a tool result.
         """
-        params: dict[str, Any] = {"name": name}
-        if arguments is not None:
-            params["arguments"] = arguments
-        result = await self.request("tools/call", params, renew)
-        if not isinstance(result.get("content", []), list):
+        answer = await self.request("tools/call", call_params(name, arguments), renew)
+        if not isinstance(answer.get("content", []), list):
             raise ValueError("not a tool result")
-        return result
+        return answer
 
     async def request(self, method: str, params: dict[str, Any], renew: Renew) -> dict[str, Any]:
         """The child's ``result`` object for any request (a task-augmented call, ``tasks/get``, ...).
@@ -129,22 +135,8 @@ class RawCalls:
         Its ``_meta`` gets our progress token. Errors as :meth:`call_tool`; ``ValueError`` for
         an answer whose result is not an object.
         """
-        request_id = f"{PREFIX}{next(self._ids)}"
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        params = {**params, "_meta": {**meta, "progressToken": request_id}}
-        try:
-            line = encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        except (ValueError, RecursionError) as exc:
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            message = f"the request cannot be encoded as JSON ({reason})"
-            raise MCPError(types.INVALID_PARAMS, message) from None
-        if self._closed:
-            raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
-        if self._on_request is not None:
-            self._on_request(request_id, method, params)
-        if (sending := SENDING.get()) is not None:
-            sending(request_id)
-        waiter = self._waiting[request_id] = _Waiter()
+        request_id, line = self._prepare(method, params)
+        waiter = self._waiting[request_id] = Waiter()
         sent = True  # from here the child may have it (a cancel for an id it never saw is harmless)
         try:
             try:
@@ -160,7 +152,56 @@ class RawCalls:
         finally:
             self._waiting.pop(request_id, None)
 
-    async def _answer(self, waiter: _Waiter, renew: Renew) -> dict[str, Any]:
+    def send_now(self, method: str, params: dict[str, Any], notify: Callable[[Waiter], None]) -> str | None:
+        """Send a request at once, without a task waiting for it: its id, or None (nothing sent)
+        when it cannot go in one write now (the pipe is busy, the connection closed).
+
+        *notify* is called, sync, from the stdout pump with each change of its :class:`Waiter`
+        (progress, the answer, the connection's end); its owner calls :meth:`forget` once done
+        with it, or :meth:`abandon` to cancel it. Errors as :meth:`request` (nothing is sent).
+        """
+        transport = self._stdin.transport
+        if self._closed or transport.is_closing() or transport.get_write_buffer_size():
+            return None
+        request_id, line = self._prepare(method, params)
+        self._waiting[request_id] = Waiter(notify)
+        self._stdin.write(line)
+        return request_id
+
+    def forget(self, request_id: str) -> None:
+        """Stop routing to *request_id* (a late answer is dropped)."""
+        self._waiting.pop(request_id, None)
+
+    def abandon(self, request_id: str) -> None:
+        """Stop waiting for a request sent with :meth:`send_now`, and tell the child to cancel it."""
+        waiter = self._waiting.pop(request_id, None)
+        if waiter is None or waiter.answer is not None or waiter.closed or self._closed:
+            return
+        transport = self._stdin.transport
+        if not transport.is_closing():  # after its request, in the same pipe: never ahead of it
+            self._stdin.write(encode(_cancel_notification(request_id)))
+
+    def _prepare(self, method: str, params: dict[str, Any]) -> tuple[str, bytes]:
+        """A new request's id and line, announced to whoever watches what is sent."""
+        request_id = f"{PREFIX}{next(self._ids)}"
+        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+        params = {**params, "_meta": {**meta, "progressToken": request_id}}
+        try:
+            line = encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        except (ValueError, RecursionError) as exc:
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+            message = f"the request cannot be encoded as JSON ({reason})"
+            raise MCPError(types.INVALID_PARAMS, message) from None
+        if self._closed:
+            raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
+        if self._on_request is not None:
+            self._on_request(request_id, method, params)
+        if (sending := SENDING.get()) is not None:
+            sending(request_id)
+        return request_id, line
+
+    async def _answer(self, waiter: Waiter, renew: Renew) -> dict[str, Any]:
+        assert waiter.changed is not None
         while True:
             await waiter.changed.wait()
             waiter.changed.clear()  # before reading: a wake from now on is seen next round
@@ -168,16 +209,12 @@ class RawCalls:
                 progress, waiter.progress = waiter.progress, None
                 await renew(*progress)
             if waiter.answer is not None:
-                return _result(waiter.answer)
+                return result(waiter.answer)
             if waiter.closed:
                 raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
 
     async def _cancel(self, request_id: str) -> None:
-        notification = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": request_id, "reason": "the caller cancelled the request"},
-        }
+        notification = _cancel_notification(request_id)
         gone = (
             anyio.ClosedResourceError,
             anyio.BrokenResourceError,
@@ -234,7 +271,7 @@ class RawCalls:
 
     def close(self) -> None:
         self._closed = True
-        for waiter in self._waiting.values():
+        for waiter in list(self._waiting.values()):  # a notified owner forgets its waiter at once
             waiter.closed = True
             waiter.wake()
 
@@ -250,7 +287,33 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _result(answer: dict[str, Any]) -> dict[str, Any]:
+def call_params(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
+    """The params of ``tools/call`` *name*."""
+    return {"name": name} if arguments is None else {"name": name, "arguments": arguments}
+
+
+def tool_result(answer: dict[str, Any]) -> dict[str, Any]:
+    """The ``result`` of a child's *answer* to ``tools/call``. Errors as :func:`result`."""
+    called = result(answer)
+    if not isinstance(called.get("content", []), list):
+        raise ValueError("not a tool result")
+    return called
+
+
+def _cancel_notification(request_id: str) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": request_id, "reason": "the caller cancelled the request"},
+    }
+
+
+def result(answer: dict[str, Any]) -> dict[str, Any]:
+    """The ``result`` object of a child's *answer*.
+
+    Error handling: ``MCPError`` with the child's error; ``ValueError`` for an answer that has
+    neither a well-formed error nor a result object.
+    """
     error = answer.get("error")
     if error is not None:
         code = error.get("code") if isinstance(error, dict) else None

@@ -45,7 +45,7 @@ from supervisor.child.wire import SENDING, Watched
 if TYPE_CHECKING:
     from supervisor.child.connection import Connection
 
-__all__ = ("MAX_ABANDONED", "NOT_ANSWERABLE", "Asking", "Budget", "Caller")
+__all__ = ("MAX_ABANDONED", "NOT_ANSWERABLE", "Asking", "Budget", "Caller", "Deadline", "Enrolled")
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +74,12 @@ class Caller(Protocol):
         ...
 
 
+class Deadline(Protocol):
+    """What a :class:`Budget` moves: a cancel scope, or the timer of a call served without a task."""
+
+    deadline: float
+
+
 class Budget:
     """A call's deadline: *timeout* of inactivity, renewed by progress, never past *cap* in all.
 
@@ -81,7 +87,7 @@ class Budget:
     the child is waiting, not idle.
     """
 
-    def __init__(self, scope: anyio.CancelScope, timeout: float, cap: float) -> None:
+    def __init__(self, scope: Deadline, timeout: float, cap: float) -> None:
         self.scope, self.timeout = scope, timeout
         self.cap_deadline = time.monotonic() + cap
         self._held = 0
@@ -186,8 +192,12 @@ class _Ask:
     calls: set[_Call]
 
 
-class _Enrolled:
-    """:meth:`Asking.call`'s ``with``: a class, not a generator, for it runs on every call."""
+class Enrolled:
+    """:meth:`Asking.call`'s ``with``: a class, not a generator, for it runs on every call.
+
+    A call served without a task (:class:`supervisor.extension.calls.InlineCall`) uses its
+    parts instead: :meth:`enroll`, :meth:`sent` with the id of its request, :meth:`withdraw`.
+    """
 
     __slots__ = ("_asking", "_call", "_connection", "_token")
 
@@ -196,12 +206,23 @@ class _Enrolled:
         self._token: Token[Any] | None = None
 
     def __enter__(self) -> None:
-        self._asking._calls.setdefault(self._connection, []).append(self._call)
+        self.enroll()
         self._token = SENDING.set(self._call.sending)  # the id of the request it sends, for _Abandoned
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         if self._token is not None:
             SENDING.reset(self._token)
+        cancelled = exc_type is not None and issubclass(exc_type, anyio.get_cancelled_exc_class())
+        self.withdraw(abandoned=cancelled)  # by its client, or its timeout: not answered
+
+    def enroll(self) -> None:
+        self._asking._calls.setdefault(self._connection, []).append(self._call)
+
+    def sent(self, request_id: types.RequestId) -> None:
+        self._call.sending(request_id)
+
+    def withdraw(self, *, abandoned: bool) -> None:
+        """The call ended: answered, failed, or (*abandoned*) no longer waited for."""
         call, calls_of = self._call, self._asking._calls
         calls = calls_of.get(self._connection, [])
         calls.remove(call)
@@ -211,8 +232,8 @@ class _Enrolled:
             ask.calls.discard(call)
             if not ask.calls:  # no call left that it may serve
                 ask.scope.cancel()
-        if exc_type is not None and issubclass(exc_type, anyio.get_cancelled_exc_class()):
-            self._asking._abandoned(self._connection, call)  # cancelled, or timed out: not answered
+        if abandoned:
+            self._asking._abandoned(self._connection, call)
 
 
 class Asking:
@@ -233,10 +254,10 @@ class Asking:
     def in_flight(self, connection: Connection) -> int:
         return len(self._calls.get(connection, ()))
 
-    def call(self, connection: Connection, caller: Caller | None, budget: Budget) -> _Enrolled:
+    def call(self, connection: Connection, caller: Caller | None, budget: Budget) -> Enrolled:
         """Record a call from *caller* on *connection* for as long as the ``with`` lasts; one that
         ends cancelled (by its client, or its timeout) stays counted as abandoned."""
-        return _Enrolled(self, connection, _Call(caller, budget))
+        return Enrolled(self, connection, _Call(caller, budget))
 
     def _abandoned(self, connection: Connection, call: _Call) -> None:
         if connection.ended.is_set():  # the run is over: nothing will ask for it

@@ -9,6 +9,8 @@ child's questions reach its client (:mod:`.asking`), and turn what goes wrong in
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -20,11 +22,12 @@ from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.child import connection as transport
+from supervisor.child.rawcalls import Waiter, call_params, tool_result
 from supervisor.errors import CallFailed, ExtensionUnavailable, first_line
 from supervisor.extension.asking import Budget, Caller
 from supervisor.extension.state import State
 
-__all__ = ("Calls",)
+__all__ = ("Answered", "Calls", "InlineCall")
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +81,29 @@ class Calls:
             tool, call, progress, lambda result: result.get("isError") is not True, caller
         )
 
+    def call_tool_inline(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        answered: Answered,
+        *,
+        caller: Caller | None = None,
+    ) -> InlineCall | None:
+        """:meth:`call_tool_raw` served by the event loop's callbacks instead of a task: the
+        request is sent now, and *answered* called once, sync, with the child's result or the
+        :class:`CallFailed` that :meth:`call_tool_raw` would raise. Its progress renews the
+        budget (``call_timeout``); nobody is told of it. Cancel it with :meth:`InlineCall.cancel`
+        (the child is told; *answered* is not called).
+
+        None, with nothing sent, where only :meth:`call_tool_raw` can serve the call: the
+        extension does not run now (it may be waited for), the tool is not one it listed, the
+        child's stdin is busy, or the call cannot be encoded (the awaited path says why).
+        """
+        connection = self._running_connection()
+        if connection is None or connection.raw is None or tool not in self._listing.tool_names:
+            return None
+        return InlineCall.send(self, connection, tool, arguments, answered, caller)
+
     async def _call(
         self,
         tool: str,
@@ -101,11 +127,27 @@ class Calls:
             ok = succeeded(result)
             return result
         finally:
-            if not ok:
-                self.errors += 1
-            if self._on_call is not None:
-                label = tool if tool in self._listing.tool_names else "(unknown)"
-                self._on_call(label, time.monotonic() - started, ok)
+            self._counted(tool, started, ok)
+
+    def _inline_began(self) -> None:
+        self.calls += 1
+        self._in_flight += 1
+        if self._demand is not None:
+            self._demand.touch()
+
+    def _inline_ended(self, tool: str, started: float, ok: bool) -> None:
+        self._in_flight -= 1
+        if self._demand is not None:
+            self._demand.touch()
+        self._counted(tool, started, ok)
+
+    def _counted(self, tool: str, started: float, ok: bool) -> None:
+        """A tool call ended (*ok*: with a result that is no error): the counts and the metrics hook."""
+        if not ok:
+            self.errors += 1
+        if self._on_call is not None:
+            label = tool if tool in self._listing.tool_names else "(unknown)"
+            self._on_call(label, time.monotonic() - started, ok)
 
     async def request(
         self,
@@ -200,8 +242,7 @@ class Calls:
             except CallFailed:
                 raise
             except Exception as exc:  # a malformed result: ValidationError, output schema RuntimeError
-                log.warning("extension.bad_result", request=what, error=first_line(exc, typed=False))
-                raise CallFailed(f"extension {self.name!r} returned an invalid result for {what}") from None
+                raise self._invalid_result(what, exc) from None
             finally:
                 self._in_flight -= 1
                 if demand is not None:
@@ -211,19 +252,33 @@ class Calls:
             raise ExtensionUnavailable(
                 self.name, state.value, retryable=True, detail=f"not running after {timeout:g}s"
             )
+        raise self._call_timed_out(what, started)
+
+    def _invalid_result(self, what: str, exc: Exception) -> CallFailed:
+        log.warning("extension.bad_result", request=what, error=first_line(exc, typed=False))
+        return CallFailed(f"extension {self.name!r} returned an invalid result for {what}")
+
+    def _call_timed_out(self, what: str, started: float) -> CallFailed:
+        cap = self.config.call_timeout_max
         if time.monotonic() - started >= cap:
             detail = f"did not finish within call_timeout_max ({cap:g}s)"
         else:
-            detail = f"did not answer within {timeout:g}s"  # nor report progress
-        raise CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
+            detail = f"did not answer within {self.config.call_timeout:g}s"  # nor report progress
+        return CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
+
+    def _running_connection(self) -> transport.Connection | None:
+        """The connection a call may use at once, if the extension runs and is not being stopped."""
+        if self._snapshot.state is State.RUNNING and not self._stop_requested:
+            return self._connection
+        return None
 
     async def _wait_connection(self) -> transport.Connection:
         started = False
         while True:
             changed = self._changed
             state = self._snapshot.state
-            if state is State.RUNNING and self._connection is not None and not self._stop_requested:
-                return self._connection
+            if (connection := self._running_connection()) is not None:
+                return connection
             if self.dormant and state is not State.STOPPING and not started and self._demand is not None:
                 started = True  # one try per call; fifty callers share one spawn (start() is idempotent)
                 await self._demand.start(self)
@@ -252,3 +307,156 @@ class Calls:
             message = f"extension {self.name!r} {ended} during the call to {what}; it may or may not have run"
             return CallFailed(message, code=exc.code)
         return CallFailed(f"{self.name}: {exc.message}", code=exc.code, data=exc.error.data, from_child=True)
+
+
+Answered = Callable[[dict[str, Any] | CallFailed], None]
+
+
+class InlineCall:
+    """One tool call served by the event loop's callbacks, not by a task (see
+    :meth:`Calls.call_tool_inline`). A task per call, its cancel scopes and its wake-ups cost
+    more than the rest of a passing call; here the stdout pump's callback answers it.
+
+    Its bookkeeping is an awaited call's, through the same helpers: it is in flight, holds the
+    idle timer off, is enrolled for the child's questions (its budget held while the client is
+    asked), ends on ``call_timeout`` renewed by progress (``call_timeout_max`` in all), and is
+    counted and timed. It ends once (answered, failed, timed out or cancelled); every callback
+    after that does nothing.
+    """
+
+    __slots__ = (
+        "_answered",
+        "_budget",
+        "_connection",
+        "_deadline",
+        "_ended",
+        "_enrolled",
+        "_ext",
+        "_request_id",
+        "_started",
+        "_timer",
+        "_tool",
+    )
+
+    def __init__(
+        self,
+        ext: Calls,
+        connection: transport.Connection,
+        tool: str,
+        answered: Answered,
+        caller: Caller | None,
+    ) -> None:
+        self._ext, self._connection, self._tool, self._answered = ext, connection, tool, answered
+        self._started = time.monotonic()
+        self._ended = False
+        self._request_id = ""
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = math.inf
+        self._budget = Budget(self, ext.config.call_timeout, ext.config.call_timeout_max)
+        self._enrolled = ext._asking.call(connection, caller, self._budget)
+
+    @classmethod
+    def send(
+        cls,
+        ext: Calls,
+        connection: transport.Connection,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        answered: Answered,
+        caller: Caller | None,
+    ) -> InlineCall | None:
+        """The call, sent; None if it could not go at once (nothing sent, nothing counted)."""
+        raw = connection.raw
+        assert raw is not None
+        call = cls(ext, connection, tool, answered, caller)
+        call._enrolled.enroll()
+        try:
+            request_id = raw.send_now("tools/call", call_params(tool, arguments), call._notify)
+        except MCPError:  # cannot be encoded: the awaited path says so
+            request_id = None
+        if request_id is None:
+            call._ended = True
+            call._enrolled.withdraw(abandoned=False)
+            call._stop_timer()
+            return None
+        call._request_id = request_id
+        call._enrolled.sent(request_id)
+        ext._inline_began()
+        return call
+
+    @property
+    def deadline(self) -> float:
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, when: float) -> None:
+        # One timer per call: moving the deadline later (progress) only changes what it checks
+        # when it fires, and it never moves earlier than the first one it was armed for.
+        self._deadline = when
+        if self._timer is None and not self._ended:
+            self._timer = asyncio.get_running_loop().call_later(when - time.monotonic(), self._expired)
+
+    def cancel(self) -> None:
+        """Stop waiting (the client cancelled the call, or went): the child is told, nobody answered."""
+        if not self._ended:
+            assert self._connection.raw is not None
+            self._connection.raw.abandon(self._request_id)
+            self._end(None, abandoned=True)
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self._ended:
+            return
+        left = self._deadline - time.monotonic()
+        if left > 0:  # renewed meanwhile (or a timer that woke early)
+            self._timer = asyncio.get_running_loop().call_later(left, self._expired)
+            return
+        assert self._connection.raw is not None
+        self._connection.raw.abandon(self._request_id)
+        self._end(self._ext._call_timed_out(self._what, self._started), abandoned=True)
+
+    @property
+    def _what(self) -> str:
+        return f"tool {self._tool!r}"
+
+    def _notify(self, waiter: Waiter) -> None:
+        """The stdout pump's news of our request (sync): progress, the answer, the connection's end."""
+        if self._ended:
+            return
+        ext = self._ext
+        if waiter.progress is not None:
+            waiter.progress = None  # nobody to relay it to (a call with a token is awaited)
+            ext._answered_at = time.monotonic()
+            self._budget.renew()
+        if waiter.answer is not None:
+            ext._answered_at = time.monotonic()
+            outcome: dict[str, Any] | CallFailed
+            try:
+                outcome = tool_result(waiter.answer)
+            except MCPError as exc:
+                outcome = ext._call_failed(self._what, exc, self._connection)
+            except ValueError as exc:
+                outcome = ext._invalid_result(self._what, exc)
+            self._end(outcome)
+        elif waiter.closed:
+            closed = MCPError(types.CONNECTION_CLOSED, "Connection closed")
+            self._end(ext._call_failed(self._what, closed, self._connection))
+
+    def _end(self, outcome: dict[str, Any] | CallFailed | None, *, abandoned: bool = False) -> None:
+        self._ended = True
+        self._stop_timer()
+        assert self._connection.raw is not None
+        self._connection.raw.forget(self._request_id)
+        self._enrolled.withdraw(abandoned=abandoned)
+        ok = isinstance(outcome, dict) and outcome.get("isError") is not True
+        self._ext._inline_ended(self._tool, self._started, ok)
+        if outcome is not None:
+            try:
+                self._answered(outcome)
+            except Exception:  # a bug of ours: this call's answer is lost, the pump goes on
+                log.exception("gateway.inline_answer_crashed", extension=self._ext.name, tool=self._tool)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -33,11 +33,21 @@ from supervisor.gateway.progress import LatestProgress
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
+    from supervisor.extension.calls import InlineCall
     from supervisor.extension.supervised import Extension
     from supervisor.gateway.router import Router
     from supervisor.gateway.session import Session
 
-__all__ = ("MARK", "FastCall", "FastCalls", "RequestId", "answer_call", "cancelled_id", "parse")
+__all__ = (
+    "MARK",
+    "FastCall",
+    "FastCalls",
+    "RequestId",
+    "answer_call",
+    "answer_line",
+    "cancelled_id",
+    "parse",
+)
 
 log = structlog.get_logger(__name__)
 
@@ -108,15 +118,30 @@ def cancelled_id(line: bytes) -> RequestId | None:
 
 
 class FastCalls:
-    """The fast calls of one client (*session*), run in its connection's task group, answered
-    through *send*; routed by *router*, spool links as *spool_prefix* begins them."""
+    """The fast calls of one client (*session*): routed by *router*, spool links as
+    *spool_prefix* begins them, answered through *send*.
 
-    def __init__(self, router: Router, spool_prefix: str, send: Send, session: Session) -> None:
+    With *send_now* (a sender that never waits: it sends at once or queues), a call without a
+    progress token is served inline, by callbacks (:meth:`Extension.call_tool_inline`), when
+    its extension runs; any other one in a task of the connection's task group.
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        spool_prefix: str,
+        send: Send,
+        session: Session,
+        send_now: Callable[[bytes], None] | None = None,
+    ) -> None:
         self._router = router
         self._spool_prefix = spool_prefix
         self._send = send
+        self._send_now = send_now
         self._session = session
+        self._caller = FastCaller(session)
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
+        self._inline: dict[RequestId, dict[InlineCall, Callable[[], None]]] = {}  # and their done()
 
     def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
@@ -126,6 +151,14 @@ class FastCalls:
     def cancel(self, request_id: RequestId) -> None:
         for scope in self._running.get(request_id, ()):
             scope.cancel()
+        for inline in list(self._inline.get(request_id, ())):
+            self._cancel_inline(request_id, inline)
+
+    def close(self) -> None:
+        """The client is gone: its inline calls are cancelled (its tasks end with its task group)."""
+        for request_id, calls in list(self._inline.items()):
+            for inline in list(calls):
+                self._cancel_inline(request_id, inline)
 
     def start(
         self,
@@ -135,12 +168,44 @@ class FastCalls:
         tool: str,
         done: Callable[[], None],
     ) -> None:
-        """Answer *call* in a task of *tg*, then call *done* (also when the client cancelled it:
-        a cancelled request gets no answer). Cancellable from now on, before its task runs.
-        """
+        """Answer *call*, then call *done* (also when the client cancelled it: a cancelled
+        request gets no answer). Cancellable from now on."""
+        inline = self._send_now is not None and call.progress_token is None
+        if inline and self._start_inline(call, ext, tool, done):
+            return
         scope = anyio.CancelScope()
         self._running.setdefault(call.id, set()).add(scope)
         tg.start_soon(self._serve, call, ext, tool, scope, done)
+
+    def _start_inline(self, call: FastCall, ext: Extension, tool: str, done: Callable[[], None]) -> bool:
+        send_now = self._send_now
+        assert send_now is not None
+        inline: InlineCall | None = None
+
+        def answered(outcome: dict[str, Any] | CallFailed) -> None:
+            try:
+                send_now(answer_line(call.id, ext.name, outcome, self._spool_prefix))
+            finally:
+                assert inline is not None  # the child cannot answer before it is sent
+                self._settled(call.id, inline)
+
+        inline = ext.call_tool_inline(tool, call.arguments, answered, caller=self._caller)
+        if inline is None:
+            return False
+        self._inline.setdefault(call.id, {})[inline] = done
+        return True
+
+    def _cancel_inline(self, request_id: RequestId, inline: InlineCall) -> None:
+        inline.cancel()
+        self._settled(request_id, inline)  # a cancelled request gets no answer
+
+    def _settled(self, request_id: RequestId, inline: InlineCall) -> None:
+        calls = self._inline.get(request_id, {})
+        done = calls.pop(inline, None)
+        if not calls:
+            self._inline.pop(request_id, None)
+        if done is not None:
+            done()
 
     async def _serve(
         self,
@@ -175,16 +240,29 @@ async def answer_call(
     try:
         result = await ext.call_tool_raw(tool, call.arguments, progress=relay, caller=FastCaller(session))
     except (ExtensionUnavailable, CallFailed) as exc:
-        if is_tool_error(exc):
-            return _response(call.id, raw_tool_error(str(exc)))
-        return _error(call.id, exc.code, str(exc), exc.data)
+        return answer_line(call.id, ext.name, exc, spool_prefix)
     except Exception:  # a bug of ours: this call fails, the connection goes on
         log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
         return _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
-    content = result.get("content")
+    return answer_line(call.id, ext.name, result, spool_prefix)
+
+
+def answer_line(
+    request_id: RequestId,
+    extension: str,
+    outcome: dict[str, Any] | ExtensionUnavailable | CallFailed,
+    spool_prefix: str,
+) -> bytes:
+    """The answer to request *request_id*: the result of a call to *extension*, its links
+    rewritten, or its failure as the SDK's path answers it."""
+    if isinstance(outcome, ExtensionUnavailable | CallFailed):
+        if is_tool_error(outcome):
+            return _response(request_id, raw_tool_error(str(outcome)))
+        return _error(request_id, outcome.code, str(outcome), outcome.data)
+    content = outcome.get("content")
     if isinstance(content, list):
-        result["content"] = expose_json(ext.name, content, spool_prefix)
-    return _response(call.id, result)
+        outcome["content"] = expose_json(extension, content, spool_prefix)
+    return _response(request_id, outcome)
 
 
 def _progress_relay(token: RequestId, send: Send) -> LatestProgress:

@@ -117,9 +117,14 @@ class _Connection:
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
-        self._fast = FastCalls(gateway.router, gateway.spool_prefix, self._transmit, self.session)
-        self._sending = anyio.Lock(fast_acquire=True)  # the writer task and the fast calls take turns
+        self._fast = FastCalls(
+            gateway.router, gateway.spool_prefix, self._transmit, self.session, self._transmit_soon
+        )
+        # Whoever is mid-line holds it: the writer task, a fast call's task, or (from a callback,
+        # which no task owns, hence a semaphore and not a lock) the task finishing its line.
+        self._sending = anyio.Semaphore(1, fast_acquire=True)
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
+        self._tasks: anyio.abc.TaskGroup | None = None
         self._chosen: Chosen | None = None  # the profile this connection asked for, if any
         self._first = True
 
@@ -129,7 +134,7 @@ class _Connection:
         write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
         try:
             async with anyio.create_task_group() as tg:
-                self._scope = tg.cancel_scope
+                self._scope, self._tasks = tg.cancel_scope, tg
 
                 async def run_server() -> None:
                     bind(self.session)  # the SDK's tasks for this connection serve this client
@@ -140,13 +145,14 @@ class _Connection:
                 tg.start_soon(self._write, write_recv)
                 tg.start_soon(run_server)
         finally:
+            self._fast.close()  # its children are told to stop what it no longer waits for
             self.session.close()  # what is this client's goes with it: questions, instances, tasks...
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
         sent = 0
         try:
-            if not self._sending.locked():  # nobody is mid-line: usually all of it goes at once, no lock
+            if self._sending.value:  # nobody is mid-line: usually all of it goes at once, no lock
                 sent = self.stream.send_now(data)
                 if sent == len(data):
                     return True
@@ -161,6 +167,32 @@ class _Connection:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._scope.cancel()  # the client is gone
             return False
+
+    def _transmit_soon(self, data: bytes) -> None:
+        """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a task."""
+        if self._scope.cancel_called or self._tasks is None:
+            return  # the connection is ending
+        if self._sending.value:
+            try:
+                sent = self.stream.send_now(data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._scope.cancel()  # the client is gone
+                return
+            if sent == len(data):
+                return
+            if sent:  # the rest before any other line
+                self._sending.acquire_nowait()
+                self._tasks.start_soon(self._finish_line, data, sent)
+                return
+        self._tasks.start_soon(self._transmit, data)
+
+    async def _finish_line(self, data: bytes, sent: int) -> None:
+        try:
+            await self._send_rest(data, sent)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._scope.cancel()
+        finally:
+            self._sending.release()
 
     async def _send_rest(self, data: bytes, sent: int) -> bool:
         """What :meth:`_transmit` could not send at once, the lock held."""

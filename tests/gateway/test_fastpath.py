@@ -369,3 +369,69 @@ class TestOddClients:
                 params = {"requestId": request_id, "reason": "test"}
                 await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+
+
+class TestInline:
+    """A call without a progress token is served by callbacks, not a task: the same behaviour."""
+
+    async def test_it_times_out_on_call_timeout_and_the_child_is_told(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        daemon = start({"rich": {**RICH, "call_timeout": 1}})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            started = time.monotonic()
+            answer = await raw.call("rich__wait", seconds=60)
+            elapsed = time.monotonic() - started
+            assert answer["result"]["isError"] is True, answer  # a tool error, as on the awaited path
+            assert "did not answer within 1s" in answer["result"]["content"][0]["text"]
+            assert 1 <= elapsed < 5
+            await eventually(lambda: "rich: cancelled" in daemon.cli("logs", "rich").stdout)
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+            assert (await raw.call("rich__echo", text="after"))["result"]["content"][0]["text"] == "after"
+        text = daemon.request("health", {"format": "prometheus"})["text"]  # counted as awaited calls are
+        assert 'mcp_supervisor_tool_calls_total{extension="rich",tool="wait"} 1.0' in text
+        assert 'mcp_supervisor_tool_call_errors_total{extension="rich",tool="wait"} 1.0' in text
+        assert 'mcp_supervisor_tool_calls_total{extension="rich",tool="echo"} 1.0' in text
+
+    async def test_progress_keeps_it_alive_past_call_timeout(self, start: Callable[..., Daemon]) -> None:
+        daemon = start({"rich": {**RICH, "call_timeout": 1}})
+        async with _raw_client(daemon, list_tools=True) as raw:
+            started = time.monotonic()
+            answer = await raw.call("rich__progress", steps=5, interval=0.5)
+            elapsed = time.monotonic() - started
+            assert answer["result"]["content"][0]["text"] == "did 5 steps", answer
+            assert elapsed >= 2.5
+            assert raw.notifications == []  # it asked for no progress
+
+    async def test_a_client_gone_mid_call_cancels_it_in_the_child_and_spares_the_other(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        daemon = start({"rich": RICH})
+        async with _raw_client(daemon, list_tools=True) as other:
+            async with _raw_client(daemon, list_tools=True) as gone:
+                for request_id in (1, 2, 3):
+                    await gone.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
+                await eventually(lambda: daemon.status()["rich"]["in_flight"] == 3, within=10)
+                assert (await other.call("rich__echo", text="meanwhile"))["result"]["content"][0]["text"]
+            await eventually(lambda: daemon.cli("logs", "rich").stdout.count("rich: cancelled") == 3)
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+            assert (await other.call("rich__echo", text="after"))["result"]["content"][0]["text"] == "after"
+
+    async def test_answers_the_socket_cannot_take_at_once_arrive_whole(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        """Many big answers to a client that reads none for a while: each line whole, none lost."""
+        daemon = start({"rich": RICH})
+        text = "x" * (256 << 10)
+        async with _raw_client(daemon, list_tools=True) as raw:
+            ids = list(range(100, 100 + MAX_IN_FLIGHT))
+            for request_id in ids:
+                await raw.send(_call(request_id, name="rich__echo", arguments={"text": text}))
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=20)  # all answered
+            answered = set()
+            with anyio.fail_after(20):
+                while len(answered) < len(ids):
+                    message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
+                    assert message["result"]["content"][0]["text"] == text
+                    answered.add(message["id"])
+            assert answered == set(ids)
