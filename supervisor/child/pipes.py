@@ -107,6 +107,8 @@ class StdoutPump:
         self.settled = anyio.Event()  # after stop_delivering(): what was read is delivered
         self.waiting = False  # parked in read(): everything read so far has been handled
         self._closing = False
+        self._delivering = True  # False once the session is gone or the child broke the framing
+        self._splitter = LineSplitter()
 
     def caught_up(self) -> bool:
         """All bytes the child wrote are delivered (or discarded): nothing more is on its way."""
@@ -119,15 +121,15 @@ class StdoutPump:
             self.settled.set()
 
     async def run(self) -> None:
-        splitter = LineSplitter()
-        delivering = True
+        splitter = self._splitter
         final_read = False
+        self.child.stdout.take_at_once = self._take_at_once
         try:
             while True:
                 if self._closing and not self.settled.is_set():
                     # Once more for what is buffered on our side of the pipe, then no more.
-                    if not delivering or final_read or not self.child.stdout.buffered:
-                        delivering = False
+                    if not self._delivering or final_read or not self.child.stdout.buffered:
+                        self._delivering = False
                         self.settled.set()
                     final_read = True
                 self.waiting = True
@@ -135,27 +137,52 @@ class StdoutPump:
                 self.waiting = False
                 if not chunk:
                     break
-                if not delivering:
+                if not self._delivering:
                     continue
                 lines = splitter.feed(chunk)
                 del chunk
                 limit = self.max_message_bytes
                 if splitter.pending > limit or any(len(line) > limit for line in lines):
-                    delivering = False
+                    self._delivering = False
                     lines.clear()
                     splitter.discard()
                     log.error("extension.message_too_large", limit=limit)
                     self.end(f"it sent a message over the {limit}-byte limit")
                     continue
-                delivering = await self._deliver(lines)
+                self._delivering = await self._deliver(lines)
         finally:
+            self.child.stdout.take_at_once = None
             self.waiting = False
             self.eof.set()
             self.settled.set()
-        if delivering and not self._closing:  # EOF: an exit explains itself; give its event a moment
+        if self._delivering and not self._closing:  # EOF: an exit explains itself; give its event a moment
             with anyio.move_on_after(EXIT_FLUSH_GRACE):
                 await self.child.exited.wait()
             self.end(None if self.child.exited.is_set() else "it closed its stdout")
+
+    def _take_at_once(self, chunk: bytes) -> bool:
+        """Route a chunk of whole lines that all answer raw calls (or report their progress) in
+        the pipe's callback, sparing a wake-up of :meth:`run` per call; False, with nothing
+        done, for any other chunk (run() then reads it as usual). Only while run() waits with
+        nothing in hand, so the order of lines is kept."""
+        if not (self.waiting and self._delivering) or self._closing or self._splitter.pending:
+            return False
+        if not chunk.endswith(b"\n") or len(chunk) > self.max_message_bytes:
+            return False
+        messages = []
+        for line in chunk[:-1].split(b"\n"):
+            if MARK not in line or (self.spool is not None and self.spool.needs_look(len(line))):
+                return False
+            message = _parse_plain(line)
+            if not self.raw.claims(message):
+                return False
+            messages.append(message)
+        for message in messages:
+            try:
+                self._route(message)
+            except Exception:  # a bug of ours: never let it out into the loop, which would close the pipe
+                log.exception("extension.route_crashed")
+        return True
 
     async def _deliver(self, lines: list[bytes]) -> bool:
         lines.reverse()

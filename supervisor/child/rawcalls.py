@@ -233,6 +233,19 @@ class RawCalls:
             if transport.get_write_buffer_size():
                 await self._sink.send(b"")  # the pipe is full: the pump waits for it, stall timer and all
 
+    def claims(self, message: Any) -> bool:
+        """Whether :meth:`route` takes *message*: an answer to a raw call, or its progress. Pure."""
+        if not isinstance(message, dict):
+            return False
+        if "method" not in message:
+            request_id = message.get("id")
+            return isinstance(request_id, str) and request_id.startswith(PREFIX)
+        if message.get("method") != "notifications/progress" or message.get("id") is not None:
+            return False
+        params = message.get("params")
+        token = params.get("progressToken") if isinstance(params, dict) else None
+        return isinstance(token, str) and token.startswith(PREFIX)
+
     def route(self, message: Any) -> bool:
         """Hand a parsed child message to its raw call, if it belongs to one. Sync."""
         if not isinstance(message, dict):

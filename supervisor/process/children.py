@@ -87,6 +87,9 @@ class PipeReader(asyncio.Protocol):
     def __init__(self, high_water: int = 1 << 20) -> None:
         self._buffer = bytearray()
         self._high_water = high_water
+        # Offered each chunk that arrives while a reader waits with nothing buffered: True if it
+        # took the chunk there and then (it is never buffered, nor the reader woken for it).
+        self.take_at_once: Callable[[bytes], bool] | None = None
         self._eof = False
         self._paused = False
         self._ready: asyncio.Future[None] | None = None
@@ -96,6 +99,9 @@ class PipeReader(asyncio.Protocol):
         self._transport = cast(asyncio.ReadTransport, transport)  # uvloop's are not asyncio's subclasses
 
     def data_received(self, data: bytes) -> None:
+        taker = self.take_at_once
+        if self._ready is not None and not self._buffer and taker is not None and taker(data):
+            return
         self._buffer += data
         if len(self._buffer) >= self._high_water and not self._paused and self._transport:
             self._transport.pause_reading()  # backpressure: the child blocks on a full pipe

@@ -1,14 +1,17 @@
-"""rawcalls.encode: strict JSON lines, the errors callers rely on, json's bytes for what JSON parsers give."""
+"""rawcalls: encode's strict JSON lines (the errors callers rely on, json's bytes for what JSON
+parsers give), and which child messages belong to a raw call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import pydantic_core
 import pytest
 
-from supervisor.child.rawcalls import encode
+from supervisor.child.rawcalls import RawCalls, encode
 
 
 def _json(message: Any) -> bytes:
@@ -76,3 +79,31 @@ def test_deeper_than_python_allows_is_a_recursion_error() -> None:
 def test_what_json_cannot_carry_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         encode({"v": object()})
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"jsonrpc": "2.0", "id": "mcpsv-3", "result": {}},  # an answer, its waiter gone: dropped
+        {"jsonrpc": "2.0", "id": "mcpsv-3", "error": {"code": 1, "message": "x"}},
+        {"jsonrpc": "2.0", "id": 3, "result": {}},  # the SDK session's
+        {"jsonrpc": "2.0", "id": "other-3", "result": {}},
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": "mcpsv-3", "progress": 1},
+        },
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 3, "progress": 1}},
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": "mcpsv-3"},
+        {"jsonrpc": "2.0", "id": "mcpsv-3", "method": "notifications/progress", "params": {}},
+        {"jsonrpc": "2.0", "id": "mcpsv-3", "method": "roots/list"},  # the child's own request
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "mcpsv-3"}},
+        ["mcpsv-3"],
+        "mcpsv-3",
+    ],
+)
+def test_claims_says_what_route_takes(message: Any) -> None:
+    """The stdout pump's callback takes a chunk only if every line is one route() takes."""
+    sink, _ = anyio.create_memory_object_stream[bytes](0)
+    raw = RawCalls(sink, cast(asyncio.StreamWriter, None))  # route() never writes
+    assert raw.claims(message) == raw.route(message)
