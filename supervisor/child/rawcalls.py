@@ -166,6 +166,9 @@ class RawCalls:
         request_id, line = self._prepare(method, params)
         self._waiting[request_id] = Waiter(notify)
         self._stdin.write(line)
+        if transport.get_write_buffer_size():  # the pipe is full: the stdin pump watches it stall
+            with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._sink.send_nowait(b"")  # if it is busy, it is draining already, these bytes too
         return request_id
 
     def forget(self, request_id: str) -> None:

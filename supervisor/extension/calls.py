@@ -326,6 +326,7 @@ class InlineCall:
 
     __slots__ = (
         "_answered",
+        "_armed_for",
         "_budget",
         "_connection",
         "_deadline",
@@ -351,7 +352,7 @@ class InlineCall:
         self._ended = False
         self._request_id = ""
         self._timer: asyncio.TimerHandle | None = None
-        self._deadline = math.inf
+        self._deadline = self._armed_for = math.inf
         self._budget = Budget(self, ext.config.call_timeout, ext.config.call_timeout_max)
         self._enrolled = ext._asking.call(connection, caller, self._budget)
 
@@ -390,11 +391,17 @@ class InlineCall:
 
     @deadline.setter
     def deadline(self, when: float) -> None:
-        # One timer per call: moving the deadline later (progress) only changes what it checks
-        # when it fires, and it never moves earlier than the first one it was armed for.
+        # One timer per call: a later deadline (progress) only changes what the timer checks when
+        # it fires; an earlier one (a question answered: back from the cap) re-arms it.
         self._deadline = when
-        if self._timer is None and not self._ended:
-            self._timer = asyncio.get_running_loop().call_later(when - time.monotonic(), self._expired)
+        if self._ended or (self._timer is not None and self._armed_for <= when):
+            return
+        self._stop_timer()
+        self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        self._armed_for = when
+        self._timer = asyncio.get_running_loop().call_later(when - time.monotonic(), self._expired)
 
     def cancel(self) -> None:
         """Stop waiting (the client cancelled the call, or went): the child is told, nobody answered."""
@@ -407,9 +414,8 @@ class InlineCall:
         self._timer = None
         if self._ended:
             return
-        left = self._deadline - time.monotonic()
-        if left > 0:  # renewed meanwhile (or a timer that woke early)
-            self._timer = asyncio.get_running_loop().call_later(left, self._expired)
+        if self._deadline > time.monotonic():  # renewed meanwhile (or a timer that woke early)
+            self._arm(self._deadline)
             return
         assert self._connection.raw is not None
         self._connection.raw.abandon(self._request_id)
@@ -445,11 +451,14 @@ class InlineCall:
     def _end(self, outcome: dict[str, Any] | CallFailed | None, *, abandoned: bool = False) -> None:
         self._ended = True
         self._stop_timer()
-        assert self._connection.raw is not None
-        self._connection.raw.forget(self._request_id)
-        self._enrolled.withdraw(abandoned=abandoned)
-        ok = isinstance(outcome, dict) and outcome.get("isError") is not True
-        self._ext._inline_ended(self._tool, self._started, ok)
+        try:
+            assert self._connection.raw is not None
+            self._connection.raw.forget(self._request_id)
+            self._enrolled.withdraw(abandoned=abandoned)
+            ok = isinstance(outcome, dict) and outcome.get("isError") is not True
+            self._ext._inline_ended(self._tool, self._started, ok)
+        except Exception:  # a bug of ours: never out into the pump or the loop; the client is answered
+            log.exception("extension.inline_call_crashed", extension=self._ext.name, tool=self._tool)
         if outcome is not None:
             try:
                 self._answered(outcome)

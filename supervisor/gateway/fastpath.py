@@ -14,6 +14,7 @@ What differs, by design: the child's result is not validated against the tool's
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -121,9 +122,10 @@ class FastCalls:
     """The fast calls of one client (*session*): routed by *router*, spool links as
     *spool_prefix* begins them, answered through *send*.
 
-    With *send_now* (a sender that never waits: it sends at once or queues), a call without a
-    progress token is served inline, by callbacks (:meth:`Extension.call_tool_inline`), when
-    its extension runs; any other one in a task of the connection's task group.
+    With *send_now* (a sender that never waits: it sends a line at once or in a task, then
+    calls its second argument), a call without a progress token is served inline, by callbacks
+    (:meth:`Extension.call_tool_inline`), when its extension runs; any other one in a task of
+    the connection's task group. A call's *done* runs once its answer is out.
     """
 
     def __init__(
@@ -132,7 +134,7 @@ class FastCalls:
         spool_prefix: str,
         send: Send,
         session: Session,
-        send_now: Callable[[bytes], None] | None = None,
+        send_now: Callable[[bytes, Callable[[], None]], None] | None = None,
     ) -> None:
         self._router = router
         self._spool_prefix = spool_prefix
@@ -183,11 +185,13 @@ class FastCalls:
         inline: InlineCall | None = None
 
         def answered(outcome: dict[str, Any] | CallFailed) -> None:
+            assert inline is not None  # the child cannot answer before it is sent
             try:
-                send_now(answer_line(call.id, ext.name, outcome, self._spool_prefix))
-            finally:
-                assert inline is not None  # the child cannot answer before it is sent
-                self._settled(call.id, inline)
+                line = answer_line(call.id, ext.name, outcome, self._spool_prefix)
+            except Exception:  # a bug of ours: this call fails, the connection goes on
+                log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
+                line = _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+            send_now(line, functools.partial(self._settled, call.id, inline))
 
         inline = ext.call_tool_inline(tool, call.arguments, answered, caller=self._caller)
         if inline is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
@@ -145,8 +146,10 @@ class _Connection:
                 tg.start_soon(self._write, write_recv)
                 tg.start_soon(run_server)
         finally:
-            self._fast.close()  # its children are told to stop what it no longer waits for
-            self.session.close()  # what is this client's goes with it: questions, instances, tasks...
+            try:
+                self._fast.close()  # its children are told to stop what it no longer waits for
+            finally:
+                self.session.close()  # what is this client's goes with it: questions, instances, tasks...
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
@@ -168,31 +171,43 @@ class _Connection:
             self._scope.cancel()  # the client is gone
             return False
 
-    def _transmit_soon(self, data: bytes) -> None:
-        """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a task."""
+    def _transmit_soon(self, data: bytes, sent_out: Callable[[], None]) -> None:
+        """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a
+        task; then *sent_out* (also when the connection ends first). Until then the request's
+        slot stays held, so a client that reads slowly stops being read, as on the awaited path."""
         if self._scope.cancel_called or self._tasks is None:
-            return  # the connection is ending
+            sent_out()  # the connection is ending
+            return
         if self._sending.value:
             try:
                 sent = self.stream.send_now(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._scope.cancel()  # the client is gone
+                sent_out()
                 return
             if sent == len(data):
+                sent_out()
                 return
             if sent:  # the rest before any other line
                 self._sending.acquire_nowait()
-                self._tasks.start_soon(self._finish_line, data, sent)
+                self._tasks.start_soon(self._finish_line, data, sent, sent_out)
                 return
-        self._tasks.start_soon(self._transmit, data)
+        self._tasks.start_soon(self._transmit_then, data, sent_out)
 
-    async def _finish_line(self, data: bytes, sent: int) -> None:
+    async def _transmit_then(self, data: bytes, sent_out: Callable[[], None]) -> None:
+        try:
+            await self._transmit(data)
+        finally:
+            sent_out()
+
+    async def _finish_line(self, data: bytes, sent: int, sent_out: Callable[[], None]) -> None:
         try:
             await self._send_rest(data, sent)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._scope.cancel()
         finally:
             self._sending.release()
+            sent_out()
 
     async def _send_rest(self, data: bytes, sent: int) -> bool:
         """What :meth:`_transmit` could not send at once, the lock held."""

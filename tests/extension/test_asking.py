@@ -306,6 +306,26 @@ class TestAbandoned:
             assert asked == ["a's"]
             release.set()
 
+    @pytest.mark.parametrize("path", list(PATHS))
+    async def test_once_a_question_is_answered_silence_ends_the_call_after_call_timeout(
+        self, start, path
+    ) -> None:
+        """A question holds the budget (a person may take long); answered, call_timeout counts again."""
+        daemon = start({"asker": {**ASKER, "call_timeout": 1, "call_timeout_max": 40}})
+
+        async def slow_answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            await anyio.sleep(1.5)  # past call_timeout: the question held the call
+            return types.ElicitResult(action="accept", content={"answer": "late"})
+
+        async with gateway_session(daemon.mcp_sock, elicitation_callback=slow_answer) as session:
+            await session.list_tools()
+            started = time.monotonic()
+            result = await call(session, "stall", path, message="go?")
+            elapsed = time.monotonic() - started
+        assert result.is_error and "did not answer within 1s" in first_text(result), first_text(result)
+        assert 2.5 <= elapsed < 10  # the answer at 1.5 s, then 1 s of silence; never call_timeout_max
+        assert "asker: stall -> accept" in logs(daemon)
+
     async def test_abandoned_calls_are_bounded_per_run(self) -> None:
         """Past MAX_ABANDONED, the one due to end first is folded into a time of ambiguity."""
         watched = Watched()

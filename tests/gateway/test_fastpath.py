@@ -435,3 +435,28 @@ class TestInline:
                     assert message["result"]["content"][0]["text"] == text
                     answered.add(message["id"])
             assert answered == set(ids)
+
+    async def test_a_client_not_reading_is_not_read_past_its_slots(
+        self, start: Callable[..., Daemon]
+    ) -> None:
+        """An answer waiting for the socket keeps its request's slot: no queue of answers grows."""
+        daemon = start({"rich": RICH})
+        text = "x" * (64 << 10)
+        async with _raw_client(daemon, list_tools=True) as raw:
+            with anyio.move_on_after(5):  # the daemon stops reading us: our sends block
+                for request_id in range(1000, 1000 + 8 * MAX_IN_FLIGHT):
+                    await raw.send(_call(request_id, name="rich__echo", arguments={"text": text}))
+            await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
+            answered = _calls(daemon, "echo")
+            assert MAX_IN_FLIGHT <= answered <= 2 * MAX_IN_FLIGHT  # the slots, and what the socket buffers
+            with anyio.fail_after(20):  # then it reads on as we read: every answer whole
+                for _ in range(answered):
+                    message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
+                    assert message["result"]["content"][0]["text"] == text
+            await eventually(lambda: _calls(daemon, "echo") > answered, within=10)
+
+
+def _calls(daemon: Daemon, tool: str) -> int:
+    text = daemon.request("health", {"format": "prometheus"})["text"]
+    series = f'mcp_supervisor_tool_calls_total{{extension="rich",tool="{tool}"}} '
+    return next((int(float(line.split()[-1])) for line in text.splitlines() if line.startswith(series)), 0)

@@ -4,7 +4,8 @@ Tools: ``elicit(message)`` (asks for ``{"answer": string}``), ``sample(prompt)``
 completion), ``roots()`` (lists the client's roots), each answering with what came back, or
 ``error <code>: <message>`` (a tool error) when the request failed; ``later(delay)`` answers at
 once and elicits *delay* seconds later, outside any call; ``wait(seconds)``; ``slow(delay,
-message)`` elicits after *delay* seconds. Each outcome is also written to stderr as ``asker: <tool>
+message)`` elicits after *delay* seconds; ``stall(message)`` elicits, then says nothing more until
+cancelled. Each outcome is also written to stderr as ``asker: <tool>
 -> <outcome>``, and ``asker: roots changed`` when the client says its roots changed. With
 ``ASKER_IGNORE_CANCEL=1`` it ignores ``notifications/cancelled`` (MCP allows that): a cancelled
 call goes on, asks, and is answered (``asker: cancel ignored`` on stderr).
@@ -43,6 +44,7 @@ TOOLS = [
     _tool("both", message={"type": "string"}, prompt={"type": "string"}),
     _tool("work", message={"type": "string"}, steps={"type": "integer"}),
     _tool("slow", delay={"type": "number"}, message={"type": "string"}),
+    _tool("stall", message={"type": "string"}),
 ]
 PROMPTS = [types.Prompt(name="confirm", arguments=[types.PromptArgument(name="message")])]
 
@@ -119,6 +121,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     if name == "slow":
         await anyio.sleep(float(args.get("delay", 1)))
         name = "elicit"
+    if name == "stall":
+        say(f"stall -> {await _ask(ctx, 'elicit', args)}, then silence")
+        await anyio.sleep(3600)
     try:
         text, error = await _ask(ctx, name, args), False
     except MCPError as exc:
