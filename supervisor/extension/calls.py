@@ -378,9 +378,9 @@ class InlineCall:
         if request_id is None:
             call._ended = True
             call._enrolled.withdraw(abandoned=False)
-            call._stop_timer()
             return None
-        call._request_id = request_id
+        call._request_id = request_id  # the child has it: from here the rest is bookkeeping
+        call._arm(call._deadline)
         call._enrolled.sent(request_id)
         ext._inline_began()
         return call
@@ -394,8 +394,8 @@ class InlineCall:
         # One timer per call: a later deadline (progress) only changes what the timer checks when
         # it fires; an earlier one (a question answered: back from the cap) re-arms it.
         self._deadline = when
-        if self._ended or (self._timer is not None and self._armed_for <= when):
-            return
+        if self._ended or not self._request_id or (self._timer is not None and self._armed_for <= when):
+            return  # ended, not sent yet (armed once it is), or armed for no later
         self._stop_timer()
         self._arm(when)
 
@@ -451,19 +451,19 @@ class InlineCall:
     def _end(self, outcome: dict[str, Any] | CallFailed | None, *, abandoned: bool = False) -> None:
         self._ended = True
         self._stop_timer()
-        try:
-            assert self._connection.raw is not None
-            self._connection.raw.forget(self._request_id)
-            self._enrolled.withdraw(abandoned=abandoned)
-            ok = isinstance(outcome, dict) and outcome.get("isError") is not True
-            self._ext._inline_ended(self._tool, self._started, ok)
-        except Exception:  # a bug of ours: never out into the pump or the loop; the client is answered
-            log.exception("extension.inline_call_crashed", extension=self._ext.name, tool=self._tool)
-        if outcome is not None:
+        ok = isinstance(outcome, dict) and outcome.get("isError") is not True
+        if outcome is not None:  # first: the client waits, the bookkeeping does not (all of it is sync)
             try:
                 self._answered(outcome)
             except Exception:  # a bug of ours: this call's answer is lost, the pump goes on
                 log.exception("gateway.inline_answer_crashed", extension=self._ext.name, tool=self._tool)
+        try:
+            assert self._connection.raw is not None
+            self._connection.raw.forget(self._request_id)
+            self._enrolled.withdraw(abandoned=abandoned)
+            self._ext._inline_ended(self._tool, self._started, ok)
+        except Exception:  # a bug of ours: never out into the pump or the loop
+            log.exception("extension.inline_call_crashed", extension=self._ext.name, tool=self._tool)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
