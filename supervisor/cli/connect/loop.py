@@ -43,6 +43,10 @@ class Loop:
     """Serves its channels while a caller waits in :meth:`run_until`; single-threaded."""
 
     def __init__(self) -> None:
+        # Every read lands here, then only what was read is copied out: os.read(fd, READ_SIZE)
+        # would map, shrink and unmap 256 KiB per read (three system calls and a page fault),
+        # twice per call, as glibc serves allocations that big with mmap.
+        self.read_buffer = memoryview(bytearray(READ_SIZE))
         self._selector = selectors.DefaultSelector()
         self._always: dict[Channel, int] = {}  # unpollable channels and what they want
         self._soon: deque[Callable[[], None]] = deque()
@@ -221,8 +225,9 @@ class Channel:
             self._update()
 
     def _read(self) -> None:
+        buffer = self.loop.read_buffer
         try:
-            data = os.read(self.fd, READ_SIZE)
+            data = bytes(buffer[: os.readv(self.fd, [buffer])])
         except BlockingIOError:
             return
         except OSError as exc:

@@ -177,8 +177,10 @@ class Raw:
 
 
 @asynccontextmanager
-async def raw_connect(short_tmp: Path, marker: str, *extra: str) -> AsyncIterator[Raw]:
-    env = {**os.environ, MARKER_ENV: marker + "connect"}
+async def raw_connect(
+    short_tmp: Path, marker: str, *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Raw]:
+    env = {**os.environ, **(env or {}), MARKER_ENV: marker + "connect"}
     async with await anyio.open_process(connect_argv(short_tmp, *extra), env=env) as process:
         try:
             yield Raw(process)
@@ -387,6 +389,28 @@ class TestFootprint:
             assert (await raw.receive())["id"] == 0
             assert (await raw.receive())["id"] == 1
             assert psutil.Process(raw.process.pid).memory_info().rss < 20 << 20
+
+    async def test_a_call_maps_no_memory(self, fixture: Running, short_tmp: Path, marker_prefix: str) -> None:
+        """Reads land in one buffer. A read of up to 256 KiB into a new bytes object made glibc map,
+        shrink and unmap it (three system calls and a page fault, twice per call) for the life of a
+        process whose allocation history had left glibc's threshold for mapping below that; the
+        environment pins the threshold there."""
+        server, tg = fixture
+        await server.start(tg)
+        async with raw_connect(short_tmp, marker_prefix, env={"MALLOC_MMAP_THRESHOLD_": "131072"}) as raw:
+            await raw.send(INITIALIZE, INITIALIZED, call(1, "echo", text="x"))
+            assert (await raw.receive())["id"] == 0
+            assert (await raw.receive())["id"] == 1
+            before = _minor_faults(raw.process.pid)
+            for request_id in range(2, 302):
+                await raw.send(call(request_id, "echo", text="x"))
+                assert (await raw.receive())["id"] == request_id
+            assert _minor_faults(raw.process.pid) - before < 100  # 600 when each read mapped
+
+
+def _minor_faults(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[7])  # minflt: the 10th field, the 8th after the command's ")"
 
 
 class TestRestart:
