@@ -70,7 +70,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "extension": (
         ("state", "asking", "saved", "startup", "liveness"),
-        ("backoff", "pins", "demand"),
+        ("backoff", "pins", "demand", "inline"),
         ("calls", "watcher"),
         ("supervised",),
         ("instances",),

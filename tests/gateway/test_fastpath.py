@@ -428,13 +428,7 @@ class TestInline:
             for request_id in ids:
                 await raw.send(_call(request_id, name="rich__echo", arguments={"text": text}))
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=20)  # all answered
-            answered = set()
-            with anyio.fail_after(20):
-                while len(answered) < len(ids):
-                    message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
-                    assert message["result"]["content"][0]["text"] == text
-                    answered.add(message["id"])
-            assert answered == set(ids)
+            assert await _echoes(raw, len(ids), text) == set(ids)
 
     async def test_a_client_not_reading_is_not_read_past_its_slots(
         self, start: Callable[..., Daemon]
@@ -449,11 +443,19 @@ class TestInline:
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
             answered = _calls(daemon, "echo")
             assert MAX_IN_FLIGHT <= answered <= 2 * MAX_IN_FLIGHT  # the slots, and what the socket buffers
-            with anyio.fail_after(20):  # then it reads on as we read: every answer whole
-                for _ in range(answered):
-                    message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
-                    assert message["result"]["content"][0]["text"] == text
+            assert len(await _echoes(raw, answered, text)) == answered  # every answer whole
             await eventually(lambda: _calls(daemon, "echo") > answered, within=10)
+
+
+async def _echoes(raw: _Raw, count: int, text: str) -> set[Any]:
+    """The ids of the next *count* answers, each checked to echo *text*."""
+    ids = set()
+    with anyio.fail_after(20):
+        for _ in range(count):
+            message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
+            assert message["result"]["content"][0]["text"] == text
+            ids.add(message["id"])
+    return ids
 
 
 def _calls(daemon: Daemon, tool: str) -> int:
