@@ -250,27 +250,20 @@ class RawCalls:
         return isinstance(token, str) and token.startswith(PREFIX)
 
     def route(self, message: Any) -> bool:
-        """Hand a parsed child message to its raw call, if it belongs to one. Sync."""
-        if not isinstance(message, dict):
+        """Hand a parsed child message to its raw call, if it belongs to one (:meth:`claims`). Sync."""
+        if not self.claims(message):
             return False
-        request_id = message.get("id")
         if "method" not in message:
-            waiter = self._waiting.get(request_id) if isinstance(request_id, str) else None
-            if waiter is None:
-                return isinstance(request_id, str) and request_id.startswith(PREFIX)  # late: dropped
-            waiter.answer = message
-            waiter.wake()
+            waiter = self._waiting.get(message["id"])
+            if waiter is not None:  # else late: dropped
+                waiter.answer = message
+                waiter.wake()
             return True
-        if message.get("method") != "notifications/progress" or request_id is not None:
-            return False
-        params = message.get("params")
-        token = params.get("progressToken") if isinstance(params, dict) else None
-        if not isinstance(token, str) or not token.startswith(PREFIX):
-            return False
-        waiter = self._waiting.get(token)
-        progress = _finite(params.get("progress"))  # type: ignore[union-attr]  # a dict, checked above
+        params = message["params"]
+        waiter = self._waiting.get(params["progressToken"])
+        progress = _finite(params.get("progress"))
         if waiter is not None and progress is not None:
-            total, text = _finite(params.get("total")), params.get("message")  # type: ignore[union-attr]
+            total, text = _finite(params.get("total")), params.get("message")
             waiter.progress = (progress, total, text if isinstance(text, str) else None)
             waiter.wake()
         return True
