@@ -257,11 +257,17 @@ async def connect(
 
     stdout = StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched)
 
-    async def drain(pump: Callable[..., Awaitable[None]], *args: Any) -> None:
-        scope = anyio.CancelScope(shield=True)  # outlives a stop(): cancelled below, after the kill
+    def drain(pumps: anyio.abc.TaskGroup, pump: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run *pump* in a scope that outlives a stop(): cancelled below, after the kill. The
+        scope is listed before its task runs, so no teardown can miss it."""
+        scope = anyio.CancelScope(shield=True)
         drains.append(scope)
-        with scope:
-            await pump(*args)
+
+        async def run() -> None:
+            with scope:
+                await pump(*args)
+
+        pumps.start_soon(run, name=f"drain {getattr(pump, '__qualname__', pump)}")
 
     bad_messages = 0
 
@@ -282,8 +288,8 @@ async def connect(
     asking = _asking_callbacks(connection, on_asked) if on_asked is not None else {}
     try:
         async with anyio.create_task_group() as pumps:
-            pumps.start_soon(drain, stdout.run)
-            pumps.start_soon(drain, pump_stderr, child, on_stderr)
+            drain(pumps, stdout.run)
+            drain(pumps, pump_stderr, child, on_stderr)
             pumps.start_soon(pump_stdin, child, write_recv, end, stdin_timeout)
             pumps.start_soon(watch_exit, child, stdout, end)
             outbox = Outbox(write_send, inbound, spool.sent if spool is not None else None)
@@ -299,10 +305,12 @@ async def connect(
                 # A start cut short has nothing to save, and a child still loading its code
                 # notices stdin's EOF only once loaded: SIGTERM it at once, freeing the CPU.
                 grace = stop_timeout if connection.ready else 0.0
-                await process.terminate_tree(child, grace=grace, hurry=hurry)
-                for scope in drains:
-                    scope.cancel()
-                pumps.cancel_scope.cancel()
+                try:
+                    await process.terminate_tree(child, grace=grace, hurry=hurry)
+                finally:  # whatever happened there: a pipe a survivor holds must not hold us too
+                    for scope in drains:
+                        scope.cancel()
+                    pumps.cancel_scope.cancel()
     finally:
         if not child.terminated:  # failed before the pumps ran: nothing graceful left to do
             await process.terminate_tree(child, grace=0)

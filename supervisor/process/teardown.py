@@ -67,10 +67,16 @@ async def terminate_tree(
     with anyio.CancelScope(shield=True):
         child.close_stdin()
         await wait_until(child.exited, hurry, within=grace)
-        if child.cgroup is not None:
-            await _end_cgroup(child, child.cgroup, term_grace, hurry)
-        else:
-            await _end_scanned(child, term_grace, hurry)
+        try:
+            if child.cgroup is not None:
+                await _end_cgroup(child, child.cgroup, term_grace, hurry)
+            else:
+                await _end_scanned(child, term_grace, hurry)
+        except Exception:  # a bug of ours: what we can still kill dies, and the caller goes on
+            log.exception("process.teardown_failed", marker=child.marker)
+            child.signal(signal.SIGKILL)
+            if child.returncode is None:
+                _killpg_quietly(child.pgid, signal.SIGKILL)
         with anyio.move_on_after(2.0):
             await child.exited.wait()
         child.close_pipes()

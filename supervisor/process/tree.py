@@ -33,8 +33,10 @@ __all__ = (
     "kill_tree",
     "members",
     "open_verified",
+    "parse_stat",
     "scan",
     "start_time",
+    "stat_fields",
 )
 
 MARKER_ENV = "MCP_SUPERVISOR_MARK"
@@ -55,15 +57,34 @@ class Proc:
     marker: str | None
 
 
-def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
-    """(state, ppid, pgid, sid, start time) of *pid*, or None when it is gone."""
+def stat_fields(pid: int, count: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` from the state on (field 3 of proc(5) is ``[0]``), at
+    least *count* of them; None when *pid* is gone or the file is not whole (a process being
+    reaped can show an empty one: a scan must take that for gone, never fail on it)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
+            return parse_stat(stat.read(), count)
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()  # the command name may contain anything
-    return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+
+
+def parse_stat(data: bytes, count: int) -> list[bytes] | None:
+    """The fields of one ``/proc/PID/stat`` text from the state on, if at least *count*."""
+    end = data.rfind(b")")  # the command name before it may contain anything, ")" too
+    fields = data[end + 2 :].split() if end >= 0 else []
+    return fields if len(fields) >= count else None
+
+
+def _stat(pid: int) -> tuple[str, int, int, int, int] | None:
+    """(state, ppid, pgid, sid, start time) of *pid*, or None when it is gone."""
+    fields = stat_fields(pid, 20)
+    if fields is None:
+        return None
+    try:
+        state = fields[0].decode(errors="replace")
+        return state, int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
+    except ValueError:  # not whole after all
+        return None
 
 
 def start_time(pid: int) -> int | None:

@@ -72,14 +72,14 @@ def mib(count: int) -> str:
 
 def _proc_usage(pid: int) -> tuple[int, float] | None:
     """(RSS bytes, CPU seconds incl. reaped children) of one process, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
-    except OSError:
+    fields = proctree.stat_fields(pid, 22)
+    if fields is None:
         return None
-    fields = data[data.rfind(b")") + 2 :].split()  # fields[0] is field 3 (state) of proc(5)
-    ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
-    return int(fields[21]) * _PAGE, ticks / _TICK
+    try:
+        ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+        return int(fields[21]) * _PAGE, ticks / _TICK
+    except ValueError:  # not whole after all
+        return None
 
 
 def _cgroup_cpu(path: Path) -> float | None:

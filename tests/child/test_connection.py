@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,12 +17,13 @@ import pytest
 from anyio.abc import TaskGroup
 from structlog.testing import capture_logs
 
-from supervisor.child.connection import LineSplitter
+from supervisor.child.connection import LineSplitter, connect
 from supervisor.child.spool import Spool
 from supervisor.errors import CallFailed
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
-from tests.harness import eventually, fast_config, first_text, running
+from supervisor.process import tree as proctree
+from tests.harness import eventually, fast_config, first_text, running, server_argv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -187,3 +189,39 @@ class TestExit:
         sizes = [block.size for block in result.content if isinstance(block, types.ResourceLink)]
         assert sizes == [30 << 20, 30 << 20]
         await ext.stop()
+
+
+class TestTeardown:
+    async def test_a_broken_scan_with_a_pipe_held_by_a_survivor_still_ends_the_connection(
+        self, marker_prefix: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The teardown's scan fails while an escaped grandchild keeps the child's stderr open:
+        the context still exits (a watcher stuck here never restarted nor stopped its extension)."""
+        lines: list[str] = []
+        tag = f"held-{os.getpid()}-{time.monotonic_ns()}"
+        argv = server_argv("tree.py", "--mode", "clearenv", "--tag", tag)
+        try:
+            with anyio.fail_after(20):
+                async with connect(
+                    argv,
+                    env=dict(os.environ),
+                    cwd=None,
+                    marker=f"{marker_prefix}held",
+                    stop_timeout=0.5,
+                    max_message_bytes=1 << 20,
+                    on_stderr=lines.append,
+                    on_list_changed=lambda kind: None,
+                    on_notification=lambda message: None,
+                ) as connection:
+                    await connection.handshake()
+                    await eventually(lambda: "tree: ready clearenv" in lines)
+
+                    def broken(**_: object) -> dict[int, proctree.Proc]:
+                        raise RuntimeError("a scan that breaks")
+
+                    monkeypatch.setattr(proctree, "scan", broken)
+            assert connection.child.terminated
+        finally:
+            monkeypatch.undo()
+            for pid in proctree.find_marked(f"{marker_prefix}held"):
+                os.kill(pid, signal.SIGKILL)

@@ -13,10 +13,12 @@ from pathlib import Path
 import anyio
 import psutil
 import pytest
+from structlog.testing import capture_logs
 
 from supervisor.errors import SpawnError
 from supervisor.process import children as process
 from supervisor.process import spawner
+from supervisor.process import tree as proctree
 from tests.harness import eventually, server_argv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -296,6 +298,46 @@ class TestTerminateTree:
             scope.cancel()
             await process.terminate_tree(child, grace=0.2)
         assert [pid for pid in pids.values() if alive(pid)] == []
+
+
+    async def test_a_failing_scan_is_logged_and_the_child_still_dies(
+        self, marker_prefix: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bug in the scan never escapes the teardown (a watcher would be left waiting on
+        its pipes): it is logged, the child and its group are SIGKILLed, the caller goes on."""
+        child = await spawn(server_argv("stubborn.py"), marker_prefix)
+        await read_stderr_line(child, "stubborn")
+        assert child.cgroup is None  # the scan is the way here
+
+        def broken(**_: object) -> dict[int, proctree.Proc]:
+            raise RuntimeError("a scan that breaks")
+
+        monkeypatch.setattr(proctree, "scan", broken)
+        with capture_logs() as logs, anyio.fail_after(10):
+            await process.terminate_tree(child, grace=0.2, term_grace=0.3)
+        assert child.returncode == -signal.SIGKILL
+        assert child.terminated
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == ["process.teardown_failed"]
+
+
+class TestProcStat:
+    def test_a_whole_line_parses_whatever_the_command_name(self) -> None:
+        line = b"4242 (a) b (c) S 1 4242 4242 0 -1 4194304" + b" 0" * 12 + b" 777 0 0\n"
+        fields = proctree.parse_stat(line, 20)
+        assert fields is not None
+        assert (fields[0], fields[1], fields[19]) == (b"S", b"1", b"777")
+
+    def test_an_empty_or_cut_line_reads_as_gone(self) -> None:
+        """A process being reaped can show an empty stat: a scan takes it for gone, never fails."""
+        whole = b"4242 (python3) S 1 4242 4242 0 -1 4194304" + b" 0" * 12 + b" 777 0 0\n"
+        assert proctree.parse_stat(b"", 20) is None
+        assert proctree.parse_stat(whole[:40], 20) is None
+        assert proctree.parse_stat(b"4242 (pyth", 20) is None
+
+    def test_a_live_process_reads_whole(self) -> None:
+        fields = proctree.stat_fields(os.getpid(), 20)
+        assert fields is not None
+        assert int(fields[1]) == os.getppid()
 
 
 class TestSweep:
