@@ -299,7 +299,6 @@ class TestTerminateTree:
             await process.terminate_tree(child, grace=0.2)
         assert [pid for pid in pids.values() if alive(pid)] == []
 
-
     async def test_a_failing_scan_is_logged_and_the_child_still_dies(
         self, marker_prefix: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
