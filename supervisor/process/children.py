@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
+from typing import IO, cast
 
 import anyio
 import structlog
@@ -258,10 +258,10 @@ async def _attach(
     loop = asyncio.get_running_loop()
     assert popen.stdin and popen.stdout and popen.stderr
     stdout, stderr = PipeReader(pipe_limit), PipeReader(pipe_limit)
-    out_transport, _ = await loop.connect_read_pipe(lambda: stdout, popen.stdout)
-    err_transport, _ = await loop.connect_read_pipe(lambda: stderr, popen.stderr)
+    out_transport, _ = await loop.connect_read_pipe(lambda: stdout, _pipe_for(loop, popen.stdout))
+    err_transport, _ = await loop.connect_read_pipe(lambda: stderr, _pipe_for(loop, popen.stderr))
     write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # provides drain() flow control
-    in_transport, _ = await loop.connect_write_pipe(lambda: write_protocol, popen.stdin)
+    in_transport, _ = await loop.connect_write_pipe(lambda: write_protocol, _pipe_for(loop, popen.stdin))
     stdin = asyncio.StreamWriter(in_transport, write_protocol, None, loop)
 
     pipes = (in_transport, out_transport, err_transport)
@@ -270,6 +270,25 @@ async def _attach(
     child.started = proctree.start_time(popen.pid)
     loop.add_reader(child._pidfd, child._on_pidfd_readable)
     return child
+
+
+def _pipe_for(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> IO[bytes]:
+    """*pipe* as a pipe transport of *loop* must get it: closed exactly once when it closes.
+
+    uvloop closes the fd itself (libuv) and then the file object too: a second ``close(2)`` of
+    the same number, which in a process with threads closes whatever another thread opened in
+    between (a scan's ``/proc`` directory or stat file, a pidfd, a client's socket). So the fd
+    moves to a file object that owns it (asyncio closes it through that), or that does not
+    (libuv closes it), and *pipe* closes its own number now, before any transport exists.
+    """
+    fd = os.dup(pipe.fileno())
+    mode = "wb" if pipe.writable() else "rb"
+    pipe.close()
+    return open(fd, mode, buffering=0, closefd=not _loop_closes_fds(loop))
+
+
+def _loop_closes_fds(loop: asyncio.AbstractEventLoop) -> bool:
+    return type(loop).__module__.partition(".")[0] == "uvloop"
 
 
 async def sweep_marked(prefix: str, *, keep: str | None = None) -> int:

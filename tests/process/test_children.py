@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -317,6 +318,40 @@ class TestTerminateTree:
         assert child.returncode == -signal.SIGKILL
         assert child.terminated
         assert [e["event"] for e in logs if e["log_level"] == "error"] == ["process.teardown_failed"]
+
+
+UVLOOP_PIPES_PROBE = """
+import os, sys, uvloop
+from supervisor.process import children as process
+async def main():
+    for _ in range(3):
+        child = await process.spawn([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                    env=dict(os.environ), cwd=None, marker=sys.argv[1])
+        await process.terminate_tree(child, grace=1)
+uvloop.run(main())
+"""
+
+
+class TestPipesUnderUvloop:
+    def test_each_pipe_fd_is_closed_once(self, marker_prefix: str, tmp_path: Path) -> None:
+        """uvloop closes a pipe's fd and then its file object again: a second close(2) of a
+        number that another thread may have opened in between (a scan's /proc, a pidfd, a
+        client's socket: seen as teardowns failing and control connections dropped). Traced:
+        no close(2) of the daemon's event loop process fails with EBADF."""
+        strace = shutil.which("strace")
+        if strace is None:
+            pytest.skip("strace is not installed")
+        trace = tmp_path / "trace"
+        ran = subprocess.run(
+            [strace, "-f", "-qq", "-o", str(trace), "-e", "trace=close", sys.executable, "-c",
+             UVLOOP_PIPES_PROBE, f"{marker_prefix}uv"],
+            capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        )  # fmt: skip
+        if ran.returncode != 0 and b"ptrace" in ran.stderr:
+            pytest.skip("ptrace is not permitted here")
+        assert ran.returncode == 0, ran.stderr.decode()[-2000:]
+        twice = [line for line in trace.read_text().splitlines() if "EBADF" in line]
+        assert twice == []
 
 
 class TestProcStat:
