@@ -25,6 +25,7 @@ import anyio.abc
 import mcp_types as types
 import pydantic_core
 import structlog
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from supervisor.child.rawcalls import encode
 from supervisor.errors import CallFailed, ExtensionUnavailable
@@ -34,6 +35,7 @@ from supervisor.gateway.progress import LatestProgress
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
+    from supervisor.extension.asking import Caller
     from supervisor.extension.calls import InlineCall
     from supervisor.extension.supervised import Extension
     from supervisor.gateway.router import Router
@@ -43,11 +45,13 @@ __all__ = (
     "MARK",
     "FastCall",
     "FastCalls",
+    "ModernCall",
     "RequestId",
     "answer_call",
     "answer_line",
     "cancelled_id",
     "parse",
+    "parse_modern",
 )
 
 log = structlog.get_logger(__name__)
@@ -59,6 +63,9 @@ MARK = b'"tools/call"'  # in every line the fast path may take
 _CANCELLED = b'"notifications/cancelled"'
 _REQUEST_KEYS = frozenset({"jsonrpc", "id", "method", "params"})
 _PARAMS_KEYS = frozenset({"name", "arguments", "_meta"})
+_MODERN_META_KEYS = frozenset(
+    {types.PROTOCOL_VERSION_META_KEY, types.CLIENT_INFO_META_KEY, types.CLIENT_CAPABILITIES_META_KEY}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +80,48 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
+@dataclass(frozen=True, slots=True)
+class ModernCall:
+    """A plain ``tools/call`` of a 2026-07-28 client: the call, and what its ``_meta`` declared."""
+
+    call: FastCall
+    version: str
+    capabilities: dict[str, Any]
+
+
 def parse(line: bytes) -> FastCall | None:
-    """*line* as a plain ``tools/call``, or None when the SDK's path must serve it. Pure."""
+    """*line* as a plain handshake-era ``tools/call``, or None when the SDK's path must serve it. Pure."""
+    parts = _plain_call(line)
+    if parts is None:
+        return None
+    request_id, name, arguments, meta = parts
+    token = None
+    if meta is not None:
+        if meta.keys() - {"progressToken"}:
+            return None  # a 2026-07-28 request, or _meta we would have to understand
+        token = meta.get("progressToken")
+        if token is not None and not _is_id(token):
+            return None
+    return FastCall(request_id, name, arguments, token)
+
+
+def parse_modern(body: bytes) -> ModernCall | None:
+    """*body* as a plain 2026-07-28 ``tools/call``: its ``_meta`` names a modern version and
+    may declare the client (info, capabilities), nothing else (no progress token, no log
+    level: those want a stream). None when the SDK's path must serve it. Pure."""
+    parts = _plain_call(body)
+    if parts is None or parts[3] is None or parts[3].keys() - _MODERN_META_KEYS:
+        return None
+    request_id, name, arguments, meta = parts
+    version = meta.get(types.PROTOCOL_VERSION_META_KEY)
+    capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY, {})
+    if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(capabilities, dict):
+        return None
+    return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities)
+
+
+def _plain_call(line: bytes) -> tuple[RequestId, str, dict[str, Any] | None, dict[str, Any] | None] | None:
+    """(id, name, arguments, _meta) of a well-formed ``tools/call`` with nothing more, or None. Pure."""
     if MARK not in line:
         return None
     try:
@@ -91,16 +138,10 @@ def parse(line: bytes) -> FastCall | None:
         or params.keys() - _PARAMS_KEYS
         or not isinstance(name := params.get("name"), str)
         or not isinstance(arguments := params.get("arguments"), dict | None)
+        or not isinstance(meta := params.get("_meta"), dict | None)
     ):
         return None
-    token = None
-    if (meta := params.get("_meta")) is not None:
-        if not isinstance(meta, dict) or meta.keys() - {"progressToken"}:
-            return None  # a 2026-07-28 request, or _meta we would have to understand
-        token = meta.get("progressToken")
-        if token is not None and not _is_id(token):
-            return None
-    return FastCall(request_id, name, arguments, token)
+    return request_id, name, arguments, meta
 
 
 def cancelled_id(line: bytes) -> RequestId | None:
@@ -232,23 +273,37 @@ class FastCalls:
             done()
 
 
+Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a result as the client's era has it
+
+
 async def answer_call(
-    call: FastCall, ext: Extension, tool: str, session: Session, spool_prefix: str, send: Send | None = None
+    call: FastCall,
+    ext: Extension,
+    tool: str,
+    session: Session,
+    spool_prefix: str,
+    send: Send | None = None,
+    *,
+    caller: Caller | None = None,
+    shape: Shape | None = None,
 ) -> bytes:
     """The answer line to *call* (tool *tool* of *ext*, for *session*): its result, its links
     rewritten, or its error as the SDK's path answers it. Progress goes through *send*, when the
-    listener has a channel for it. Never raises but for cancellation: a bug of ours fails this
-    call only.
+    listener has a channel for it. The child's questions go to *caller* (by default the
+    session's SDK connection). Never raises but for cancellation: a bug of ours fails this
+    call only. *shape*: see :func:`answer_line`.
     """
     relay = _progress_relay(call.progress_token, send) if call.progress_token is not None and send else None
     try:
-        result = await ext.call_tool_raw(tool, call.arguments, progress=relay, caller=FastCaller(session))
+        result = await ext.call_tool_raw(
+            tool, call.arguments, progress=relay, caller=caller or FastCaller(session)
+        )
     except (ExtensionUnavailable, CallFailed) as exc:
-        return answer_line(call.id, ext.name, exc, spool_prefix)
+        return answer_line(call.id, ext.name, exc, spool_prefix, shape)
     except Exception:  # a bug of ours: this call fails, the connection goes on
         log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
         return _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
-    return answer_line(call.id, ext.name, result, spool_prefix)
+    return answer_line(call.id, ext.name, result, spool_prefix, shape)
 
 
 def answer_line(
@@ -256,16 +311,26 @@ def answer_line(
     extension: str,
     outcome: dict[str, Any] | ExtensionUnavailable | CallFailed,
     spool_prefix: str,
+    shape: Shape | None = None,
 ) -> bytes:
     """The answer to request *request_id*: the result of a call to *extension*, its links
-    rewritten, or its failure as the SDK's path answers it."""
+    rewritten, or its failure as the SDK's path answers it. A result goes through *shape*
+    (a 2026-07-28 client's); one it refuses (``ValueError``) is an internal error, as the
+    SDK answers a result its schema refuses."""
     if isinstance(outcome, ExtensionUnavailable | CallFailed):
-        if is_tool_error(outcome):
-            return _response(request_id, raw_tool_error(str(outcome)))
-        return _error(request_id, outcome.code, str(outcome), outcome.data)
-    content = outcome.get("content")
-    if isinstance(content, list):
-        outcome["content"] = expose_json(extension, content, spool_prefix)
+        if not is_tool_error(outcome):
+            return _error(request_id, outcome.code, str(outcome), outcome.data)
+        outcome = raw_tool_error(str(outcome))
+    else:
+        content = outcome.get("content")
+        if isinstance(content, list):
+            outcome["content"] = expose_json(extension, content, spool_prefix)
+    if shape is not None:
+        try:
+            outcome = shape(outcome)
+        except ValueError:
+            log.warning("gateway.invalid_result", extension=extension)
+            return _error(request_id, types.INTERNAL_ERROR, "Handler returned an invalid result")
     return _response(request_id, outcome)
 
 

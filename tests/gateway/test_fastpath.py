@@ -93,6 +93,40 @@ class TestParse:
         assert fastpath.cancelled_id(_line({**cancel, "method": "x", "y": "notifications/cancelled"})) is None
 
 
+_MODERN_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "mcp", "version": "0.1.0"},
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+}
+
+
+class TestParseModern:
+    def test_a_call_as_the_sdks_client_sends_it_is_taken_with_what_it_declared(self) -> None:
+        modern = fastpath.parse_modern(
+            _line(_call(2, name="a__b", arguments={"t": "hi"}, _meta=_MODERN_META))
+        )
+        assert modern == fastpath.ModernCall(
+            FastCall(2, "a__b", {"t": "hi"}, None), "2026-07-28", {"elicitation": {}}
+        )
+        assert (
+            fastpath.parse(_line(_call(2, name="a__b", _meta=_MODERN_META))) is None
+        )  # not a handshake-era one
+
+    @pytest.mark.parametrize(
+        "meta",
+        [
+            pytest.param({**_MODERN_META, "progressToken": 1}, id="progress token"),
+            pytest.param({**_MODERN_META, "io.modelcontextprotocol/logLevel": "debug"}, id="log level"),
+            pytest.param({**_MODERN_META, "io.modelcontextprotocol/protocolVersion": "2025-11-25"}, id="old"),
+            pytest.param({**_MODERN_META, "io.modelcontextprotocol/clientCapabilities": []}, id="odd caps"),
+            pytest.param({"progressToken": 1}, id="handshake era"),
+            pytest.param(None, id="no meta"),
+        ],
+    )
+    def test_anything_else_is_left_to_the_sdk(self, meta: dict[str, Any] | None) -> None:
+        assert fastpath.parse_modern(_line(_call(name="n", _meta=meta))) is None
+
+
 class TestExposeLinks:
     def test_child_uris_are_exposed_and_spool_links_kept(self) -> None:
         content = [

@@ -22,21 +22,31 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import mcp_types as types
+from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel
 
+from supervisor.extension.asking import NOT_ANSWERABLE
 from supervisor.gateway.session import Session, connection_of, session_of
 
-__all__ = ("FastCaller", "SessionCaller", "capability_refusal", "result_type")
+__all__ = (
+    "ASKING_CAPABILITIES",
+    "FastCaller",
+    "SessionCaller",
+    "UnaskableCaller",
+    "capability_refusal",
+    "result_type",
+)
 
-_CAPABILITY = {
+_CAPABILITY = {  # the capability each question needs
     "sampling/createMessage": "sampling",
     "elicitation/create": "elicitation",
     "roots/list": "roots",
 }
+ASKING_CAPABILITIES = frozenset(_CAPABILITY.values())  # a client declaring none cannot be asked
 ResultT = TypeVar("ResultT", bound=BaseModel)
 
 
@@ -120,3 +130,22 @@ class FastCaller:
             return answer_type.model_validate(answer, by_name=False)
 
         return await self._session.ask(send)  # type: ignore[return-value]
+
+
+class UnaskableCaller:
+    """The client of a 2026-07-28 fast call (over HTTP), which declared none of sampling,
+    elicitation and roots: each question of the child is refused as the SDK's path refuses it
+    for such a client (it never becomes an input-required result)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def client(self) -> Session:
+        return self._session
+
+    def refusal(self, method: str) -> str | None:
+        return capability_refusal(None, method)
+
+    async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
+        raise MCPError(NOT_ANSWERABLE, capability_refusal(None, request.method) or "not answerable")

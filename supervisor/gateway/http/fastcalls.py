@@ -1,13 +1,20 @@
-"""The fast path over HTTP: a plain ``tools/call`` of a known session answered as JSON, without the SDK.
+"""The fast path over HTTP: a plain ``tools/call`` answered as JSON, without the SDK.
 
 On ``mcp.sock`` plain tool calls skip the SDK (:mod:`..fastpath`); over HTTP its transport,
 models and SSE cost more still (about 5 ms of daemon CPU a call). :class:`FastPath` takes a POST
-to ``/mcp`` (or ``/mcp/NAME``) whose body is one plain ``tools/call`` (the same test as on
-``mcp.sock``: no ``_meta``, no progress token) of a handshake-era session that has listed tools
-(:meth:`~..server.Gateway.note_http_session`), from a client that accepts
-``application/json``; it routes it in the session's view, calls the child as plain JSON and
+to ``/mcp`` (or ``/mcp/NAME``) whose body is one plain ``tools/call`` from a client that accepts
+``application/json``, routes it in the client's view, calls the child as plain JSON and
 answers with one JSON body, as the specification allows. Anything else goes on to the SDK,
-which stays the reference for behaviour.
+which stays the reference for behaviour. Two kinds of call are taken:
+
+- of a handshake-era session that has listed tools (:meth:`~..server.Gateway.note_http_session`),
+  with no ``_meta`` but a progress token (the same test as on ``mcp.sock``);
+- of a 2026-07-28 client (no session; the protocol version, client info and capabilities in
+  ``_meta``), whose routing headers the SDK would pass as they are, and which declared none of
+  sampling, elicitation and roots: its child's questions are refused as the SDK refuses them
+  for such a client, where a client that may be asked gets input-required results there. The
+  result is shaped as the SDK shapes it for that version (schema, ``resultType``, the
+  server's stamp), and an error gets the HTTP status the SDK gives its code.
 
 What the SDK's path gives a call, this one keeps: the session's per-client instance, its
 questions (on the session's own connection, its GET stream), the session held busy while the
@@ -18,16 +25,26 @@ connection closing (heard through the connection's ``watch_lost``, without a tas
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import anyio
+import mcp_types as types
+import pydantic_core
 import structlog
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, MCP_PARAM_HEADER_PREFIX
+from mcp_types import methods
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from supervisor.child.rawcalls import encode
 from supervisor.gateway import fastpath
+from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
 from supervisor.gateway.fastpath import MARK, RequestId, answer_call
 from supervisor.gateway.http.bodies import replay
 from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
+from supervisor.gateway.session import Session
 from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
 
 __all__ = ("FastPath",)
@@ -36,6 +53,8 @@ log = structlog.get_logger(__name__)
 
 _CANCELLED = b'"notifications/cancelled"'
 _JSON = [(b"content-type", b"application/json")]
+_ROUTING_HEADERS = frozenset({b"mcp-method", b"mcp-name", b"mcp-protocol-version"})
+_PARAM_HEADER = MCP_PARAM_HEADER_PREFIX.lower().encode()
 
 
 class FastPath:
@@ -50,17 +69,23 @@ class FastPath:
         self._running: dict[tuple[str, RequestId], anyio.CancelScope] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = dict(scope.get("headers", ())) if scope["type"] == "http" else {}
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") != "/mcp":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
         session_id = headers.get(b"mcp-session-id", b"").decode("latin-1")
-        if not session_id or scope["method"] != "POST" or scope.get("path") != "/mcp":
+        modern = not session_id and headers.get(b"mcp-method") == b"tools/call"
+        if not session_id and not modern:
             await self.app(scope, receive, send)
             return
         first = await receive()  # the whole body (.bodies read it first)
         body = first.get("body", b"") if first["type"] == "http.request" else b""
         replayed = replay(first, receive)
-        takes_json = b"application/json" in headers.get(b"accept", b"")
-        if MARK in body and takes_json and await self._serve(scope, body, session_id, send):
-            return
+        if MARK in body and b"application/json" in headers.get(b"accept", b""):
+            if modern and await self._serve_modern(scope, headers, body, send):
+                return
+            if not modern and await self._serve(scope, body, session_id, send):
+                return
         cancelled = fastpath.cancelled_id(body) if _CANCELLED in body else None
         if cancelled is not None and (running := self._running.get((session_id, cancelled))) is not None:
             running.cancel()  # and on to the SDK, which answers the notification (202)
@@ -99,6 +124,90 @@ class FastPath:
         headers = [*_JSON, (b"mcp-session-id", session_id.encode("latin-1"))]
         await _respond(send, 200, answer, headers)
         return True
+
+    async def _serve_modern(self, scope: Scope, headers: dict[bytes, bytes], body: bytes, send: Send) -> bool:
+        """Answer a 2026-07-28 ``tools/call`` here if the fast path can; False for the SDK's path.
+
+        Taken only when the SDK's modern checks would pass it as is (the routing headers once
+        each and matching the body, no ``Mcp-Param-*`` header to check against the arguments)
+        and when the child's questions need no input-required result (the client declared none
+        of sampling, elicitation and roots). No session: a Session for this request only, as
+        the SDK's path gives one (a per-client extension refuses it there). Cancellation is the
+        client closing its connection.
+        """
+        modern = fastpath.parse_modern(body)
+        if (
+            modern is None
+            or headers.get(b"mcp-protocol-version", b"").decode("latin-1") != modern.version
+            or headers.get(b"mcp-name", b"").decode("latin-1") != modern.call.name
+            or modern.capabilities.keys() & ASKING_CAPABILITIES
+            or not _plain_headers(scope["headers"])
+        ):
+            return False
+        connection = scope.get(CONNECTION)
+        if connection is None or connection.transport.is_closing():
+            return False
+        profile = scope.get(SCOPE_KEY)
+        session = Session("http", lasting=False)
+        try:
+            route = self._gateway.router.route_tool(
+                modern.call.name, Chosen(profile) if profile else None, session
+            )
+            if route is None:
+                return False
+            answer: bytes | None = None
+            with anyio.CancelScope() as gone:
+                connection.watch_lost(gone.cancel)
+                try:
+                    answer = await answer_call(
+                        modern.call,
+                        *route,
+                        session,
+                        self._gateway.spool_prefix,
+                        caller=UnaskableCaller(session),
+                        shape=self._modern_shape(modern.version),
+                    )
+                finally:
+                    connection.watch_lost(None)
+        finally:
+            session.close()
+        if answer is not None:  # else the client went: nobody to answer
+            await _respond(send, _modern_status(answer, modern.call.id), answer, _JSON)
+        return True
+
+    def _modern_shape(self, version: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """A tool result as the SDK's path gives it to a client of *version*: the version's
+        schema (what it does not know is dropped), ``resultType``, the server's stamp."""
+
+        def shape(result: dict[str, Any]) -> dict[str, Any]:
+            result.setdefault("resultType", "complete")
+            shaped = methods.serialize_server_result("tools/call", version, result)
+            meta = shaped.get("_meta")
+            if meta is None or (isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None):
+                stamp = self._gateway.server.server_info_stamp
+                shaped["_meta"] = {**(meta or {}), types.SERVER_INFO_META_KEY: stamp}
+            return shaped
+
+        return shape
+
+
+def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> bool:
+    """No routing header twice and no ``Mcp-Param-*`` header: nothing for the SDK's checks to refuse."""
+    seen: set[bytes] = set()
+    for name, _ in raw:
+        name = name.lower()
+        if name.startswith(_PARAM_HEADER) or (name in _ROUTING_HEADERS and name in seen):
+            return False
+        seen.add(name)
+    return True
+
+
+def _modern_status(answer: bytes, request_id: RequestId) -> int:
+    """The HTTP status the SDK's modern path gives *answer*: an error's, by its code."""
+    if not answer.startswith(b'{"jsonrpc":"2.0","id":' + encode(request_id).rstrip() + b',"error":'):
+        return 200
+    code = pydantic_core.from_json(answer)["error"]["code"]
+    return ERROR_CODE_HTTP_STATUS.get(code, 200)
 
 
 async def _respond(

@@ -18,6 +18,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 
+from supervisor.gateway.http.fastcalls import _modern_status
 from tests.harness import RICH, Daemon, eventually, extension_settings, first_text
 
 pytestmark = [
@@ -235,3 +236,121 @@ class TestQuestions:
             await client.list_tools()
             result = await client.call_tool("asker__elicit", {"message": "over http?"})
         assert first_text(result) == 'accept {"answer": "yes"}' and asked == ["over http?"]
+
+
+MODERN = "2026-07-28"
+
+
+def _modern(
+    request_id: int, tool: str, arguments: dict[str, Any], **meta: Any
+) -> tuple[bytes, dict[str, str]]:
+    """A 2026-07-28 ``tools/call`` (body and headers). Extra *meta* (``logLevel``) sends it down
+    the SDK's path, which is the reference for what the fast path must answer."""
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": meta.pop("capabilities", {}),
+        **{f"io.modelcontextprotocol/{key}": value for key, value in meta.items()},
+    }
+    params = {"name": tool, "arguments": arguments, "_meta": envelope}
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+    headers = {**HEADERS, "mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": tool}
+    return body.encode(), headers
+
+
+async def _post_modern(
+    client: httpx2.AsyncClient, url: str, request_id: int, tool: str, arguments: dict[str, Any], **meta: Any
+) -> tuple[int, str, dict[str, Any]]:
+    body, headers = _modern(request_id, tool, arguments, **meta)
+    answer = await client.post(url, content=body, headers=headers)
+    kind = answer.headers["content-type"]
+    return answer.status_code, kind, answer.json() if kind == "application/json" else {"raw": answer.text}
+
+
+class TestModern:
+    async def test_calls_answer_as_on_the_sdks_path(self, http_gateway: Callable[..., Daemon]) -> None:
+        """A result, the child's own error, an unknown tool: the same status and message on both paths."""
+        http = http_gateway({"rich": RICH})
+        calls = [("rich__echo", {"text": "x"}), ("rich__echo", {}), ("rich__nonexistent", {})]
+        url = http.url + "/mcp"
+        async with httpx2.AsyncClient(timeout=10) as client:
+            fast = [await _post_modern(client, url, n, tool, args) for n, (tool, args) in enumerate(calls)]
+            slow = [
+                await _post_modern(client, url, n, tool, args, logLevel="emergency")
+                for n, (tool, args) in enumerate(calls)
+            ]
+        assert fast == slow
+        assert fast[0][:2] == (200, "application/json") and fast[0][2]["result"]["content"][0]["text"] == "x"
+        assert fast[0][2]["result"]["resultType"] == "complete"
+        assert fast[0][2]["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "mcp-supervisor"
+        assert fast[1][2]["error"]["message"] == "rich: 'text'"
+        assert fast[2][0] == 400  # INVALID_PARAMS, as the SDK maps it
+
+    def test_an_error_gets_the_status_the_sdk_gives_its_code(self) -> None:
+        invalid = b'{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"no"}}\n'
+        internal = b'{"jsonrpc":"2.0","id":"a","error":{"code":-32603,"message":"no"}}\n'
+        result = b'{"jsonrpc":"2.0","id":"a","result":{"error":{"code":-32602}}}\n'
+        assert [_modern_status(line, "a") for line in (invalid, internal, result)] == [400, 200, 200]
+
+    async def test_the_sdk_client_gets_its_answers(self, http_gateway: Callable[..., Daemon]) -> None:
+        http = http_gateway({"rich": RICH})
+        async with Client(http.url + "/mcp") as client:  # "auto": 2026-07-28 against this gateway
+            assert client.protocol_version == MODERN
+            assert first_text(await client.call_tool("rich__echo", {"text": "modern"})) == "modern"
+            result = await client.call_tool("rich__echo", {"text": "structured"})
+            assert result.structured_content == {"text": "structured"}
+
+    async def test_a_question_to_a_client_that_cannot_be_asked_is_refused_as_on_the_sdks_path(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """No sampling, elicitation or roots declared: the child's question is refused, the call
+        goes on; a client that declared elicitation gets an input-required result (the SDK's)."""
+        http = http_gateway({"asker": ASKER})
+        url = http.url + "/mcp"
+        arguments = {"message": "anyone?"}
+        async with httpx2.AsyncClient(timeout=20) as client:
+            fast = await _post_modern(client, url, 1, "asker__elicit", arguments)
+            slow = await _post_modern(client, url, 1, "asker__elicit", arguments, logLevel="emergency")
+            asked = await _post_modern(
+                client, url, 2, "asker__elicit", arguments, capabilities={"elicitation": {}}
+            )
+        assert fast == slow and fast[0] == 200
+        assert "did not declare the elicitation capability" in json.dumps(fast[2])
+        assert asked[2]["result"]["resultType"] == "input_required"
+
+    async def test_a_client_that_goes_cancels_its_call_and_spares_another(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """Two clients at once: one drops its connection mid-call (its call is cancelled in the
+        child), the other's call is answered."""
+        http = http_gateway({"rich": RICH})
+        host, port = http.url.removeprefix("http://").split(":")
+        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+            answers: list[tuple[int, str, dict[str, Any]]] = []
+
+            async def honest() -> None:
+                answers.append(await _post_modern(client, http.url + "/mcp", 1, "rich__wait", {"seconds": 1}))
+
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                body, headers = _modern(2, "rich__wait", {"seconds": 30})
+                head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+                sock.sendall(
+                    (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+                )
+                await eventually(lambda: http.status()["rich"]["in_flight"] == 1, within=10)
+                tg.start_soon(honest)
+                await eventually(lambda: http.status()["rich"]["in_flight"] == 2, within=10)
+            await eventually(lambda: "rich: cancelled" in _tail(http, "rich"), within=10)
+        assert answers[0][0] == 200 and answers[0][2]["result"]["content"][0]["text"] == "waited"
+        await eventually(lambda: http.status()["rich"]["in_flight"] == 0, within=10)
+
+    async def test_routing_headers_that_do_not_match_the_body_go_to_the_sdk(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        http = http_gateway({"rich": RICH})
+        body, headers = _modern(1, "rich__echo", {"text": "x"})
+        async with httpx2.AsyncClient(timeout=10) as client:
+            mismatch = await client.post(
+                http.url + "/mcp", content=body, headers={**headers, "mcp-name": "rich__fail"}
+            )
+        assert mismatch.status_code == 400 and "error" in mismatch.json()
