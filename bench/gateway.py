@@ -10,7 +10,9 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
   own      the same, to an extension with ``instances: per-client``: each session its own fixture
-  http     the SDK's streamable-HTTP client to the daemon's ``/mcp``
+  http     the SDK's streamable-HTTP client to the daemon's ``/mcp`` (the handshake era)
+  modern   the SDK's ``mcp.Client`` to the same URL as it comes (``mode="auto"``: 2026-07-28 here,
+           one POST per request, no session; it lists tools again after a call, as it does)
 
 Peers, each installed from its registry on first use into an ignored cache (``bench/_peers.py``)
 and serving the same fixture:
@@ -26,7 +28,7 @@ per round, in a rotating order), so that the machine's slow spells fall on every
 the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
 Throughput: 8 clients calling at once, once per round (direct, floor* and own: 8 sessions, 8
-fixture processes; socket, connect and http: 8 sessions sharing one supervised fixture;
+fixture processes; socket, connect, http and modern: 8 sessions sharing one supervised fixture;
 proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture per session).
 Also the resident memory of each process on the path (``rss_mib``) and the machine's load
 average before and after. Prints JSON.
@@ -56,7 +58,7 @@ import anyio
 import psutil
 from _daemon import BIN, ROOT, SERVERS, daemon, fixture, wait_for
 from _peers import HTTP_PEERS, VERSIONS, fastmcp_stdio, install, serve
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -64,13 +66,13 @@ sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
-OURS = ("direct", "floor1", "floor2", "socket", "connect", "own", "http")
+OURS = ("direct", "floor1", "floor2", "socket", "connect", "own", "http", "modern")
 PEERS = ("proxy", "hub", "fastmcp", "fastmcp-http", "supergateway")
 _PEER_TOOLS = {"hub": "echo__echo"}  # mcp-hub prefixes a tool with its server's name
 
 _QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
 
-Opener = Callable[[], AbstractAsyncContextManager[ClientSession]]
+Opener = Callable[[], AbstractAsyncContextManager[ClientSession | Client]]
 
 
 @asynccontextmanager
@@ -86,6 +88,12 @@ async def _http(url: str) -> AsyncIterator[ClientSession]:
     async with streamable_http_client(url) as streams, ClientSession(streams[0], streams[1]) as session:
         await session.initialize()
         yield session
+
+
+@asynccontextmanager
+async def _modern(url: str) -> AsyncIterator[Client]:
+    async with Client(url) as client:
+        yield client
 
 
 @asynccontextmanager
@@ -299,6 +307,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
             "own": Route("own", lambda: _stdio(*connect), "own__echo", pid),
             "http": Route("http", lambda: _http(http), "fx__echo", pid),
+            "modern": Route("modern", lambda: _modern(http), "fx__echo", pid),
             "fastmcp": Route("fastmcp", lambda: _stdio(*fastmcp_stdio(fixture_cmd)), "echo"),
         }
         for name, (url, peer_pid) in served.items():
