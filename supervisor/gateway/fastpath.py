@@ -25,6 +25,7 @@ import anyio.abc
 import mcp_types as types
 import pydantic_core
 import structlog
+from mcp_types import methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from supervisor.child.rawcalls import encode
@@ -107,15 +108,25 @@ def parse(line: bytes) -> FastCall | None:
 
 def parse_modern(body: bytes) -> ModernCall | None:
     """*body* as a plain 2026-07-28 ``tools/call``: its ``_meta`` names a modern version and
-    may declare the client (info, capabilities), nothing else (no progress token, no log
-    level: those want a stream). None when the SDK's path must serve it. Pure."""
+    declares the client's capabilities (and maybe its info), nothing else (no progress token,
+    no log level: those want a stream), and the request passes the SDK's validation for that
+    version. None when the SDK's path must serve it (and say what is wrong). Pure."""
     parts = _plain_call(body)
     if parts is None or parts[3] is None or parts[3].keys() - _MODERN_META_KEYS:
         return None
     request_id, name, arguments, meta = parts
     version = meta.get(types.PROTOCOL_VERSION_META_KEY)
-    capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY, {})
+    capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY)
     if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(capabilities, dict):
+        return None
+    params = (
+        {"name": name, "_meta": meta}
+        if arguments is None
+        else {"name": name, "arguments": arguments, "_meta": meta}
+    )
+    try:
+        methods.validate_client_request("tools/call", version, params)
+    except (ValueError, KeyError):  # pydantic's ValidationError is a ValueError
         return None
     return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities)
 

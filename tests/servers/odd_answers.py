@@ -9,6 +9,9 @@ Tools:
   surrogate()    -> an answer that is not valid UTF-8 JSON (a lone surrogate escape)
   boolcode()     -> a JSON-RPC error whose code is `true`
   busy()         -> the server's own JSON-RPC error -32000 (as many servers use it), still running
+  route(region)  -> its arguments as text; ``region`` is annotated ``x-mcp-header: Region``
+                    (a 2026-07-28 client mirrors it in an ``Mcp-Param-Region`` header)
+  claims()       -> a result claiming to be input-required (``resultType``, ``inputRequests``)
 Cancellations are written to stderr as "odd: cancelled ID".
 """
 
@@ -18,7 +21,10 @@ import json
 import sys
 
 out = sys.stdout.buffer
-TOOLS = ["echo", "nan", "bignan", "bigint", "bigprogress", "surrogate", "boolcode", "busy"]
+TOOLS = ["echo", "nan", "bignan", "bigint", "bigprogress", "surrogate", "boolcode", "busy", "route", "claims"]
+SCHEMAS = {
+    "route": {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}
+}
 
 
 def write(line: str) -> None:
@@ -43,7 +49,8 @@ for raw in sys.stdin:
         version = params.get("protocolVersion", "2025-11-25")
         answer(request_id, {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info})
     elif method == "tools/list":
-        answer(request_id, {"tools": [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]})
+        tools = [{"name": name, "inputSchema": SCHEMAS.get(name, {"type": "object"})} for name in TOOLS]
+        answer(request_id, {"tools": tools})
     elif method == "notifications/cancelled":
         print(f"odd: cancelled {params.get('requestId')}", file=sys.stderr, flush=True)
     elif method == "tools/call":
@@ -68,6 +75,11 @@ for raw in sys.stdin:
             answer(request_id, text("\ud800"))  # json.dumps escapes it: \ud800, which strict parsers refuse
         elif name == "boolcode":
             write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": True, "message": "odd"}}))
+        elif name == "route":
+            answer(request_id, text(json.dumps(params.get("arguments"))))
+        elif name == "claims":
+            claimed = {"a": {"method": "roots/list"}}
+            answer(request_id, {"content": [], "resultType": "input_required", "inputRequests": claimed})
         elif name == "busy":
             error = {"code": -32000, "message": "database is locked, retry in 5s"}
             write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))

@@ -32,13 +32,16 @@ import anyio
 import mcp_types as types
 import pydantic_core
 import structlog
-from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, MCP_PARAM_HEADER_PREFIX
+from mcp.server.streamable_http import check_accept_headers
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, MCP_PARAM_HEADER_PREFIX, X_MCP_HEADER_KEY
 from mcp_types import methods
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from supervisor.child.rawcalls import encode
 from supervisor.gateway import fastpath
 from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
+from supervisor.gateway.catalog import Catalog
 from supervisor.gateway.fastpath import MARK, RequestId, answer_call
 from supervisor.gateway.http.bodies import replay
 from supervisor.gateway.http.connections import CONNECTION
@@ -55,6 +58,8 @@ _CANCELLED = b'"notifications/cancelled"'
 _JSON = [(b"content-type", b"application/json")]
 _ROUTING_HEADERS = frozenset({b"mcp-method", b"mcp-name", b"mcp-protocol-version"})
 _PARAM_HEADER = MCP_PARAM_HEADER_PREFIX.lower().encode()
+_MEDIA_HEADERS = frozenset({b"content-type", b"accept"})
+_X_MCP_HEADER = f'"{X_MCP_HEADER_KEY}"'.encode()
 
 
 class FastPath:
@@ -67,6 +72,7 @@ class FastPath:
         # Fast calls running, by (session id, request id): what a later cancel names. At most one
         # per request being served (bounded by the listener's connections).
         self._running: dict[tuple[str, RequestId], anyio.CancelScope] = {}
+        self._annotated: tuple[Catalog | None, frozenset[str]] = (None, frozenset())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") != "/mcp":
@@ -81,7 +87,7 @@ class FastPath:
         first = await receive()  # the whole body (.bodies read it first)
         body = first.get("body", b"") if first["type"] == "http.request" else b""
         replayed = replay(first, receive)
-        if MARK in body and b"application/json" in headers.get(b"accept", b""):
+        if MARK in body and _media_types_taken(scope):
             if modern and await self._serve_modern(scope, headers, body, send):
                 return
             if not modern and await self._serve(scope, body, session_id, send):
@@ -142,6 +148,7 @@ class FastPath:
             or headers.get(b"mcp-name", b"").decode("latin-1") != modern.call.name
             or modern.capabilities.keys() & ASKING_CAPABILITIES
             or not _plain_headers(scope["headers"])
+            or modern.call.name in self._with_param_headers()
         ):
             return False
         connection = scope.get(CONNECTION)
@@ -180,7 +187,12 @@ class FastPath:
         schema (what it does not know is dropped), ``resultType``, the server's stamp."""
 
         def shape(result: dict[str, Any]) -> dict[str, Any]:
-            result.setdefault("resultType", "complete")
+            # What the SDK's path makes of a child's result: a complete one, whatever the child
+            # claimed (input-required results are the gateway's own, never a child's).
+            for member in ("inputRequests", "requestState"):
+                result.pop(member, None)
+            result["resultType"] = "complete"
+            result.setdefault("isError", False)
             shaped = methods.serialize_server_result("tools/call", version, result)
             meta = shaped.get("_meta")
             if meta is None or (isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None):
@@ -189,6 +201,31 @@ class FastPath:
             return shaped
 
         return shape
+
+    def _with_param_headers(self) -> frozenset[str]:
+        """The exposed tools whose input schema names ``x-mcp-header`` anywhere: the SDK checks
+        their ``Mcp-Param-*`` headers against the arguments, so their calls go its way. One
+        catalog's worth, computed when the catalog changes."""
+        catalog = self._gateway.router.catalog()
+        if self._annotated[0] is not catalog:
+            annotated = frozenset(
+                tool.name
+                for tool in catalog.tools
+                if _X_MCP_HEADER in pydantic_core.to_json(tool.input_schema)
+            )
+            self._annotated = (catalog, annotated)
+        return self._annotated[1]
+
+
+def _media_types_taken(scope: Scope) -> bool:
+    """The SDK's transport would take this request's media types as they are: a JSON body, and
+    both JSON and an event stream acceptable (it serves streams); each header once."""
+    raw = scope["headers"]
+    if sum(name in _MEDIA_HEADERS for name, _ in raw) != len(_MEDIA_HEADERS):
+        return False  # missing, or given twice: the SDK says what it makes of that
+    request = Request(scope)
+    content_type = request.headers["content-type"].split(";")[0].strip()
+    return content_type == "application/json" and all(check_accept_headers(request))
 
 
 def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> bool:

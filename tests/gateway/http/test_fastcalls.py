@@ -28,6 +28,7 @@ pytestmark = [
 ]
 
 ASKER = extension_settings("asker.py")
+ODD = extension_settings("odd_answers.py")
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
@@ -138,6 +139,28 @@ class TestJson:
             ]
         assert fast == slow
         assert "error" in slow[0] and "error" in slow[1] and slow[2]["result"]["content"][0]["text"] == "x"
+
+    async def test_media_types_the_sdk_refuses_go_to_the_sdk(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """An Accept without event streams (the SDK serves streams: 406), a body not labelled
+        JSON (400): refused there, never answered here."""
+        http = http_gateway({"rich": RICH})
+        async with httpx2.AsyncClient(timeout=10) as client:
+            session = Raw(client, http.url + "/mcp")
+            await session.open()
+            json_only = await client.post(
+                session.url,
+                content=_call(1, "rich__echo", text="x"),
+                headers={**session.headers, "accept": "application/json"},
+            )
+            text = await client.post(
+                session.url,
+                content=_call(2, "rich__echo", text="x"),
+                headers={**session.headers, "content-type": "text/plain"},
+            )
+            fine = await session.post(_call(3, "rich__echo", text="x"))
+        assert (json_only.status_code, text.status_code, fine.status_code) == (406, 400, 200)
 
     async def test_the_sdk_client_gets_its_answers(
         self,
@@ -354,3 +377,60 @@ class TestModern:
                 http.url + "/mcp", content=body, headers={**headers, "mcp-name": "rich__fail"}
             )
         assert mismatch.status_code == 400 and "error" in mismatch.json()
+
+    async def test_what_the_sdk_refuses_or_reshapes_is_answered_as_there(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """Each as the SDK's path answers it: a tool whose schema annotates an argument with
+        ``x-mcp-header``, called without its header (the SDK checks it: 400); a child's result
+        claiming to be input-required (the SDK makes it complete); a result without ``isError``;
+        an envelope without capabilities, or with a client info that is no Implementation (400);
+        a body that is not JSON by its Content-Type (400); an Accept without event streams (406)."""
+        http = http_gateway({"odd": ODD})
+        url = http.url + "/mcp"
+        envelope = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        cases: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, str]]] = [
+            ("odd__route", {"region": "eu"}, {}, {}),
+            ("odd__claims", {}, {}, {}),
+            ("odd__echo", {"text": "x"}, {}, {}),
+            (
+                "odd__echo",
+                {"text": "x"},
+                {"_envelope": {"io.modelcontextprotocol/protocolVersion": MODERN}},
+                {},
+            ),
+            (
+                "odd__echo",
+                {"text": "x"},
+                {"_envelope": {**envelope, "io.modelcontextprotocol/clientInfo": 5}},
+                {},
+            ),
+            ("odd__echo", {"text": "x"}, {}, {"content-type": "text/plain"}),
+            ("odd__echo", {"text": "x"}, {}, {"accept": "application/json"}),
+        ]
+        async with httpx2.AsyncClient(timeout=10) as client:
+            answers = {}
+            for slow in (False, True):
+                for n, (tool, arguments, meta, headers) in enumerate(cases):
+                    body, sent = _modern(n, tool, arguments)
+                    if "_envelope" in meta:
+                        message = json.loads(body)
+                        message["params"]["_meta"] = dict(meta["_envelope"])
+                        if slow:
+                            message["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = "emergency"
+                        body = json.dumps(message).encode()
+                    elif slow:
+                        body = _modern(n, tool, arguments, logLevel="emergency")[0]
+                    answer = await client.post(url, content=body, headers={**sent, **headers})
+                    json_body = answer.headers.get("content-type") == "application/json" and answer.content
+                    answers[slow, n] = (answer.status_code, answer.json() if json_body else None)
+        fast = [answers[False, n] for n in range(len(cases))]
+        assert fast == [answers[True, n] for n in range(len(cases))]
+        assert [status for status, _ in fast] == [400, 200, 200, 400, 400, 400, 406]
+        assert (
+            fast[1][1]["result"]["resultType"] == "complete" and "inputRequests" not in fast[1][1]["result"]
+        )
+        assert fast[2][1]["result"]["isError"] is False
