@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import anyio
 import structlog
@@ -255,21 +255,68 @@ async def spawn(
 async def _attach(
     popen: subprocess.Popen[bytes], marker: str, pipe_limit: int, cgroup: Path | None
 ) -> ChildProcess:
+    """The running *popen* as a :class:`ChildProcess`. Should any step fail (out of fds), the
+    child is killed and reaped and what was opened for it is closed, before the error goes on."""
     loop = asyncio.get_running_loop()
     assert popen.stdin and popen.stdout and popen.stderr
-    stdout, stderr = PipeReader(pipe_limit), PipeReader(pipe_limit)
-    out_transport, _ = await loop.connect_read_pipe(lambda: stdout, _pipe_for(loop, popen.stdout))
-    err_transport, _ = await loop.connect_read_pipe(lambda: stderr, _pipe_for(loop, popen.stderr))
-    write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # provides drain() flow control
-    in_transport, _ = await loop.connect_write_pipe(lambda: write_protocol, _pipe_for(loop, popen.stdin))
-    stdin = asyncio.StreamWriter(in_transport, write_protocol, None, loop)
-
-    pipes = (in_transport, out_transport, err_transport)
-    child = ChildProcess(popen.pid, marker, stdin, stdout, stderr, anyio.Event(), popen, pipes, cgroup)
-    child._pidfd = os.pidfd_open(popen.pid)  # unreaped (tracked by the reaper): cannot be reused
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        stdout, stderr = PipeReader(pipe_limit), PipeReader(pipe_limit)
+        out_transport = await _connect(loop, transports, lambda: stdout, popen.stdout)
+        err_transport = await _connect(loop, transports, lambda: stderr, popen.stderr)
+        write_protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())  # provides drain() flow control
+        in_transport = await _connect(loop, transports, lambda: write_protocol, popen.stdin)
+        stdin = asyncio.StreamWriter(in_transport, write_protocol, None, loop)
+        pipes = (in_transport, out_transport, err_transport)
+        child = ChildProcess(popen.pid, marker, stdin, stdout, stderr, anyio.Event(), popen, pipes, cgroup)
+        child._pidfd = os.pidfd_open(popen.pid)  # unreaped (tracked by the reaper): cannot be reused
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        await _abandon(popen, cgroup)
+        raise
     child.started = proctree.start_time(popen.pid)
     loop.add_reader(child._pidfd, child._on_pidfd_readable)
     return child
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop,
+    transports: list[asyncio.BaseTransport],
+    protocol: Callable[[], asyncio.BaseProtocol],
+    pipe: IO[bytes],
+) -> Any:
+    """A transport of *loop* for *pipe*, added to *transports*; the pipe is closed if that fails."""
+    owned = _pipe_for(loop, pipe)
+    try:
+        if owned.writable():
+            transport, _ = await loop.connect_write_pipe(protocol, owned)
+        else:
+            transport, _ = await loop.connect_read_pipe(protocol, owned)
+    except BaseException:
+        if owned.closefd:
+            owned.close()
+        else:  # uvloop would have closed it once its transport existed; there is none
+            os.close(owned.fileno())
+        raise
+    transports.append(transport)
+    return transport
+
+
+async def _abandon(popen: subprocess.Popen[bytes], cgroup: Path | None) -> None:
+    """Kill and reap a child that could not be attached, close its pipes, remove its cgroup."""
+    for pipe in (popen.stdin, popen.stdout, popen.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)  # unreaped: its group id is still its own
+    if cgroup is not None:
+        Subtree.kill(cgroup)
+    await anyio.to_thread.run_sync(popen.wait)
+    reaper.untrack(popen.pid)
+    if cgroup is not None:
+        Subtree.remove(cgroup)
 
 
 def _pipe_for(loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> IO[bytes]:

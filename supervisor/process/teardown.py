@@ -75,6 +75,8 @@ async def terminate_tree(
         except Exception:  # a bug of ours: what we can still kill dies, and the caller goes on
             log.exception("process.teardown_failed", marker=child.marker)
             child.signal(signal.SIGKILL)
+            if child.cgroup is not None:
+                Subtree.kill(child.cgroup)
             if child.returncode is None:
                 _killpg_quietly(child.pgid, signal.SIGKILL)
         with anyio.move_on_after(2.0):

@@ -332,6 +332,25 @@ uvloop.run(main())
 """
 
 
+class TestAttachFailure:
+    async def test_a_child_that_cannot_be_attached_is_killed_and_nothing_of_it_stays_open(
+        self, marker_prefix: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The last step of a spawn fails (out of fds, say): the error goes on, and the child,
+        its pipes and their transports are gone with it."""
+        fds_before = len(os.listdir("/proc/self/fd"))
+
+        def out_of_fds(pid: int) -> int:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(process.os, "pidfd_open", out_of_fds)
+        with pytest.raises(OSError, match="Too many open files"):
+            await spawn([sys.executable, "-c", "import time; time.sleep(60)"], f"{marker_prefix}lost")
+        monkeypatch.undo()
+        assert proctree.find_marked(f"{marker_prefix}lost") == set()
+        await eventually(lambda: len(os.listdir("/proc/self/fd")) == fds_before)
+
+
 class TestPipesUnderUvloop:
     def test_each_pipe_fd_is_closed_once(self, marker_prefix: str, tmp_path: Path) -> None:
         """uvloop closes a pipe's fd and then its file object again: a second close(2) of a
