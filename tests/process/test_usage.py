@@ -187,8 +187,9 @@ class TestMemoryMaxWithACgroup:
                     interval=0.01,
                 )
             )
-            await eventually(lambda: (tmp_path / "memory.max").read_text() == str(64 << 20))
-            assert (tmp_path / "memory.oom.group").read_text() == "1"  # the whole tree at once
+            # memory.oom.group (the whole tree at once) is written after memory.max: wait for both
+            written = (tmp_path / "memory.max", str(64 << 20)), (tmp_path / "memory.oom.group", "1")
+            await eventually(lambda: all(path.read_text() == text for path, text in written))
             with anyio.move_on_after(0.1):  # several reads of memory.events: no kill yet, no error
                 await eventually(lambda: bool(errors), within=1)
             assert errors == []  # and not the RSS check: this test process is far over 64 MiB
