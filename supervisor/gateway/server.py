@@ -256,18 +256,22 @@ class Gateway(Handlers):
         instance of *owner* if it is one) to the clients that asked. Sync.
 
         A client hears the log messages of the extensions its view shows, and of a per-client
-        extension only its own instance's (the shared one serves the control socket: nobody's).
+        extension only its own instance's (the shared one serves the control socket: nobody's);
+        the same for a resource update, which a handshake-era client hears only if subscribed.
         """
+        per_client = source is not None and source.config.instances == "per-client"
+
+        def its_own(client: Downstream) -> bool:
+            return not per_client or (owner is not None and client.session is owner)
+
         if isinstance(notification, types.LoggingMessageNotification):
             params = notification.params
             logger = f"{extension}/{params.logger}" if params.logger else extension
-            per_client = source is not None and source.config.instances == "per-client"
 
             def hears(client: Downstream) -> bool:
-                if per_client and (owner is None or client.session is not owner):
-                    return False
-                return self.views.of(client.context).sees(extension)
+                return its_own(client) and self.views.of(client.context).sees(extension)
 
             self.fanout.log(params.level, params.data, logger, source, hears)
         elif isinstance(notification, types.ResourceUpdatedNotification):
-            self.fanout.resource_updated(expose_uri(extension, notification.params.uri))
+            uri = expose_uri(extension, notification.params.uri)
+            self.fanout.resource_updated(uri, its_own if per_client else None)

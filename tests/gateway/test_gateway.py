@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,38 @@ class TestForwarding:
             with anyio.fail_after(5):
                 await arrived.wait()
         assert updated == ["mcp-supervisor://rich/note://a"] * 2
+
+    async def test_a_per_client_instances_update_reaches_its_own_client_only(self, gateway) -> None:
+        """Two clients, each with its own instance of a per-client extension, both subscribed to
+        the same two URIs: A's instance updates one, then B's the other; each client hears its
+        own instance's update alone (A's would have reached B first, in the same burst or before)."""
+        daemon = gateway({"rich": {**RICH, "instances": "per-client"}})
+        heard: dict[str, list[str]] = {"a": [], "b": []}
+        events = {"a": anyio.Event(), "b": anyio.Event()}
+
+        def handler(who: str) -> Callable[[Any], Awaitable[None]]:
+            async def on_message(message: Any) -> None:
+                if isinstance(message, types.ResourceUpdatedNotification):
+                    heard[who].append(str(message.params.uri))
+                    events[who].set()
+
+            return on_message
+
+        uris = {"a": "mcp-supervisor://rich/note://a", "b": "mcp-supervisor://rich/note://b"}
+        async with (
+            gateway_session(daemon.mcp_sock, message_handler=handler("a")) as a,
+            gateway_session(daemon.mcp_sock, message_handler=handler("b")) as b,
+        ):
+            for session in (a, b):
+                for uri in uris.values():
+                    await session.subscribe_resource(uri)
+            await a.call_tool("rich__touch", {"uri": "note://a"})
+            with anyio.fail_after(5):
+                await events["a"].wait()
+            await b.call_tool("rich__touch", {"uri": "note://b"})
+            with anyio.fail_after(5):
+                await events["b"].wait()
+        assert heard == {"a": [uris["a"]], "b": [uris["b"]]}
 
 
 class TestRestarts:

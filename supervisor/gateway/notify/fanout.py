@@ -199,10 +199,14 @@ class Fanout(TaskOwner):
             finally:
                 sink.scope.cancel()
 
-    def resource_updated(self, uri: str) -> None:
+    def resource_updated(self, uri: str, hears: Callable[[Downstream], bool] | None = None) -> None:
+        """*uri* changed: tell its subscribers (of them, those *hears* picks: a per-client
+        instance's owner). 2026-07-28 listen streams, which the SDK's bus serves by URI alone,
+        hear it whoever it is from."""
         if uri in self._subscribers:
             for client in self._clients:
-                client.resource_updated(uri)
+                if hears is None or hears(client):
+                    client.resource_updated(uri)
         if len(self._updated) < MAX_SUBSCRIPTIONS:  # for 2026-07-28 listeners; they filter by URI
             self._updated[uri] = None
             self._updates_waiting.set()
