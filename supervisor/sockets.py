@@ -228,17 +228,22 @@ def peer_credentials(stream: anyio.abc.SocketStream) -> tuple[int, int]:
     return peers.credentials(stream.extra(anyio.abc.SocketAttribute.raw_socket))
 
 
-async def connect(path: str) -> anyio.abc.SocketStream:
+async def connect(path: str) -> Stream:
     """Connect to the unix socket *path* and check who listens there before anything is sent.
+
+    The stream is a :class:`Stream`: a receive cancelled (a timeout) leaves nothing behind,
+    where anyio's own unix stream may still set the result of its cancelled future when the
+    socket turns readable (an InvalidStateError from the event loop).
 
     Raises:
         OSError: nothing could be connected (missing file, refused, permission denied).
         UntrustedPeer: the listener runs as another user (neither us nor root): someone may
             have taken over the socket to read requests and forge answers; nothing was sent.
     """
-    stream = await anyio.connect_unix(path)
+    connected = await anyio.connect_unix(path)
+    stream = Stream(socket.socket(fileno=connected.extra(anyio.abc.SocketAttribute.raw_socket).detach()))
     try:
-        peers.check(stream.extra(anyio.abc.SocketAttribute.raw_socket), path)
+        peers.check(stream._raw_socket, path)
     except (OSError, UntrustedPeer):
         await stream.aclose()
         raise

@@ -44,7 +44,7 @@ def daemon(daemons: Callable[..., Daemon], short_tmp: Path) -> Daemon:
 
 
 async def connect(path: str) -> anyio.abc.SocketStream:
-    return await anyio.connect_unix(path)
+    return await sockets.connect(path)
 
 
 DEFAULT_VIEW = {

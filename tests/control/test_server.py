@@ -19,6 +19,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
 
+from supervisor import sockets
 from supervisor.control import client, codes
 from supervisor.control import server as control
 from supervisor.errors import SupervisorError
@@ -82,7 +83,7 @@ class Wire:
 
 @asynccontextmanager
 async def wire(path: str) -> AsyncIterator[Wire]:
-    async with await anyio.connect_unix(path) as stream:
+    async with await sockets.connect(path) as stream:
         yield Wire(stream)
 
 

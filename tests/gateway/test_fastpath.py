@@ -17,6 +17,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from supervisor import sockets
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import FastCall
 from supervisor.gateway.hello import HELLO_METHOD
@@ -176,7 +177,7 @@ class _Raw:
 
 @asynccontextmanager
 async def _raw_client(daemon: Daemon, *, list_tools: bool, profile: str | None = None) -> AsyncIterator[_Raw]:
-    async with await anyio.connect_unix(daemon.mcp_sock) as stream:
+    async with await sockets.connect(daemon.mcp_sock) as stream:
         raw = _Raw(stream)
         if profile is not None:  # as `connect --profile` opens
             assert "result" in await raw.request(HELLO_METHOD, name=profile)

@@ -19,6 +19,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, ClientSession, MCPError, StdioServerParameters, stdio_client
 
+from supervisor import sockets
 from supervisor.gateway.notify.downstream import MAX_LOG_DATA
 from supervisor.gateway.unix import MAX_CONNECTIONS, MAX_MESSAGE
 from tests.harness import (
@@ -439,7 +440,7 @@ class TestSlowClients:
                 for i in range(1, 2001)
             ),
         ]
-        async with await anyio.connect_unix(daemon.mcp_sock) as hog, anyio.create_task_group() as tg:
+        async with await sockets.connect(daemon.mcp_sock) as hog, anyio.create_task_group() as tg:
 
             async def flood() -> None:
                 for line in lines:
@@ -531,7 +532,7 @@ class TestBounds:
         daemon = gateway({"echo": ECHO})
         async with gateway_session(daemon.mcp_sock) as bystander:
             chunk = b"x" * (1 << 20)
-            async with await anyio.connect_unix(daemon.mcp_sock) as hog:
+            async with await sockets.connect(daemon.mcp_sock) as hog:
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     for _ in range(MAX_MESSAGE // len(chunk) + 1):
                         await hog.send(chunk)
@@ -547,7 +548,7 @@ class TestBounds:
         daemon = gateway({"echo": ECHO})
         async with contextlib.AsyncExitStack() as stack:
             for _ in range(MAX_CONNECTIONS):
-                await stack.enter_async_context(await anyio.connect_unix(daemon.mcp_sock))
+                await stack.enter_async_context(await sockets.connect(daemon.mcp_sock))
             await eventually(
                 lambda: len(psutil.Process(daemon.proc.pid).net_connections("unix")) > MAX_CONNECTIONS
             )

@@ -13,6 +13,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import ClientSession
 from mcp.shared.message import SessionMessage
 
+from supervisor import sockets
+
 __all__ = (
     "ANSWERING",
     "MAX_LINE",
@@ -34,7 +36,7 @@ async def unix_transport(path: str, profile: str | None = None) -> AsyncIterator
 
     With a *profile*, the connection first chooses it as ``connect --profile`` does.
     """
-    stream = await anyio.connect_unix(path)
+    stream = await sockets.connect(path)
     buffered = BufferedByteReceiveStream(stream)
     if profile is not None:
         hello = {
@@ -95,7 +97,7 @@ async def raw_exchange(
     path: str, lines: list[bytes], replies: int, within: float = 10.0
 ) -> list[dict[str, Any]]:
     """Send raw *lines* to the gateway and read *replies* JSON replies back."""
-    async with await anyio.connect_unix(path) as stream:
+    async with await sockets.connect(path) as stream:
         for line in lines:
             await stream.send(line)
         buffered = BufferedByteReceiveStream(stream)

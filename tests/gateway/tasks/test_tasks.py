@@ -25,6 +25,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client, MCPError
 from pydantic import TypeAdapter
 
+from supervisor import sockets
 from supervisor.gateway.tasks.ids import MAX_ID_LENGTH, parse_task_id, task_id
 from supervisor.gateway.tasks.owners import Owners
 from supervisor.gateway.tasks.router import MAX_LIST_REQUESTS, MAX_PAGE
@@ -113,7 +114,7 @@ async def raw_client(
     daemon: Daemon, capabilities: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[RawClient, dict[str, Any]]]:
     """An initialized :class:`RawClient` declaring *capabilities*, and the gateway's initialize result."""
-    async with await anyio.connect_unix(daemon.mcp_sock) as stream, anyio.create_task_group() as tg:
+    async with await sockets.connect(daemon.mcp_sock) as stream, anyio.create_task_group() as tg:
         client = RawClient(stream, tg)
         hello = {
             "protocolVersion": "2025-11-25",
