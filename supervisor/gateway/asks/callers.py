@@ -132,17 +132,10 @@ class FastCaller:
         return await self._session.ask(send)  # type: ignore[return-value]
 
 
-class UnaskableCaller:
+class UnaskableCaller(FastCaller):
     """The client of a 2026-07-28 fast call (over HTTP), which declared none of sampling,
     elicitation and roots: each question of the child is refused as the SDK's path refuses it
     for such a client (it never becomes an input-required result)."""
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @property
-    def client(self) -> Session:
-        return self._session
 
     def refusal(self, method: str) -> str | None:
         return capability_refusal(None, method)
