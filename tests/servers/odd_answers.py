@@ -12,6 +12,8 @@ Tools:
   route(region)  -> its arguments as text; ``region`` is annotated ``x-mcp-header: Region``
                     (a 2026-07-28 client mirrors it in an ``Mcp-Param-Region`` header)
   claims()       -> a result claiming to be input-required (``resultType``, ``inputRequests``)
+  video()        -> a content item of a type no protocol version knows (an invalid result)
+  nullerror()    -> ``isError: null`` (an invalid result)
 Cancellations are written to stderr as "odd: cancelled ID".
 """
 
@@ -21,7 +23,20 @@ import json
 import sys
 
 out = sys.stdout.buffer
-TOOLS = ["echo", "nan", "bignan", "bigint", "bigprogress", "surrogate", "boolcode", "busy", "route", "claims"]
+TOOLS = [
+    "echo",
+    "nan",
+    "bignan",
+    "bigint",
+    "bigprogress",
+    "surrogate",
+    "boolcode",
+    "busy",
+    "route",
+    "claims",
+    "video",
+    "nullerror",
+]
 SCHEMAS = {
     "route": {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}
 }
@@ -80,6 +95,10 @@ for raw in sys.stdin:
         elif name == "claims":
             claimed = {"a": {"method": "roots/list"}}
             answer(request_id, {"content": [], "resultType": "input_required", "inputRequests": claimed})
+        elif name == "video":
+            answer(request_id, {"content": [{"type": "video", "data": "AAAA"}]})
+        elif name == "nullerror":
+            answer(request_id, {**text("n"), "isError": None})
         elif name == "busy":
             error = {"code": -32000, "message": "database is locked, retry in 5s"}
             write(json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}))

@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from supervisor.child.rawcalls import encode
+from supervisor.errors import first_line
 from supervisor.gateway import fastpath
 from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
 from supervisor.gateway.catalog import Catalog
@@ -48,6 +49,7 @@ from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import Session
+from supervisor.gateway.toolerrors import raw_tool_error
 from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
 
 __all__ = ("FastPath",)
@@ -172,7 +174,7 @@ class FastPath:
                         session,
                         self._gateway.spool_prefix,
                         caller=UnaskableCaller(session),
-                        shape=self._modern_shape(modern.version),
+                        shape=self._modern_shape(modern.version, route[0].name, route[1]),
                     )
                 finally:
                     connection.watch_lost(None)
@@ -182,9 +184,12 @@ class FastPath:
             await _respond(send, _modern_status(answer, modern.call.id), answer, _JSON)
         return True
 
-    def _modern_shape(self, version: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        """A tool result as the SDK's path gives it to a client of *version*: the version's
-        schema (what it does not know is dropped), ``resultType``, the server's stamp."""
+    def _modern_shape(
+        self, version: str, extension: str, tool: str
+    ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        """A result of *tool* as the SDK's path gives it to a client of *version*: the version's
+        schema (what it does not know is dropped), ``resultType``, the server's stamp; a result
+        that is no tool result becomes the tool error the SDK's path answers for it."""
 
         def shape(result: dict[str, Any]) -> dict[str, Any]:
             # What the SDK's path makes of a child's result: a complete one, whatever the child
@@ -193,6 +198,17 @@ class FastPath:
                 result.pop(member, None)
             result["resultType"] = "complete"
             result.setdefault("isError", False)
+            try:  # what the SDK's path holds a child's tool result to (the session's model)
+                types.CallToolResult.model_validate(result, by_name=False)
+            except ValueError as exc:
+                error = first_line(exc, typed=False)
+                log.warning(
+                    "extension.bad_result", extension=extension, request=f"tool {tool!r}", error=error
+                )
+                result = raw_tool_error(
+                    f"extension {extension!r} returned an invalid result for tool {tool!r}"
+                )
+                result["resultType"] = "complete"
             shaped = methods.serialize_server_result("tools/call", version, result)
             meta = shaped.get("_meta")
             if meta is None or (isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None):

@@ -385,7 +385,8 @@ class TestModern:
         ``x-mcp-header``, called without its header (the SDK checks it: 400); a child's result
         claiming to be input-required (the SDK makes it complete); a result without ``isError``;
         an envelope without capabilities, or with a client info that is no Implementation (400);
-        a body that is not JSON by its Content-Type (400); an Accept without event streams (406)."""
+        a body that is not JSON by its Content-Type (400); an Accept without event streams (406);
+        a result that is no tool result (a content type nobody knows, ``isError: null``)."""
         http = http_gateway({"odd": ODD})
         url = http.url + "/mcp"
         envelope = {
@@ -410,6 +411,8 @@ class TestModern:
             ),
             ("odd__echo", {"text": "x"}, {}, {"content-type": "text/plain"}),
             ("odd__echo", {"text": "x"}, {}, {"accept": "application/json"}),
+            ("odd__video", {}, {}, {}),
+            ("odd__nullerror", {}, {}, {}),
         ]
         async with httpx2.AsyncClient(timeout=10) as client:
             answers = {}
@@ -429,7 +432,10 @@ class TestModern:
                     answers[slow, n] = (answer.status_code, answer.json() if json_body else None)
         fast = [answers[False, n] for n in range(len(cases))]
         assert fast == [answers[True, n] for n in range(len(cases))]
-        assert [status for status, _ in fast] == [400, 200, 200, 400, 400, 400, 406]
+        assert [status for status, _ in fast] == [400, 200, 200, 400, 400, 400, 406, 200, 200]
+        for invalid in fast[7:]:  # the tool error the SDK's path answers for a result that is none
+            assert invalid[1]["result"]["isError"] is True
+            assert "returned an invalid result" in invalid[1]["result"]["content"][0]["text"]
         assert (
             fast[1][1]["result"]["resultType"] == "complete" and "inputRequests" not in fast[1][1]["result"]
         )
