@@ -311,10 +311,13 @@ async def _abandon(popen: subprocess.Popen[bytes], cgroup: Path | None) -> None:
                 pipe.close()
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(popen.pid, signal.SIGKILL)  # unreaped: its group id is still its own
-    if cgroup is not None:
-        Subtree.kill(cgroup)
-    await anyio.to_thread.run_sync(popen.wait)
-    reaper.untrack(popen.pid)
+    try:
+        if cgroup is not None:
+            with contextlib.suppress(OSError):  # out of fds, say: what just failed the attach
+                Subtree.kill(cgroup)
+    finally:
+        await anyio.to_thread.run_sync(popen.wait)
+        reaper.untrack(popen.pid)
     if cgroup is not None:
         Subtree.remove(cgroup)
 

@@ -76,7 +76,8 @@ async def terminate_tree(
             log.exception("process.teardown_failed", marker=child.marker)
             child.signal(signal.SIGKILL)
             if child.cgroup is not None:
-                Subtree.kill(child.cgroup)
+                with contextlib.suppress(OSError):  # out of fds, maybe: what failed the step
+                    Subtree.kill(child.cgroup)
             if child.returncode is None:
                 _killpg_quietly(child.pgid, signal.SIGKILL)
         with anyio.move_on_after(2.0):

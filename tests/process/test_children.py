@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from supervisor.errors import SpawnError
 from supervisor.process import children as process
-from supervisor.process import spawner
+from supervisor.process import reaper, spawner
 from supervisor.process import tree as proctree
 from tests.harness import eventually, server_argv
 
@@ -349,6 +349,27 @@ class TestAttachFailure:
         monkeypatch.undo()
         assert proctree.find_marked(f"{marker_prefix}lost") == set()
         await eventually(lambda: len(os.listdir("/proc/self/fd")) == fds_before)
+
+    async def test_a_cgroup_that_cannot_be_killed_still_leaves_the_child_reaped(
+        self, marker_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Out of fds, ``cgroup.kill`` cannot be opened either: the child is still reaped and
+        forgotten (no zombie the stranger reaper would skip as ours), its cgroup removed."""
+        env = {**os.environ, process.MARKER_ENV: f"{marker_prefix}cg"}
+        popen = await spawner.popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], env=env, cwd=None, cgroup=None
+        )
+        leaf = tmp_path / "leaf"
+        leaf.mkdir()
+
+        def out_of_fds(cgroup: Path) -> None:
+            raise OSError(24, "Too many open files")
+
+        monkeypatch.setattr(process.Subtree, "kill", staticmethod(out_of_fds))
+        with anyio.fail_after(10):
+            await process._abandon(popen, leaf)
+        assert popen.returncode is not None and popen.pid not in reaper.tracked()
+        assert not leaf.exists()
 
 
 class TestPipesUnderUvloop:
