@@ -152,7 +152,15 @@ class Daemon(Facade, Reloading):
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
             holds = functools.partial(self.gateway.holds, name)
             demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
-            return Extension(
+            runs: list[int | None] = []  # the pid of its last run: a new one is a restart
+
+            def changed(snapshot: Snapshot) -> None:
+                if snapshot.state is State.RUNNING and runs[-1:] != [snapshot.pid]:
+                    if runs:  # a new run knows nothing of its client's subscriptions
+                        self.gateway.instance_restarted(instance, client)
+                    runs[:] = [snapshot.pid]
+
+            instance = Extension(
                 name,
                 own,
                 environ=self._environ,
@@ -160,12 +168,14 @@ class Daemon(Facade, Reloading):
                 hurry=self.hurry,
                 spool=self.spool.for_extension(name),
                 on_call=functools.partial(self.metrics.observe_call, name),
+                on_change=changed,
                 on_notification=functools.partial(self.gateway.notify, owner=client),  # its log: client's
                 demand=demand,
                 pins=pins,
                 start_slots=self.start_slots,
                 sandbox_context=self.sandbox_context,
             )
+            return instance
 
         return Instances(name, make, config.max_instances)
 

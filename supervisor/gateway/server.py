@@ -9,7 +9,7 @@ one. Its own task (:meth:`Gateway.run`) owns the change announcer and the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,8 @@ class Gateway(Handlers):
         self.fanout = Fanout()
         self.releases = Releases(self.router.extension, self.fanout.held)
         self.fanout.on_released = self.releases.released
-        self._resubscribing: dict[str, anyio.CancelScope] = {}  # extension -> its resubscribe task
+        # extension name (an instance: its id) -> its resubscribe task; one per run at most
+        self._resubscribing: dict[Hashable, anyio.CancelScope] = {}
         self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
@@ -145,17 +146,28 @@ class Gateway(Handlers):
 
         One task per extension: a newer run cancels the attempt for an older one.
         """
-        targets = [parse_uri(uri) for uri in self.fanout.subscribed()]
-        uris = [target[1] for target in targets if target and target[0] == extension]
         ext = self.router.extension(extension)
-        if not uris or ext is None or self._tg is None:
-            return
-        if (previous := self._resubscribing.pop(extension, None)) is not None:
-            previous.cancel()
-        scope = self._resubscribing[extension] = anyio.CancelScope()
-        self._tg.start_soon(self._subscribe_again, ext, uris, scope)
+        if ext is not None:
+            self._subscribe_again_soon(ext, self.fanout.subscribed(), extension)
 
-    async def _subscribe_again(self, ext: Extension, uris: list[str], scope: anyio.CancelScope) -> None:
+    def instance_restarted(self, ext: Extension, owner: object) -> None:
+        """A new run of *owner*'s per-client instance *ext*: its client's subscriptions again
+        (those of its 2026-07-28 listen streams are counted, not kept by URI: not these). Sync."""
+        self._subscribe_again_soon(ext, self.fanout.subscribed_by(owner), id(ext))
+
+    def _subscribe_again_soon(self, ext: Extension, exposed: list[str], key: Hashable) -> None:
+        targets = [parse_uri(uri) for uri in exposed]
+        uris = [target[1] for target in targets if target and target[0] == ext.name]
+        if not uris or self._tg is None:
+            return
+        if (previous := self._resubscribing.pop(key, None)) is not None:
+            previous.cancel()
+        scope = self._resubscribing[key] = anyio.CancelScope()
+        self._tg.start_soon(self._subscribe_again, ext, uris, scope, key)
+
+    async def _subscribe_again(
+        self, ext: Extension, uris: list[str], scope: anyio.CancelScope, key: Hashable
+    ) -> None:
         with scope:
             for uri in uris:
                 request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
@@ -166,8 +178,8 @@ class Gateway(Handlers):
                     log.warning(
                         "gateway.resubscribe_failed", extension=ext.name, uri=uri, error=str(exc)[:300]
                     )
-        if self._resubscribing.get(ext.name) is scope:
-            del self._resubscribing[ext.name]
+        if self._resubscribing.get(key) is scope:
+            del self._resubscribing[key]
 
     def set_profiles(self, profiles: Mapping[str, Any]) -> None:
         """A reload's profiles; connected clients of a changed view are told to list again. Sync."""

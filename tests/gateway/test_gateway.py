@@ -252,6 +252,37 @@ class TestForwarding:
                 await events["b"].wait()
         assert heard == {"a": [uris["a"]], "b": [uris["b"]]}
 
+    async def test_a_restarted_per_client_instance_is_subscribed_again(self, gateway) -> None:
+        """A client's own instance crashes and runs again: the new run is subscribed to what its
+        client is subscribed to, and the client hears its updates as before."""
+        daemon = gateway({"rich": {**RICH, "instances": "per-client"}})
+        heard: list[str] = []
+        arrived = anyio.Event()
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                heard.append(str(message.params.uri))
+                arrived.set()
+
+        uri = "mcp-supervisor://rich/note://a"
+        async with gateway_session(daemon.mcp_sock, message_handler=on_message) as session:
+            await session.subscribe_resource(uri)
+            await session.call_tool("rich__touch", {"uri": "note://a"})
+            with anyio.fail_after(5):
+                await arrived.wait()
+            crashed = await session.call_tool("rich__crash", {})  # it may or may not have run
+            assert crashed.is_error
+            subscribed = "rich: subscribed note://a"
+            await eventually(
+                lambda: sum(e.get("line") == subscribed for e in daemon.find("extension.stderr")) >= 2,
+                within=20,
+            )
+            arrived = anyio.Event()
+            await session.call_tool("rich__touch", {"uri": "note://a"})
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert heard == [uri, uri]
+
 
 class TestRestarts:
     async def test_list_changed_on_restart_and_reload(self, gateway) -> None:

@@ -134,6 +134,10 @@ class Fanout(TaskOwner):
         """Every URI some client is subscribed to."""
         return list(self._subscribers)
 
+    def subscribed_by(self, session: object) -> list[str]:
+        """The URIs the handshake-era client of *session* is subscribed to (by ``resources/subscribe``)."""
+        return [uri for client in self._clients if client.session is session for uri in client.subscriptions]
+
     def held(self, uri: str) -> bool:
         """Whether some client is subscribed to *uri*."""
         return uri in self._subscribers
