@@ -184,9 +184,7 @@ class Stream(anyio.abc.SocketStream):
 
 async def accept(listener: anyio.abc.SocketListener) -> Stream | None:
     """Accept one client as a stream that reads only on demand; None if it hung up already."""
-    accepted = await listener.accept()
-    raw: socket.socket = accepted.extra(anyio.abc.SocketAttribute.raw_socket)
-    sock = socket.socket(fileno=raw.detach())
+    sock = _detached(await listener.accept())
     try:
         sock.getpeername()
     except OSError as exc:
@@ -194,6 +192,12 @@ async def accept(listener: anyio.abc.SocketListener) -> Stream | None:
         _log().debug("socket.client_gone", error=str(exc))
         return None
     return Stream(sock)
+
+
+def _detached(stream: anyio.abc.SocketStream) -> socket.socket:
+    """The socket under anyio's *stream*, ours alone from now on (to wrap in a :class:`Stream`)."""
+    raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    return socket.socket(fileno=raw.detach())
 
 
 async def next_client(
@@ -240,8 +244,7 @@ async def connect(path: str) -> Stream:
         UntrustedPeer: the listener runs as another user (neither us nor root): someone may
             have taken over the socket to read requests and forge answers; nothing was sent.
     """
-    connected = await anyio.connect_unix(path)
-    stream = Stream(socket.socket(fileno=connected.extra(anyio.abc.SocketAttribute.raw_socket).detach()))
+    stream = Stream(_detached(await anyio.connect_unix(path)))
     try:
         peers.check(stream._raw_socket, path)
     except (OSError, UntrustedPeer):

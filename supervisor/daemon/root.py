@@ -152,13 +152,14 @@ class Daemon(Facade, Reloading):
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
             holds = functools.partial(self.gateway.holds, name)
             demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
-            runs: list[int | None] = []  # the pid of its last run: a new one is a restart
+            last_run: int | None = None  # the pid of its last run seen running
 
             def changed(snapshot: Snapshot) -> None:
-                if snapshot.state is State.RUNNING and runs[-1:] != [snapshot.pid]:
-                    if runs:  # a new run knows nothing of its client's subscriptions
+                nonlocal last_run
+                if snapshot.state is State.RUNNING and snapshot.pid != last_run:
+                    if last_run is not None:  # a new run knows nothing of its client's subscriptions
                         self.gateway.instance_restarted(instance, client)
-                    runs[:] = [snapshot.pid]
+                    last_run = snapshot.pid
 
             instance = Extension(
                 name,

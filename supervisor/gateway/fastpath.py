@@ -48,6 +48,7 @@ __all__ = (
     "FastCalls",
     "ModernCall",
     "RequestId",
+    "Shape",
     "answer_call",
     "answer_line",
     "cancelled_id",

@@ -59,8 +59,8 @@ class Proc:
 
 def stat_fields(pid: int, count: int) -> list[bytes] | None:
     """The fields of ``/proc/PID/stat`` from the state on (field 3 of proc(5) is ``[0]``), at
-    least *count* of them; None when *pid* is gone or the file is not whole (a process being
-    reaped can show an empty one: a scan must take that for gone, never fail on it)."""
+    least *count* of them; None when *pid* is gone or the text is not a whole stat line: a
+    scan takes that for gone and goes on, never fails on it."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             return parse_stat(stat.read(), count)

@@ -141,4 +141,4 @@ class UnaskableCaller(FastCaller):
         return capability_refusal(None, method)
 
     async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
-        raise MCPError(NOT_ANSWERABLE, capability_refusal(None, request.method) or "not answerable")
+        raise MCPError(NOT_ANSWERABLE, self.refusal(request.method) or "not answerable")

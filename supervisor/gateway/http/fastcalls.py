@@ -25,7 +25,7 @@ connection closing (heard through the connection's ``watch_lost``, without a tas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -43,7 +43,7 @@ from supervisor.errors import first_line
 from supervisor.gateway import fastpath
 from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
 from supervisor.gateway.catalog import Catalog
-from supervisor.gateway.fastpath import MARK, RequestId, answer_call
+from supervisor.gateway.fastpath import MARK, RequestId, Shape, answer_call
 from supervisor.gateway.http.bodies import replay
 from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
@@ -184,9 +184,7 @@ class FastPath:
             await _respond(send, _modern_status(answer, modern.call.id), answer, _JSON)
         return True
 
-    def _modern_shape(
-        self, version: str, extension: str, tool: str
-    ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def _modern_shape(self, version: str, extension: str, tool: str) -> Shape:
         """A result of *tool* as the SDK's path gives it to a client of *version*: the version's
         schema (what it does not know is dropped), ``resultType``, the server's stamp; a result
         that is no tool result becomes the tool error the SDK's path answers for it."""
