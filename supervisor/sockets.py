@@ -29,6 +29,7 @@ from supervisor.peers import UntrustedPeer, trusted_uid
 __all__ = (
     "ACCEPT_RETRY_DELAY",
     "TRANSIENT_ACCEPT_ERRORS",
+    "FdStream",
     "Spare",
     "Stream",
     "UntrustedPeer",
@@ -57,22 +58,23 @@ def _log() -> Any:
     return structlog.get_logger(__name__)
 
 
-class Stream(anyio.abc.SocketStream):
-    """A connected socket read and written only when asked: no buffer the caller does not see.
+class FdStream(anyio.abc.ByteStream):
+    """A stream read and written only when asked: no buffer the caller does not see.
 
     anyio's transport-based stream (``SocketStream.from_socket``) never pauses the transport
     it wraps, so asyncio kept reading a client that pipelined without reading its replies:
     1.9 GB in 30 s. Here a byte leaves the kernel only when :meth:`receive` asks for it, and
     a cancelled receive or send leaves nothing behind (the raw UNIXSocketStream's
-    ``add_reader(future.set_result)`` logs InvalidStateError then).
+    ``add_reader(future.set_result)`` logs InvalidStateError then). A subclass says how its
+    fds are read (:meth:`_recv`), written (:meth:`_send`) and closed: a socket
+    (:class:`Stream`), or a client's own stdin and stdout (the gateway's handoff).
 
     Resource handling: one task may receive while another sends, but never two at once of
     the same kind; the owner closes it once no receive or send is pending.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
-        sock.setblocking(False)
-        self._sock = sock
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self._read_fd, self._write_fd = read_fd, write_fd
         self._closed = False
         # Readiness is watched from the first receive that has to wait until nobody waits when
         # it fires: a request-answer client then costs no epoll registration per receive (the
@@ -80,10 +82,18 @@ class Stream(anyio.abc.SocketStream):
         self._watching: asyncio.AbstractEventLoop | None = None
         self._receiving: tuple[asyncio.Future[bytes], int] | None = None  # a waiting receive, its max
         self._kept: bytes | None = None  # read for a receive cancelled before it took them: the next's
+        self._writable: asyncio.Future[None] | None = None  # a send waiting for room
 
-    @property
-    def _raw_socket(self) -> socket.socket:
-        return self._sock
+    def _recv(self, max_bytes: int) -> bytes:
+        """Read at most *max_bytes* now (``BlockingIOError`` if none are there)."""
+        raise NotImplementedError
+
+    def _send(self, data: bytes | memoryview) -> int:
+        """Write what the fd takes now (``BlockingIOError`` if none)."""
+        raise NotImplementedError
+
+    def _close_fds(self) -> None:
+        raise NotImplementedError
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         if self._closed:
@@ -92,7 +102,7 @@ class Stream(anyio.abc.SocketStream):
             data, self._kept = self._kept, None
         else:
             try:
-                data = self._sock.recv(max_bytes)
+                data = self._recv(max_bytes)
             except (BlockingIOError, InterruptedError):
                 data = await self._receive_when_readable(max_bytes)
             except OSError as exc:
@@ -106,7 +116,7 @@ class Stream(anyio.abc.SocketStream):
     async def _receive_when_readable(self, max_bytes: int) -> bytes:
         loop = asyncio.get_running_loop()
         if self._watching is None:
-            loop.add_reader(self._sock.fileno(), self._on_readable)
+            loop.add_reader(self._read_fd, self._on_readable)
             self._watching = loop
         future = loop.create_future()
         self._receiving = future, max_bytes
@@ -131,7 +141,7 @@ class Stream(anyio.abc.SocketStream):
         # Read here, as the loop's sock_recv does: readiness seen before the last receive took
         # the bytes wakes nobody then (a wake-up, a task step and a recv each call otherwise).
         try:
-            data = self._sock.recv(max_bytes)
+            data = self._recv(max_bytes)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -141,20 +151,30 @@ class Stream(anyio.abc.SocketStream):
 
     def _unwatch(self) -> None:
         if self._watching is not None:
-            self._watching.remove_reader(self._sock.fileno())
+            self._watching.remove_reader(self._read_fd)
             self._watching = None
 
-    async def send(self, item: bytes) -> None:
+    async def send(self, item: bytes | memoryview) -> None:
         await anyio.lowlevel.checkpoint()
-        if self._closed:
-            raise anyio.ClosedResourceError
+        view = memoryview(item)
+        while view:
+            view = view[self.send_now(view) :]
+            if view:
+                await self._room()
+
+    async def _room(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._writable = future = loop.create_future()
+        loop.add_writer(self._write_fd, _wake, future)
         try:
-            await asyncio.get_running_loop().sock_sendall(self._sock, item)
-        except OSError as exc:
-            raise anyio.BrokenResourceError from exc
+            await future
+        finally:
+            if self._writable is future:  # else aclose stopped watching already
+                self._writable = None
+                loop.remove_writer(self._write_fd)
 
     def send_now(self, data: bytes | memoryview) -> int:
-        """Send what the socket takes at once, without waiting; how many bytes that was.
+        """Send what the fd takes at once, without waiting; how many bytes that was.
 
         Error handling: ``BrokenResourceError`` if the peer is gone, ``ClosedResourceError``
         once closed.
@@ -162,15 +182,11 @@ class Stream(anyio.abc.SocketStream):
         if self._closed:
             raise anyio.ClosedResourceError
         try:
-            return self._sock.send(data)
+            return self._send(data)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
             raise anyio.BrokenResourceError from exc
-
-    async def send_eof(self) -> None:
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_WR)
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -178,8 +194,59 @@ class Stream(anyio.abc.SocketStream):
             self._unwatch()  # before the fd is closed (and maybe reused)
             if self._receiving is not None and not self._receiving[0].done():
                 self._receiving[0].set_exception(anyio.ClosedResourceError())  # for that receive
-            self._sock.close()
+            if self._writable is not None:
+                asyncio.get_running_loop().remove_writer(self._write_fd)
+                if not self._writable.done():
+                    self._writable.set_exception(anyio.ClosedResourceError())
+                self._writable = None
+            self._close_fds()
         await anyio.lowlevel.checkpoint()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Stream(FdStream, anyio.abc.SocketStream):
+    """A connected socket as an :class:`FdStream`."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        super().__init__(sock.fileno(), sock.fileno())
+
+    @property
+    def _raw_socket(self) -> socket.socket:
+        return self._sock
+
+    def _recv(self, max_bytes: int) -> bytes:
+        return self._sock.recv(max_bytes)
+
+    def _send(self, data: bytes | memoryview) -> int:
+        return self._sock.send(data)
+
+    def _close_fds(self) -> None:
+        self._sock.close()
+
+    async def receive_with_fds(self, max_bytes: int, max_fds: int) -> tuple[bytes, list[int]]:
+        """The next bytes (empty at the end), and the fds (SCM_RIGHTS) that came with them, at
+        most *max_fds* (the kernel closes the others); the caller owns those fds."""
+        if self._closed:
+            raise anyio.ClosedResourceError
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._sock, max_bytes, max_fds)
+            except (BlockingIOError, InterruptedError):
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            return data, fds
+
+    async def send_eof(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
 
 
 async def accept(listener: anyio.abc.SocketListener) -> Stream | None:

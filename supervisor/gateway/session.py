@@ -26,9 +26,9 @@ the one place that reads it.
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
@@ -50,6 +50,7 @@ __all__ = (
     "InFlight",
     "Session",
     "Slot",
+    "Tracker",
     "bind",
     "connection_of",
     "session_of",
@@ -142,6 +143,8 @@ class InFlight:
         # in receive(), and blocks here once *limit* are unanswered.
         self._semaphore = anyio.Semaphore(limit, fast_acquire=True)
         self._pending: dict[RequestId, collections.deque[Slot]] = {}
+        self._settled = anyio.Event()
+        self.tracker: Tracker | None = None  # a handed-off client's: what connect answers if we die
 
     async def take(self) -> None:
         """One slot; back-pressure: wait for an answer to go out when none is free."""
@@ -157,6 +160,8 @@ class InFlight:
     def hold(self, request_id: RequestId) -> Slot:
         """The slot just taken, now held by request *request_id* until :meth:`settle`."""
         slot = Slot(self._semaphore)
+        if self.tracker is not None:
+            slot.token = self.tracker.hold(request_id)
         self._pending.setdefault(request_id, collections.deque()).append(slot)
         return slot
 
@@ -171,22 +176,44 @@ class InFlight:
             waiting.remove(slot)
         if not waiting:
             del self._pending[request_id]
+        if self.tracker is not None:
+            self.tracker.release(slot.token)
         slot.release()
+        self._settled.set()
 
     def release_all(self) -> None:
+        """The connection ends: every slot is free (a tracker keeps what was unanswered)."""
         for waiting in self._pending.values():
             for slot in waiting:
                 slot.release()
         self._pending.clear()
+        self._settled.set()
+
+    async def answered(self, besides: Container[RequestId] = ()) -> None:
+        """Wait until every request but *besides* is answered (the caller bounds the wait)."""
+        while any(request_id not in besides for request_id in self._pending):
+            self._settled = anyio.Event()
+            await self._settled.wait()
+
+
+class Tracker(Protocol):
+    """Notes the requests in flight where they outlive the daemon (a handed-off client's journal)."""
+
+    def hold(self, request_id: RequestId) -> object:
+        """Note *request_id*; a token for :meth:`release`."""
+
+    def release(self, token: object) -> None:
+        """The request of *token* is answered or cancelled."""
 
 
 class Slot:
     """One request's share of an :class:`InFlight`; released once, however it ends."""
 
-    __slots__ = ("_released", "_semaphore")
+    __slots__ = ("_released", "_semaphore", "token")
 
     def __init__(self, semaphore: anyio.Semaphore) -> None:
         self._semaphore, self._released = semaphore, False
+        self.token: object = None  # the tracker's, if any
 
     def release(self) -> None:
         if not self._released:

@@ -26,10 +26,14 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from supervisor import sockets
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import FastCalls, RequestId
-from supervisor.gateway.hello import HELLO_METHOD
+from supervisor.gateway.handoff import offer
+from supervisor.gateway.handoff.backchannel import Backchannel, Tracking
+from supervisor.gateway.handoff.journal import Journal
+from supervisor.gateway.handoff.stream import HandedStream
+from supervisor.gateway.hello import ANSWERED, HELLO_METHOD, SET_UP, SET_UP_MAX, SET_UP_METHODS
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_CONNECTIONS, MAX_IN_FLIGHT, Session, Slot, bind
-from supervisor.gateway.view.profiles import Chosen
+from supervisor.gateway.view.profiles import Chosen, View
 from supervisor.logs import Throttled
 
 __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "serve_unix")
@@ -39,6 +43,10 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
 LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
+EOF_GRACE = 2.0  # after a handed-off client's input ends: how long the answers still due may take
+_FIRST_READ = 1 << 16  # the first read of a connection, which may carry a handoff's fds
+_RING = 2 * (MAX_MESSAGE + _FIRST_READ)  # a handed-off client's journal: room for a whole line, moved
+_LISTEN = "subscriptions/listen"
 
 
 async def serve_unix(
@@ -69,7 +77,12 @@ async def serve_unix(
                 if not sockets.trusted_uid(uid):
                     log.warning("gateway.peer_refused", uid=uid, pid=pid)
                     return
-                await _Connection(gateway, stream).serve()
+                first, fds = await stream.receive_with_fds(_FIRST_READ, offer.MAX_FDS)
+                handoff = offer.parse(first, fds)
+                if handoff is not None:
+                    await _serve_handed(gateway, stream, handoff)
+                elif first:
+                    await _Connection(gateway, stream, first).serve()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
             log.debug("gateway.client_gone")
         except Exception:  # a bug of ours: end this client, never the daemon
@@ -93,6 +106,52 @@ async def serve_unix(
         log.info("gateway.closed", path=path)
 
 
+async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer.Offer) -> None:
+    """Serve a client whose stdio ``connect`` handed over, on those fds, the socket a back channel.
+    A refused handoff (connect then pumps the bytes itself) is answered with an error."""
+    sock = stream._raw_socket
+    with contextlib.closing(handoff):  # its fds, unless taken
+        refusal, chosen = handoff.problem, None
+        if refusal is None and handoff.profile is not None:
+            view = _choose(gateway, handoff.profile)
+            if isinstance(view, str):
+                refusal = view
+            else:
+                chosen = Chosen(view.name or "")
+        if refusal is None:
+            try:
+                journal = Journal(_RING)
+            except OSError as exc:  # out of memory or fds
+                refusal = f"cannot take the session over: {exc.strerror or exc}"
+        if refusal is not None:
+            log.info("gateway.handoff_refused", reason=refusal)
+            offer.refuse(sock, handoff.id, types.INVALID_PARAMS, refusal)
+            return
+        with contextlib.closing(journal):
+            handed = HandedStream(*handoff.take(), journal)
+            try:
+                assert journal.fd is not None
+                if not offer.answer(sock, handoff, journal.fd):
+                    return
+                journal.close_fd()
+                connection = _Connection(gateway, handed, chosen=chosen, back=stream)
+                await connection.serve()
+                if connection.client_ended and connection.back is not None:
+                    await connection.back.bye()
+            finally:
+                await handed.aclose()
+
+
+def _choose(gateway: Gateway, name: object) -> View | str:
+    """The view of profile *name*, or what to tell a client that asked for one there is not."""
+    view = gateway.views.get(name) if isinstance(name, str) else None
+    if view is None:
+        known = ", ".join(gateway.views.names()) or "none"
+        log.info("gateway.unknown_profile", profile=str(name)[:100])
+        return f"unknown profile {name!r} (configured: {known})"
+    return view
+
+
 async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:
     error = _error(None, types.INTERNAL_ERROR, message).message.model_dump_json(by_alias=True)
     with (
@@ -111,10 +170,30 @@ class _Connection:
     list_changed): from then on they are answered from the reader's task group directly.
     """
 
-    def __init__(self, gateway: Gateway, stream: sockets.Stream) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        stream: sockets.Stream | HandedStream,
+        pending: bytes = b"",
+        *,
+        chosen: Chosen | None = None,
+        back: sockets.Stream | None = None,
+    ) -> None:
         self.gateway, self.stream = gateway, stream
         self.session = Session("unix")  # this client's: closed when the connection ends
         self._in_flight = self.session.in_flight
+        self._pending = pending  # read before the connection was made
+        # Handed off (*stream* the client's own stdio, *back* the socket to connect): what
+        # connect needs to carry on if we die goes into the journal and over *back*.
+        self.back: Backchannel | None = None
+        self._journal: Journal | None = None
+        self._set_up: dict[RequestId, str] = {}  # requests whose answer connect must hear of: method
+        self.client_ended = False  # its input ended, or its output went: connect may exit
+        if back is not None:
+            assert isinstance(stream, HandedStream)
+            self._journal = stream.journal
+            self.back = Backchannel(back, lambda: self._scope.cancel(), SEND_TIMEOUT)
+            self._in_flight.tracker = Tracking(stream.journal, self.back)
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
@@ -126,8 +205,8 @@ class _Connection:
         self._sending = anyio.Semaphore(1, fast_acquire=True)
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
         self._tasks: anyio.abc.TaskGroup | None = None
-        self._chosen: Chosen | None = None  # the profile this connection asked for, if any
-        self._first = True
+        self._chosen = chosen  # the profile this connection asked for, if any
+        self._first = back is None  # a hello may come first, unless the handoff chose already
 
     async def serve(self) -> None:
         server = self.gateway.server
@@ -145,6 +224,8 @@ class _Connection:
                 tg.start_soon(self._read, read_send, write_send.clone(), tg)
                 tg.start_soon(self._write, write_recv)
                 tg.start_soon(run_server)
+                if self.back is not None:
+                    tg.start_soon(self.back.run)
         finally:
             try:
                 self._fast.close()  # its children are told to stop what it no longer waits for
@@ -168,8 +249,13 @@ class _Connection:
             async with self._sending:
                 return await self._send_rest(data, sent)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._scope.cancel()  # the client is gone
+            self._gone()
             return False
+
+    def _gone(self) -> None:
+        """The client is gone (its output): end the connection."""
+        self.client_ended = True
+        self._scope.cancel()
 
     def _transmit_soon(self, data: bytes, sent_out: Callable[[], None]) -> None:
         """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a
@@ -182,7 +268,7 @@ class _Connection:
             try:
                 sent = self.stream.send_now(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._scope.cancel()  # the client is gone
+                self._gone()
                 sent_out()
                 return
             if sent == len(data):
@@ -204,7 +290,7 @@ class _Connection:
         try:
             await self._send_rest(data, sent)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._scope.cancel()
+            self._gone()
         finally:
             self._sending.release()
             sent_out()
@@ -242,11 +328,16 @@ class _Connection:
     ) -> None:
         """Client lines to the server loop; its end (EOF, an oversized message) ends the connection."""
         reader = BufferedByteReceiveStream(self.stream)
+        if self._pending:
+            reader.feed_data(self._pending)
+            self._pending = b""
+        taken = self._journal.consume if self._journal is not None else _nothing
         async with sink, errors:
             while True:
                 try:
                     line = await reader.receive_until(b"\n", MAX_MESSAGE)
                 except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
+                    await self._input_ended()
                     break
                 except anyio.DelimiterNotFound:
                     log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
@@ -254,7 +345,9 @@ class _Connection:
                     await errors.send(SessionMessage(too_large.message, metadata=_LAST))
                     await self._discard_input()
                     break
+                size = len(line) + 1  # the line leaves the journal's ring once it is ours
                 if not line.strip():
+                    taken(size)
                     continue
                 if self._fast_ready:
                     if (cancelled := fastpath.cancelled_id(line)) is not None:
@@ -262,11 +355,13 @@ class _Connection:
                     elif fastpath.MARK in line:
                         await self._in_flight.take()
                         if self._fast_call(line, tg):
+                            taken(size)
                             continue
                         self._in_flight.give_back()
                 try:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
+                    taken(size)
                     await errors.send(_invalid(line))
                     continue
                 if self._first:  # `connect --profile`: a hello before the client's first byte
@@ -276,6 +371,8 @@ class _Connection:
                             continue
                         await self._discard_input()
                         break
+                if self.back is not None:
+                    self._tell_set_up(message, line)
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
                     if message.method == "initialize":
@@ -291,22 +388,43 @@ class _Connection:
                     metadata = ServerMessageMetadata(
                         on_request_unanswered=unanswered, request_context=self._chosen
                     )
+                taken(size)
                 await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _input_ended(self) -> None:
+        """The client's input ended. Handed off, the answers still due go out first (within a
+        grace), as connect lets them out when it pumps."""
+        if self.back is None:
+            return
+        self.client_ended = True
+        listens = {request_id for request_id, method in self._set_up.items() if method == _LISTEN}
+        with anyio.move_on_after(EOF_GRACE):
+            await self._in_flight.answered(besides=listens)
+
+    def _tell_set_up(self, message: types.JSONRPCMessage, line: bytes) -> None:
+        """Tell connect of a client line that sets the session up, before it is served."""
+        assert self.back is not None
+        method = getattr(message, "method", None)
+        if method not in SET_UP_METHODS or len(line) > SET_UP_MAX:
+            return
+        if method == "notifications/cancelled":
+            params = getattr(message, "params", None) or {}
+            if params.get("requestId") not in self._set_up:
+                return  # connect only cares for the requests it replays
+        self.back.post(SET_UP, line)
+        if isinstance(message, types.JSONRPCRequest):
+            self._set_up[message.id] = method
 
     async def _hello(
         self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
     ) -> bool:
         """Choose this connection's profile; False (and a last error) if there is no such profile."""
         name = (message.params or {}).get("name")
-        view = self.gateway.views.get(name) if isinstance(name, str) else None
-        if view is None:
-            known = ", ".join(self.gateway.views.names()) or "none"
-            error = _error(
-                message.id, types.INVALID_PARAMS, f"unknown profile {name!r} (configured: {known})"
-            )
+        view = _choose(self.gateway, name)
+        if isinstance(view, str):
+            error = _error(message.id, types.INVALID_PARAMS, view)
             await replies.send(SessionMessage(error.message, metadata=_LAST))
-            log.info("gateway.unknown_profile", profile=str(name)[:100])
             return False
         self._chosen = Chosen(view.name or "")
         result = types.JSONRPCResponse(
@@ -317,7 +435,10 @@ class _Connection:
 
     async def _discard_input(self) -> None:
         """Read and drop what the client still sends, for a while, so that closing the socket with
-        unread input does not reset the connection before the client has read our last word."""
+        unread input does not reset the connection before the client has read our last word.
+        Handed off, the input is left for connect, which carries on from the journal."""
+        if self.back is not None:
+            return
         with anyio.move_on_after(LAST_WORD_GRACE):
             try:
                 while await self.stream.receive(1 << 16):
@@ -338,6 +459,8 @@ class _Connection:
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and item.metadata is not _OURS and message.id is not None:
                     self._in_flight.settle(message.id)
+                    if self.back is not None and self._set_up.pop(message.id, None) is not None:
+                        self.back.post(ANSWERED, json.dumps(message.id).encode())
                     if message.id in self._listings:  # the client listed tools: fast calls from now
                         self._listings.discard(message.id)
                         self._fast_ready |= isinstance(message, types.JSONRPCResponse)
@@ -352,6 +475,10 @@ def _error(request_id: str | int | None, code: int, message: str) -> SessionMess
         jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
     )
     return SessionMessage(error, metadata=_OURS)
+
+
+def _nothing(_: int) -> None:
+    pass
 
 
 def _invalid(line: bytes) -> SessionMessage:

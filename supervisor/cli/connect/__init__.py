@@ -35,8 +35,10 @@ import time
 from collections.abc import Callable
 
 from supervisor import peers
+from supervisor.cli.connect import handoff
+from supervisor.cli.connect.lines import error_line
 from supervisor.cli.connect.loop import Channel, Loop
-from supervisor.cli.connect.pump import Link, Pump, note
+from supervisor.cli.connect.pump import IN_FLIGHT, RESTARTED, Link, Pump, note
 from supervisor.errors import ConfigError, DaemonUnreachable
 from supervisor.extension.backoff import Backoff
 from supervisor.gateway.hello import HELLO_METHOD
@@ -182,10 +184,16 @@ def run(
     """
     loop = Loop()
     try:
-        sock = _dial(loop, socket_path, profile)
         blocking = [(fd, os.get_blocking(fd)) for fd in {stdin, stdout}]
         try:
             owner = _Owner(loop, socket_path, reconnect_timeout, profile)
+            if handoff.eligible(stdin, stdout):
+                sock = _dial(loop, socket_path)
+                memfd = handoff.offer(sock, stdin, stdout, profile)
+                if memfd is not None:
+                    return owner.serve_handed(sock, memfd, stdin, stdout)
+                sock.close()  # an older daemon, or one out of fds: connect pumps
+            sock = _dial(loop, socket_path, profile)
             return owner.serve(sock, os.dup(stdin), os.dup(stdout))
         finally:
             for fd, mode in blocking:  # the fds may be shared with the client's terminal
@@ -209,6 +217,35 @@ class _Owner:
         pump = self.pump
         pump.attach(self.loop, stdin, stdout)
         pump.live = link = self._open(sock)
+        return self._until_the_end(link)
+
+    def serve_handed(self, sock: socket.socket, memfd: int, stdin: int, stdout: int) -> int:
+        """Wait while the daemon serves the client on *stdin* and *stdout* itself; if it dies, carry
+        the client on from its journal (*memfd*) and serve as :meth:`serve` does."""
+        back = handoff.BackLines(self.pump.memory)
+        ended = False
+
+        def lost(_: OSError | None) -> None:
+            nonlocal ended
+            ended = True
+
+        channel = Channel(self.loop, sock.detach(), on_data=back.feed, on_lost=lost)
+        try:
+            self.loop.run_until(lambda: ended or back.bye or back.broken)
+            channel.abort()
+            if back.bye:
+                return 0
+            taken = handoff.taken_back(memfd, back)
+        finally:
+            os.close(memfd)
+        pump = self.pump
+        pump.attach(self.loop, os.dup(stdin), os.dup(stdout))
+        pump.write(b"\n" if taken.mid_line else b"")  # the daemon died mid-answer: end the line
+        pump.write(b"".join(error_line(failed, RESTARTED, IN_FLIGHT) for failed in taken.failed))
+        pump.from_client(taken.unsent)  # held for the next daemon
+        return self._until_the_end(None)
+
+    def _until_the_end(self, link: Link | None) -> int:
         try:
             if self._connections(link):
                 self._finish()
@@ -252,11 +289,13 @@ class _Owner:
         self.pump.link(self.loop, sock.detach(), link)
         return link
 
-    def _connections(self, link: Link) -> bool:
-        """Keep a live link until the client ends (True) or the daemon is given up on (False)."""
+    def _connections(self, link: Link | None) -> bool:
+        """Keep a live link until the client ends (True) or the daemon is given up on (False).
+        None: the daemon is gone already."""
         pump = self.pump
         while True:
-            self._wait(lambda current=link: current.closed)  # the pump failed its requests in flight already
+            if link is not None:  # the pump fails its requests in flight when the link closes
+                self._wait(lambda current=link: current.closed)
             if pump.ending:
                 return True
             if self._deadline is None:

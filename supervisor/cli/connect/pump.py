@@ -22,9 +22,11 @@ from supervisor.cli.connect.loop import Channel, Loop
 from supervisor.cli.connect.resume import Downstream, SessionMemory
 
 __all__ = (
+    "IN_FLIGHT",
     "MAX_CLIENT_LINE",
     "MAX_HELD_BYTES",
     "MAX_HELD_LINES",
+    "RESTARTED",
     "Link",
     "Pump",
     "note",
@@ -46,7 +48,7 @@ _LISTEN_KEYS = {"tools": "toolsListChanged", "prompts": "promptsListChanged"}
 _LISTEN_KEYS["resources"] = "resourcesListChanged"
 _SUBSCRIPTION_ID = "io.modelcontextprotocol/subscriptionId"
 # The errors a client may see; a model reads them, so they say what happened and what to do.
-_IN_FLIGHT = "the mcp-supervisor daemon restarted during this request; it may or may not have run"
+IN_FLIGHT = "the mcp-supervisor daemon restarted during this request; it may or may not have run"
 _HELD_OVER = "the mcp-supervisor daemon is restarting; the request was not sent, try again shortly"
 
 
@@ -198,7 +200,7 @@ class Pump:
         """The live link is gone: fail the requests in flight, hold what comes next."""
         self.live = None
         failed = self.memory.broken()
-        self.write(b"".join(error_line(failed_id, RESTARTED, _IN_FLIGHT) for failed_id in failed))
+        self.write(b"".join(error_line(failed_id, RESTARTED, IN_FLIGHT) for failed_id in failed))
         self.flow()
 
     def changes(self, link: Link) -> bytes:

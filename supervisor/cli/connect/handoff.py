@@ -1,0 +1,162 @@
+"""connect's side of fd passing: hand the client's stdio to the daemon, and take it back if it dies.
+
+When stdin and stdout are pipes or sockets, connect offers them to the daemon (SCM_RIGHTS on
+``mcp.sock``), which then reads and writes the client directly: no byte passes through
+connect, which waits on the socket. The daemon answers with the session's journal
+(:mod:`supervisor.gateway.handoff.journal`) and tells connect, in short lines on the socket,
+what it would need to resume the session elsewhere (:class:`BackLines`). The socket ending
+with a bye means the client ended; ending without one means the daemon is gone, and connect
+carries the client on itself (:func:`taken_back`), as it does when it pumps.
+
+``MCP_SUPERVISOR_HANDOFF=0`` in connect's environment keeps it pumping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from supervisor.cli.connect.lines import Kind, RequestId, is_id, peek
+from supervisor.cli.connect.resume import SessionMemory
+from supervisor.gateway.handoff.journal import Recovered, recover
+from supervisor.gateway.hello import (
+    ANSWERED,
+    BYE,
+    HANDOFF_ID,
+    HANDOFF_METHOD,
+    HELD_LONG,
+    RELEASED_LONG,
+    SET_UP,
+)
+
+__all__ = ("MAX_BACK_LINE", "BackLines", "Taken", "eligible", "offer", "taken_back")
+
+MAX_BACK_LINE = 2 << 20  # bytes of one back line: a set-up line of up to 1 MiB and its tag
+_ANSWER_TIMEOUT = 10.0  # seconds for the daemon to take the handoff or refuse it
+_ANSWER_MAX = 65536
+_MAX_LONG_IDS = 10_000
+
+
+def eligible(stdin: int, stdout: int) -> bool:
+    """Whether to offer *stdin* and *stdout*: both pipes or sockets, and not switched off."""
+    if os.environ.get("MCP_SUPERVISOR_HANDOFF", "1") == "0":
+        return False
+    try:
+        kinds = [stat.S_IFMT(os.fstat(fd).st_mode) for fd in (stdin, stdout)]
+    except OSError:
+        return False
+    return all(kind in (stat.S_IFIFO, stat.S_IFSOCK) for kind in kinds)
+
+
+def offer(sock: socket.socket, stdin: int, stdout: int, profile: str | None) -> int | None:
+    """Offer *stdin* and *stdout* on *sock*, a fresh connection; the journal's memfd once the
+    daemon took them, None if it would not (connect then dials again and pumps)."""
+    request = {"jsonrpc": "2.0", "id": HANDOFF_ID, "method": HANDOFF_METHOD, "params": {"profile": profile}}
+    answer, fds = bytearray(), []
+    sock.settimeout(_ANSWER_TIMEOUT)
+    try:
+        socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [stdin, stdout])
+        while b"\n" not in answer and len(answer) < _ANSWER_MAX:
+            data, got, _, _ = socket.recv_fds(sock, _ANSWER_MAX, 1)
+            fds += got
+            if not data:
+                break
+            answer += data
+    except OSError:  # a timeout too
+        pass
+    finally:
+        sock.setblocking(False)
+    try:
+        reply = json.loads(answer.partition(b"\n")[0])
+    except ValueError:
+        reply = None
+    taken = isinstance(reply, dict) and reply.get("result") == {"handoff": True}
+    if taken and len(fds) == 1:
+        return fds[0]
+    for fd in fds:
+        os.close(fd)
+    return None
+
+
+class BackLines:
+    """The daemon's lines on the socket after a handoff, into the session's *memory*."""
+
+    def __init__(self, memory: SessionMemory) -> None:
+        self.memory = memory
+        self.bye = False
+        self.broken = False  # a line over MAX_BACK_LINE: the daemon is not one of ours
+        self.long_ids: set[RequestId] = set()  # in flight, too long for the journal
+        self._partial = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._partial += data
+        *lines, rest = self._partial.split(b"\n")
+        self._partial = bytearray(rest)
+        if len(self._partial) > MAX_BACK_LINE:
+            self.broken = True
+        for line in lines:
+            self._line(bytes(line[:1]), bytes(line[1:]))
+
+    def _line(self, tag: bytes, payload: bytes) -> None:
+        if tag == SET_UP:
+            self.memory.sent(payload, peek(payload))
+        elif tag == BYE:
+            self.bye = True
+        elif tag in (ANSWERED, HELD_LONG, RELEASED_LONG):
+            try:
+                request_id = json.loads(payload)
+            except ValueError:
+                return
+            if not is_id(request_id):
+                return
+            if tag == ANSWERED:
+                self.memory.answered(request_id)
+            elif tag == RELEASED_LONG:
+                self.long_ids.discard(request_id)
+            elif len(self.long_ids) < _MAX_LONG_IDS:
+                self.long_ids.add(request_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What connect carries on with: end a half-written line, fail *failed*, and hold *unsent*."""
+
+    mid_line: bool
+    failed: list[RequestId]
+    unsent: bytes
+
+
+def taken_back(memfd: int, back: BackLines) -> Taken:
+    """The session the dead daemon leaves: from its journal in *memfd* and what *back* heard.
+
+    The requests to fail are those it held (in the journal, or too long for it) and the set-up
+    requests not answered, but the listen streams, which connect resumes. The client's bytes it
+    read and did not take are sent on, but the requests among them that it held: those get
+    the error.
+    """
+    recovered = recover(memfd) or Recovered(mid_line=False, ids=[], unconsumed=b"")
+    memory = back.memory
+    failed = memory.broken()
+    journaled = _unique([*recovered.ids, *back.long_ids])
+    failed += [i for i in journaled if i not in memory.listens and i not in failed]
+    held = set(failed) | set(memory.listens)
+    return Taken(recovered.mid_line, failed, _unsent(recovered.unconsumed, held))
+
+
+def _unique(ids: Iterable[RequestId]) -> list[RequestId]:
+    return list(dict.fromkeys(ids))
+
+
+def _unsent(unconsumed: bytes, held: set[RequestId]) -> bytes:
+    *lines, partial = unconsumed.split(b"\n")
+    kept = []
+    for line in lines:
+        seen = peek(line)
+        if seen.kind is Kind.REQUEST and seen.id in held:
+            continue  # the daemon took it: it is answered with an error
+        kept.append(line + b"\n")
+    return b"".join(kept) + partial
