@@ -32,7 +32,7 @@ MODULES = sorted(  # dotted, relative to the package: "daemon", "gateway.names",
 # extensions, the daemon that composes them, the CLI that drives it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "paths", "peers"),
-    ("logs", "sockets"),
+    ("logs", "streams", "sockets"),
     ("config",),
     ("process",),
     ("child",),
@@ -79,7 +79,9 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         (
             "names", "toolerrors", "progress", "owner", "hello", "spoollinks", "http.limits",
             "tasks.ids", "tasks.owners", "asks.requeststate", "view.search", "notify.downstream",
+            "handoff.journal", "handoff.offer",
         ),
+        ("handoff.stream", "handoff.backchannel"),
         ("catalog", "links"),
         ("view.profiles",),
         ("session",),
@@ -89,6 +91,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("notify.fanout",),
         ("notify.listen", "fastpath", "tasks.router", "handlers"),
         ("server",),
+        ("stdio",),
         ("unix", "http.connections", "http.bodies", "http.sessions", "http.guard"),
         ("http.fastcalls",),
         ("http.listener",),
@@ -104,7 +107,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "cli": (
         ("render", "demo", "connect.lines", "connect.loop"),
         ("connect.resume",),
-        ("connect.pump",),
+        ("connect.pump", "connect.handoff"),
         ("connect", "main"),
         ("remote", "local"),
     ),
@@ -277,6 +280,7 @@ class TestConnect:
         ours = {m.removeprefix("supervisor.") for m in loaded if m.startswith("supervisor.")}
         allowed = {"cli", "cli.main", "cli.connect", "errors", "paths", "peers", "gateway", "gateway.hello"}
         allowed |= {"cli.connect.lines", "cli.connect.loop", "cli.connect.pump", "cli.connect.resume"}
+        allowed |= {"cli.connect.handoff", "gateway.handoff", "gateway.handoff.journal"}
         allowed |= {"extension", "extension.backoff"}
         assert ours <= allowed, sorted(ours - allowed)
 

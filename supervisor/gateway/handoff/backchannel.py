@@ -22,7 +22,7 @@ import anyio
 
 from supervisor.gateway.handoff.journal import Journal
 from supervisor.gateway.hello import BYE, HELD_LONG, RELEASED_LONG
-from supervisor.sockets import Stream
+from supervisor.streams import Stream
 
 __all__ = ("MAX_BACKLOG", "Backchannel", "Tracking")
 

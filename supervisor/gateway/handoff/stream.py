@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from supervisor.gateway.handoff.journal import Journal
-from supervisor.sockets import FdStream
+from supervisor.streams import FdStream
 
 __all__ = ("HandedStream",)
 

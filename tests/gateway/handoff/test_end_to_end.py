@@ -1,0 +1,286 @@
+"""Fd passing end to end: ``connect`` hands its client's pipes to a real daemon, and takes them back.
+
+The client here is this test, on real pipes to a real ``mcp-supervisor connect``, line by line,
+so that a break can fall anywhere: mid-call, mid-line, at the end of input.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from supervisor.gateway.hello import HANDOFF_METHOD
+from tests.harness import ECHO
+from tests.harness.daemon import Daemon, until
+
+pytestmark = pytest.mark.timeout(60)
+WAIT = 10.0
+HELLO = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+INITIALIZE = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": HELLO}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+IN_FLIGHT = "may or may not have run"
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def call(request_id: Any, tool: str, **arguments: Any) -> dict[str, Any]:
+    params = {"name": tool, "arguments": arguments}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+
+class Client:
+    """``mcp-supervisor connect`` on pipes, spoken to line by line."""
+
+    def __init__(self, daemon: Daemon, *extra: str, env: dict[str, str] | None = None) -> None:
+        argv = [sys.executable, "-m", "supervisor", "connect", "--socket", daemon.socket, *extra]
+        pipe = subprocess.PIPE
+        environment = {**os.environ, **(env or {})}
+        self.process = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=pipe, env=environment)
+        self._pending = b""
+
+    def send(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+        self.process.stdin.flush()
+
+    def receive(self, within: float = WAIT) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + within
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no line within {within} s (have {self._pending[:200]!r})"
+            data = os.read(fd, 1 << 16)
+            assert data, f"stdout ended (have {self._pending[:200]!r})"
+            self._pending += data
+        first, _, self._pending = self._pending.partition(b"\n")
+        return json.loads(first)
+
+    def answer(self, request_id: Any) -> dict[str, Any]:
+        """The answer to *request_id*, past the notifications before it."""
+        while True:
+            message = self.receive()
+            if message.get("id") == request_id and "method" not in message:
+                return message
+
+    def open_session(self) -> None:
+        self.send(line(INITIALIZE))
+        assert "result" in self.answer("init")
+        self.send(line(INITIALIZED) + line({"jsonrpc": "2.0", "id": "list", "method": "tools/list"}))
+        assert "result" in self.answer("list")
+
+    def unread_input(self) -> int:
+        """Bytes written to connect's stdin that nobody has read yet."""
+        assert self.process.stdin is not None
+        raw = fcntl.ioctl(self.process.stdin.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        return struct.unpack("i", raw)[0]
+
+    def stdin_pipe(self) -> str:
+        """The pipe connect reads as its stdin, as /proc names it."""
+        return os.readlink(f"/proc/{self.process.pid}/fd/0")
+
+    def close(self) -> int:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        return self.process.wait(timeout=WAIT)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def clients() -> Iterator[Callable[..., Client]]:
+    made: list[Client] = []
+
+    def make(daemon: Daemon, *extra: str, env: dict[str, str] | None = None) -> Client:
+        client = Client(daemon, *extra, env=env)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.kill()
+
+
+def holds(pid: int, target: str) -> bool:
+    """Whether process *pid* has *target* (a /proc fd link, e.g. ``pipe:[123]``) open."""
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.readlink(fd) == target for fd in fds.iterdir() if fd.exists())
+
+
+@contextmanager
+def restarted(daemon: Daemon) -> Iterator[None]:
+    """SIGKILL the daemon (as a crash would); start it again on leaving the block."""
+    daemon.kill()
+    try:
+        yield
+    finally:
+        daemon.start()
+        daemon.wait_state("echo", "running")
+
+
+class TestHandedOver:
+    def test_the_daemon_serves_the_client_pipes_itself(self, gateway, clients) -> None:
+        """connect hands its stdio over: the daemon holds the client's pipe, answers on it, and lets
+        go of it when the client ends; connect exits 0."""
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        pipe = client.stdin_pipe()
+        assert holds(daemon.pid, pipe)
+        client.send(line(call(1, "echo__echo", text="hi")))
+        assert client.answer(1)["result"]["content"][0]["text"] == "hi"
+        assert client.close() == 0
+        until(lambda: not holds(daemon.pid, pipe), within=WAIT)
+
+    def test_answers_due_at_the_end_of_input_still_come(self, gateway, clients) -> None:
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        client.send(line(call(1, "echo__sleep", seconds=0.3)))
+        assert client.process.stdin is not None
+        client.process.stdin.close()
+        assert "result" in client.answer(1)
+        assert client.process.wait(timeout=WAIT) == 0
+
+    def test_environment_can_keep_connect_pumping(self, gateway, clients) -> None:
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon, env={"MCP_SUPERVISOR_HANDOFF": "0"})
+        client.open_session()
+        assert not holds(daemon.pid, client.stdin_pipe())
+        assert client.close() == 0
+
+    def test_a_profile_is_chosen_in_the_handoff(self, gateway, clients) -> None:
+        daemon = gateway({"echo": ECHO}, profiles={"some": {"tools": {"allow": ["*__echo"]}}})
+        client = clients(daemon, "--profile", "some")
+        client.open_session()
+        assert holds(daemon.pid, client.stdin_pipe())
+        client.send(line({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
+        assert [tool["name"] for tool in client.answer(2)["result"]["tools"]] == ["echo__echo"]
+        unknown = clients(daemon, "--profile", "nope")
+        assert unknown.process.wait(timeout=WAIT) == 2
+
+
+class TestTheDaemonDies:
+    def test_a_call_in_flight_fails_and_the_session_goes_on(self, gateway, clients) -> None:
+        """SIGKILL mid-call: connect answers the call with an error, waits for a daemon, resumes the
+        session there (the client is told to list again), and calls work."""
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        client.send(line(call(1, "echo__sleep", seconds=30)))
+        until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
+        with restarted(daemon):
+            error = client.answer(1)["error"]
+            assert IN_FLIGHT in error["message"]
+        assert client.receive(within=20)["method"] == "notifications/tools/list_changed"
+        client.send(line(call(2, "echo__echo", text="after")))
+        assert client.answer(2)["result"]["content"][0]["text"] == "after"
+
+    def test_a_line_half_read_by_the_dead_daemon_reaches_the_next(self, gateway, clients) -> None:
+        """The daemon had read half a request when it died: connect has those bytes from its
+        journal, and the request, completed, is answered by the next daemon."""
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        whole = line(call(7, "echo__echo", text="split"))
+        client.send(whole[:20])
+        until(lambda: client.unread_input() == 0, within=WAIT)  # the daemon has it
+        with restarted(daemon):
+            client.send(whole[20:])
+        assert client.answer(7)["result"]["content"][0]["text"] == "split"
+
+    def test_a_graceful_stop_hands_the_client_back(self, gateway, clients) -> None:
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        pipe = client.stdin_pipe()
+        assert daemon.terminate() == 0
+        daemon.start()
+        daemon.wait_state("echo", "running")
+        client.send(line(call(3, "echo__echo", text="back")))
+        assert client.answer(3)["result"]["content"][0]["text"] == "back"
+        assert not holds(daemon.pid, pipe)  # carried on by connect itself
+
+
+class TestBounds:
+    def test_a_killed_connect_ends_its_session_and_no_other(self, gateway, clients) -> None:
+        """connect SIGKILLed while its client lives: the daemon lets go of the client's pipes (the
+        client sees its server's output end), and another client goes on."""
+        daemon = gateway({"echo": ECHO})
+        gone, other = clients(daemon), clients(daemon)
+        gone.open_session()
+        other.open_session()
+        pipe = gone.stdin_pipe()
+        gone.send(line(call(1, "echo__sleep", seconds=30)))
+        until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
+        gone.kill()
+        until(lambda: not holds(daemon.pid, pipe), within=WAIT)
+        until(lambda: daemon.status()["echo"]["in_flight"] == 0, within=WAIT)  # its call was cancelled
+        other.send(line(call(2, "echo__echo", text="fine")))
+        assert other.answer(2)["result"]["content"][0]["text"] == "fine"
+
+    @pytest.mark.parametrize(
+        ("fds", "problem"),
+        [
+            ("file", "neither a pipe nor a socket"),
+            ("one", "expected 2 fds"),
+            ("wrong way", "not open for reading"),
+        ],
+    )
+    def test_an_unusable_handoff_is_refused_and_nothing_is_kept(
+        self, gateway, tmp_path, fds, problem
+    ) -> None:
+        daemon = gateway({"echo": ECHO})
+        before = psutil.Process(daemon.pid).num_fds()
+        read_end, write_end = os.pipe()
+        plain = (tmp_path / "file").open("w+b")
+        passed = {
+            "file": [plain.fileno(), write_end],
+            "one": [read_end],
+            "wrong way": [write_end, write_end],
+        }[fds]
+        request = {"jsonrpc": "2.0", "id": 1, "method": HANDOFF_METHOD, "params": {"profile": None}}
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            socket.send_fds(sock, [line(request)], passed)
+            reply = json.loads(sock.makefile("rb").readline())
+        assert problem in reply["error"]["message"]
+        until(lambda: psutil.Process(daemon.pid).num_fds() <= before, within=WAIT)
+        for fd in (read_end, write_end):
+            os.close(fd)
+        plain.close()
+
+    def test_fds_sent_with_anything_else_are_closed(self, gateway) -> None:
+        """fds attached to a plain first line are not kept: the session is an ordinary one."""
+        daemon = gateway({"echo": ECHO})
+        before = psutil.Process(daemon.pid).num_fds()
+        read_end, write_end = os.pipe()
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            socket.send_fds(sock, [line(INITIALIZE)], [read_end, write_end, read_end])
+            assert "result" in json.loads(sock.makefile("rb").readline())
+            assert psutil.Process(daemon.pid).num_fds() <= before + 1  # the socket alone
+        os.close(read_end)
+        os.close(write_end)

@@ -1,0 +1,121 @@
+"""The journal of a handed-off session, and what connect makes of it when the daemon is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from supervisor.cli.connect.handoff import BackLines, taken_back
+from supervisor.cli.connect.resume import SessionMemory
+from supervisor.gateway.handoff.journal import SLOTS, Journal, recover
+from supervisor.gateway.hello import ANSWERED, HELD_LONG, RELEASED_LONG, SET_UP
+
+
+def request(request_id: object, method: str = "tools/call") -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": {}}).encode() + b"\n"
+
+
+@pytest.fixture
+def journal() -> Journal:
+    journal = Journal(capacity=1 << 16)
+    yield journal
+    journal.close()
+
+
+def read(journal: Journal):  # what connect would read now
+    assert journal.fd is not None
+    return recover(journal.fd)
+
+
+class TestJournal:
+    def test_a_fresh_journal_says_nothing(self, journal: Journal) -> None:
+        recovered = read(journal)
+        assert recovered is not None
+        assert (recovered.mid_line, recovered.ids, recovered.unconsumed) == (False, [], b"")
+
+    def test_bytes_read_stay_until_taken(self, journal: Journal) -> None:
+        journal.record(b'{"a": 1}\n{"b"')
+        assert read(journal).unconsumed == b'{"a": 1}\n{"b"'
+        journal.consume(len(b'{"a": 1}\n'))
+        assert read(journal).unconsumed == b'{"b"'
+        journal.record(b": 2}\n")
+        journal.consume(len(b'{"b": 2}\n'))
+        assert read(journal).unconsumed == b""
+
+    def test_the_ring_starts_again_when_empty_and_moves_a_partial_line(self) -> None:
+        journal = Journal(capacity=64)
+        try:
+            for _ in range(100):  # 100 x 40 bytes through a 64-byte ring
+                journal.record(b"x" * 39 + b"\n")
+                journal.consume(40)
+            journal.record(b"a" * 40)  # a partial line at 0..40
+            journal.consume(30)
+            journal.record(b"b" * 30)  # past the end: the 10 unconsumed bytes move to the start
+            assert read(journal).unconsumed == b"a" * 10 + b"b" * 30
+            with pytest.raises(OverflowError):
+                journal.record(b"c" * 30)  # a line longer than the ring can hold
+        finally:
+            journal.close()
+
+    def test_ids_in_flight_until_released(self, journal: Journal) -> None:
+        one, two = journal.hold(1), journal.hold("two")
+        assert one is not None and two is not None
+        assert sorted(map(str, read(journal).ids)) == ["1", "two"]
+        journal.release(one)
+        assert read(journal).ids == ["two"]
+
+    def test_an_id_too_long_or_past_the_slots_is_not_held(self, journal: Journal) -> None:
+        assert journal.hold("x" * 300) is None
+        slots = [journal.hold(i) for i in range(SLOTS)]
+        assert None not in slots
+        assert journal.hold("one more") is None
+        journal.release(slots[0])
+        assert journal.hold("one more") is not None
+
+    def test_mid_line(self, journal: Journal) -> None:
+        journal.mid_line(True)
+        assert read(journal).mid_line
+        journal.mid_line(False)
+        assert not read(journal).mid_line
+
+    def test_anything_else_is_no_journal(self) -> None:
+        fd = os.memfd_create("not-a-journal")
+        try:
+            os.write(fd, b"\0" * 4096)
+            assert recover(fd) is None
+        finally:
+            os.close(fd)
+
+
+class TestTakenBack:
+    def test_what_connect_fails_resends_and_ends(self, journal: Journal) -> None:
+        """Held requests get errors (and are not re-sent); the rest of the input is re-sent; a
+        half-written answer is ended; listen streams are neither failed nor re-sent."""
+        back = BackLines(SessionMemory())
+        listen = request("L", "subscriptions/listen")
+        back.feed(SET_UP + request("init", "initialize") + SET_UP + listen)
+        back.feed(ANSWERED + b'"init"\n' + HELD_LONG + b'"a-long-id"\n')
+        held = request(5)
+        journal.record(held + request(6) + request("L", "subscriptions/listen") + b'{"partial')
+        journal.hold(5)
+        journal.hold("L")
+        journal.mid_line(True)
+        assert journal.fd is not None
+        taken = taken_back(journal.fd, back)
+        assert taken.mid_line
+        assert sorted(map(str, taken.failed)) == ["5", "a-long-id"]
+        assert taken.unsent == request(6) + b'{"partial'
+        assert back.memory.remembered.initialize is not None  # replayed on the next daemon
+
+    def test_a_long_id_answered_is_not_failed(self, journal: Journal) -> None:
+        back = BackLines(SessionMemory())
+        back.feed(HELD_LONG + b'"long"\n' + RELEASED_LONG + b'"long"\n')
+        assert journal.fd is not None
+        assert taken_back(journal.fd, back).failed == []
+
+    def test_a_back_line_without_end_is_cut(self) -> None:
+        back = BackLines(SessionMemory())
+        back.feed(SET_UP + b"x" * (3 << 20))
+        assert back.broken
