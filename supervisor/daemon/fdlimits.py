@@ -21,6 +21,7 @@ BASE_RESERVE = 64  # the daemon's own: the event loop, logs, the guardian, spool
 ACCEPT_BURST = 64  # connections a listener may accept in one go before it closes the ones over its cap
 PER_CHILD = 8  # a child's pipes, pidfd and cgroup files, with room to spare
 MIN_SHARE = 8  # connections a listener gets however low the limit
+UNIX_CLIENT_FDS = 3  # an mcp.sock client handed off by connect: the socket and the client's two pipes
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +69,13 @@ def plan(limit: int, children: int) -> FdPlan:
     reserved = BASE_RESERVE + ACCEPT_BURST + PER_CHILD * children
     available = max(0, limit - reserved)
     control = max(MIN_SHARE, min(_DEFAULTS["control"], available // 8))
-    share = max(MIN_SHARE, (available - control) // 2)
+    share = max(0, available - control)  # fds, half to each listener
+    unix = max(MIN_SHARE, min(_DEFAULTS["unix"], share // 2 // UNIX_CLIENT_FDS))
+    http = max(MIN_SHARE, min(_DEFAULTS["http"], share - UNIX_CLIENT_FDS * unix))
     return FdPlan(
         limit=limit,
         reserved=reserved,
         control=control,
-        unix=min(_DEFAULTS["unix"], share),
-        http=min(_DEFAULTS["http"], share),
+        unix=unix,
+        http=http,
     )
