@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 
 import anyio
@@ -200,6 +201,8 @@ class Stream(FdStream, anyio.abc.SocketStream):
                 continue
             except OSError as exc:
                 raise anyio.BrokenResourceError from exc
+            for fd in fds:  # recv_fds (3.11) drops its flags: no MSG_CMSG_CLOEXEC
+                os.set_inheritable(fd, False)
             return data, fds
 
     async def send_eof(self) -> None:

@@ -52,6 +52,7 @@ __all__ = (
     "answer_call",
     "answer_line",
     "cancelled_id",
+    "is_id",
     "parse",
     "parse_modern",
 )
@@ -60,6 +61,7 @@ log = structlog.get_logger(__name__)
 
 RequestId = str | int
 Send = Callable[[bytes], Awaitable[bool]]  # a line for the client, whole; whether it went
+Done = Callable[[bool], None]  # a fast call is settled: whether its client has its answer (or gave up)
 
 MARK = b'"tools/call"'  # in every line the fast path may take
 _CANCELLED = b'"notifications/cancelled"'
@@ -78,7 +80,8 @@ class FastCall:
     progress_token: RequestId | None
 
 
-def _is_id(value: Any) -> bool:
+def is_id(value: Any) -> bool:
+    """Whether *value* may be a JSON-RPC request id here (a string or an integer, not a bool)."""
     return isinstance(value, str | int) and not isinstance(value, bool)
 
 
@@ -102,7 +105,7 @@ def parse(line: bytes) -> FastCall | None:
         if meta.keys() - {"progressToken"}:
             return None  # a 2026-07-28 request, or _meta we would have to understand
         token = meta.get("progressToken")
-        if token is not None and not _is_id(token):
+        if token is not None and not is_id(token):
             return None
     return FastCall(request_id, name, arguments, token)
 
@@ -145,7 +148,7 @@ def _plain_call(line: bytes) -> tuple[RequestId, str, dict[str, Any] | None, dic
         or message.keys() - _REQUEST_KEYS
         or message.get("jsonrpc") != "2.0"
         or message.get("method") != "tools/call"
-        or not _is_id(request_id := message.get("id"))
+        or not is_id(request_id := message.get("id"))
         or not isinstance(params := message.get("params"), dict)
         or params.keys() - _PARAMS_KEYS
         or not isinstance(name := params.get("name"), str)
@@ -168,7 +171,7 @@ def cancelled_id(line: bytes) -> RequestId | None:
         return None
     params = message.get("params")
     request_id = params.get("requestId") if isinstance(params, dict) else None
-    return request_id if _is_id(request_id) else None
+    return request_id if is_id(request_id) else None
 
 
 class FastCalls:
@@ -187,7 +190,7 @@ class FastCalls:
         spool_prefix: str,
         send: Send,
         session: Session,
-        send_now: Callable[[bytes, Callable[[], None]], None] | None = None,
+        send_now: Callable[[bytes, Callable[[bool], None]], None] | None = None,
     ) -> None:
         self._router = router
         self._spool_prefix = spool_prefix
@@ -196,7 +199,7 @@ class FastCalls:
         self._session = session
         self._caller = FastCaller(session)
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
-        self._inline: dict[RequestId, dict[InlineCall, Callable[[], None]]] = {}  # and their done()
+        self._inline: dict[RequestId, dict[InlineCall, Done]] = {}  # and their done()
 
     def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
@@ -207,13 +210,13 @@ class FastCalls:
         for scope in self._running.get(request_id, ()):
             scope.cancel()
         for inline in list(self._inline.get(request_id, ())):
-            self._cancel_inline(request_id, inline)
+            self._cancel_inline(request_id, inline, answered=True)  # the client gave it up
 
     def close(self) -> None:
         """The client is gone: its inline calls are cancelled (its tasks end with its task group)."""
         for request_id, calls in list(self._inline.items()):
             for inline in list(calls):
-                self._cancel_inline(request_id, inline)
+                self._cancel_inline(request_id, inline, answered=False)
 
     def start(
         self,
@@ -221,10 +224,11 @@ class FastCalls:
         call: FastCall,
         ext: Extension,
         tool: str,
-        done: Callable[[], None],
+        done: Done,
     ) -> None:
-        """Answer *call*, then call *done* (also when the client cancelled it: a cancelled
-        request gets no answer). Cancellable from now on."""
+        """Answer *call*, then call *done*: with True once the answer is out or the client
+        cancelled the call (a cancelled request gets no answer), with False when the connection
+        ended first. Cancellable from now on."""
         inline = self._send_now is not None and call.progress_token is None
         if inline and self._start_inline(call, ext, tool, done):
             return
@@ -232,7 +236,7 @@ class FastCalls:
         self._running.setdefault(call.id, set()).add(scope)
         tg.start_soon(self._serve, call, ext, tool, scope, done)
 
-    def _start_inline(self, call: FastCall, ext: Extension, tool: str, done: Callable[[], None]) -> bool:
+    def _start_inline(self, call: FastCall, ext: Extension, tool: str, done: Done) -> bool:
         send_now = self._send_now
         assert send_now is not None
         inline: InlineCall | None = None
@@ -252,17 +256,17 @@ class FastCalls:
         self._inline.setdefault(call.id, {})[inline] = done
         return True
 
-    def _cancel_inline(self, request_id: RequestId, inline: InlineCall) -> None:
+    def _cancel_inline(self, request_id: RequestId, inline: InlineCall, *, answered: bool) -> None:
         inline.cancel()
-        self._settled(request_id, inline)  # a cancelled request gets no answer
+        self._settled(request_id, inline, answered)
 
-    def _settled(self, request_id: RequestId, inline: InlineCall) -> None:
+    def _settled(self, request_id: RequestId, inline: InlineCall, answered: bool) -> None:
         calls = self._inline.get(request_id, {})
         done = calls.pop(inline, None)
         if not calls:
             self._inline.pop(request_id, None)
         if done is not None:
-            done()
+            done(answered)
 
     async def _serve(
         self,
@@ -270,7 +274,7 @@ class FastCalls:
         ext: Extension,
         tool: str,
         scope: anyio.CancelScope,
-        done: Callable[[], None],
+        done: Done,
     ) -> None:
         answer: bytes | None = None
         try:
@@ -281,8 +285,8 @@ class FastCalls:
             scopes.discard(scope)
             if not scopes:
                 del self._running[call.id]
-        if answer is None or await self._send(answer):  # else the connection is ending anyway
-            done()
+        if answer is None or await self._send(answer):  # None: the client cancelled it
+            done(True)  # else the connection is ending, and done() is not for it
 
 
 Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a result as the client's era has it

@@ -6,8 +6,9 @@ importing the gateway: this module imports nothing.
 - ``connect --profile NAME`` opens with a :data:`HELLO_METHOD` request.
 - ``connect`` may open with a :data:`HANDOFF_METHOD` request instead, the client's stdin and
   stdout attached (SCM_RIGHTS): the daemon then serves the client on them directly, answers
-  with the session's journal (a memfd, :mod:`.handoff.journal`), and from then on writes
-  only the lines below on the socket, each a tag byte, a payload and a newline.
+  with the session's journal (a memfd, :mod:`.handoff.journal`); once connect acknowledges it
+  (:data:`TAKEN`: until then the daemon does not touch the fds), the daemon writes only the
+  lines below on the socket, each a tag byte, a payload and a newline.
 """
 
 __all__ = (
@@ -21,11 +22,13 @@ __all__ = (
     "SET_UP",
     "SET_UP_MAX",
     "SET_UP_METHODS",
+    "TAKEN",
 )
 
 HELLO_METHOD = "mcp-supervisor/profile"  # params {"name": PROFILE}; answered before anything else
 HANDOFF_METHOD = "mcp-supervisor/handoff"  # params {"profile": PROFILE | null}; fds: stdin, stdout
 HANDOFF_ID = "mcp-supervisor-connect-handoff"
+TAKEN = b"K"  # connect's one byte after the answer: it has the journal, the daemon may serve
 
 # After a handoff, the daemon's lines to connect (what connect must know to resume elsewhere):
 SET_UP = b"S"  # + a client line that sets the session up (initialize, setLevel, subscribe, listen...)

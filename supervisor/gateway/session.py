@@ -165,8 +165,12 @@ class InFlight:
         self._pending.setdefault(request_id, collections.deque()).append(slot)
         return slot
 
-    def settle(self, request_id: RequestId, slot: Slot | None = None) -> None:
-        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request."""
+    def settle(self, request_id: RequestId, slot: Slot | None = None, *, answered: bool = True) -> None:
+        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request.
+
+        *answered*: the client has its answer, or gave the request up; else (the connection
+        ends first) a tracker still counts it in flight, for connect to fail.
+        """
         waiting = self._pending.get(request_id)
         if not waiting:
             return
@@ -174,9 +178,11 @@ class InFlight:
             slot = waiting.popleft()
         elif slot in waiting:
             waiting.remove(slot)
+        else:
+            return  # settled already (a duplicate id's answer took it)
         if not waiting:
             del self._pending[request_id]
-        if self.tracker is not None:
+        if self.tracker is not None and answered:
             self.tracker.release(slot.token)
         slot.release()
         self._settled.set()

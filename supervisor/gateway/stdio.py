@@ -14,7 +14,6 @@ lines that set the session up, and the bye once the client ended).
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 
@@ -37,7 +36,15 @@ from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_IN_FLIGHT, Session, Slot, bind
 from supervisor.gateway.view.profiles import Chosen, View
 
-__all__ = ("EOF_GRACE", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "StdioConnection", "choose_profile")
+__all__ = (
+    "EOF_GRACE",
+    "MAX_HANDED_ID",
+    "MAX_IN_FLIGHT",
+    "MAX_MESSAGE",
+    "SEND_TIMEOUT",
+    "StdioConnection",
+    "choose_profile",
+)
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +53,8 @@ LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last w
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
 EOF_GRACE = 2.0  # after a handed-off client's input ends: how long the answers still due may take
 _LISTEN = "subscriptions/listen"
+MAX_HANDED_ID = 4096  # characters of a request id a handed-off session takes: connect is told each
+_LONG_ID = f"a request id over {MAX_HANDED_ID} characters is not taken by this session"
 
 
 def choose_profile(gateway: Gateway, name: object) -> View | str:
@@ -153,22 +162,23 @@ class StdioConnection:
         self.client_ended = True
         self._scope.cancel()
 
-    def _transmit_soon(self, data: bytes, sent_out: Callable[[], None]) -> None:
+    def _transmit_soon(self, data: bytes, sent_out: Callable[[bool], None]) -> None:
         """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a
-        task; then *sent_out* (also when the connection ends first). Until then the request's
-        slot stays held, so a client that reads slowly stops being read, as on the awaited path."""
+        task; then *sent_out*, told whether the line went out whole (not when the connection
+        ends first). Until then the request's slot stays held, so a client that reads slowly
+        stops being read, as on the awaited path."""
         if self._scope.cancel_called or self._tasks is None:
-            sent_out()  # the connection is ending
+            sent_out(False)  # the connection is ending
             return
         if self._sending.value:
             try:
                 sent = self.stream.send_now(data)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 self._gone()
-                sent_out()
+                sent_out(False)
                 return
             if sent == len(data):
-                sent_out()
+                sent_out(True)
                 return
             if sent:  # the rest before any other line
                 self._sending.acquire_nowait()
@@ -176,20 +186,22 @@ class StdioConnection:
                 return
         self._tasks.start_soon(self._transmit_then, data, sent_out)
 
-    async def _transmit_then(self, data: bytes, sent_out: Callable[[], None]) -> None:
+    async def _transmit_then(self, data: bytes, sent_out: Callable[[bool], None]) -> None:
+        went = False
         try:
-            await self._transmit(data)
+            went = await self._transmit(data)
         finally:
-            sent_out()
+            sent_out(went)
 
-    async def _finish_line(self, data: bytes, sent: int, sent_out: Callable[[], None]) -> None:
+    async def _finish_line(self, data: bytes, sent: int, sent_out: Callable[[bool], None]) -> None:
+        went = False
         try:
-            await self._send_rest(data, sent)
+            went = await self._send_rest(data, sent)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             self._gone()
         finally:
             self._sending.release()
-            sent_out()
+            sent_out(went)
 
     async def _send_rest(self, data: bytes, sent: int) -> bool:
         """What :meth:`_transmit` could not send at once, the lock held."""
@@ -206,10 +218,14 @@ class StdioConnection:
         """Start serving *line* on the fast path, if it is a call the fast path takes."""
         call = fastpath.parse(line)
         route = self._fast.route(call, self._chosen) if call is not None else None
-        if call is None or route is None:
+        if call is None or route is None or (self.back is not None and _too_long(call.id)):
             return False
         slot = self._in_flight.hold(call.id)
-        self._fast.start(tg, call, *route, functools.partial(self._in_flight.settle, call.id, slot))
+
+        def done(answered: bool) -> None:
+            self._in_flight.settle(call.id, slot, answered=answered)
+
+        self._fast.start(tg, call, *route, done)
         return True
 
     def _watching_listings(self) -> bool:
@@ -268,6 +284,10 @@ class StdioConnection:
                         await self._discard_input()
                         break
                 if self.back is not None:
+                    if isinstance(message, types.JSONRPCRequest) and _too_long(message.id):
+                        taken(size)
+                        await errors.send(_error(message.id, types.INVALID_REQUEST, _LONG_ID))
+                        continue
                     self._tell_set_up(message, line)
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
@@ -280,6 +300,7 @@ class StdioConnection:
 
                     async def unanswered(request_id: RequestId = message.id, slot: Slot = slot) -> None:
                         self._in_flight.settle(request_id, slot)  # cancelled by the client: no answer comes
+                        self._set_up.pop(request_id, None)
 
                     metadata = ServerMessageMetadata(
                         on_request_unanswered=unanswered, request_context=self._chosen
@@ -306,11 +327,18 @@ class StdioConnection:
             return
         if method == "notifications/cancelled":
             params = getattr(message, "params", None) or {}
-            if params.get("requestId") not in self._set_up:
+            cancelled = params.get("requestId")
+            if not fastpath.is_id(cancelled) or self._set_up.pop(cancelled, None) is None:
                 return  # connect only cares for the requests it replays
         self.back.post(SET_UP, line)
         if isinstance(message, types.JSONRPCRequest):
             self._set_up[message.id] = method
+
+    def _tell_answered(self, request_id: RequestId | None) -> None:
+        """Tell connect that a set-up request of the client's is answered."""
+        assert self.back is not None
+        if request_id is not None and self._set_up.pop(request_id, None) is not None:
+            self.back.post(ANSWERED, json.dumps(request_id).encode())
 
     async def _hello(
         self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
@@ -347,16 +375,16 @@ class StdioConnection:
             async for item in source:
                 message = item.message
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
+                if answered and self.back is not None and item.metadata is not _OURS:
+                    self._tell_answered(message.id)  # before: a daemon dying after the write told connect
                 if not await self._transmit(data):
                     return
                 if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
                     await self.stream.send_eof()
                     continue
-                answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and item.metadata is not _OURS and message.id is not None:
                     self._in_flight.settle(message.id)
-                    if self.back is not None and self._set_up.pop(message.id, None) is not None:
-                        self.back.post(ANSWERED, json.dumps(message.id).encode())
                     if message.id in self._listings:  # the client listed tools: fast calls from now
                         self._listings.discard(message.id)
                         self._fast_ready |= isinstance(message, types.JSONRPCResponse)
@@ -371,6 +399,10 @@ def _error(request_id: str | int | None, code: int, message: str) -> SessionMess
         jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
     )
     return SessionMessage(error, metadata=_OURS)
+
+
+def _too_long(request_id: RequestId) -> bool:
+    return isinstance(request_id, str) and len(request_id) > MAX_HANDED_ID
 
 
 def _nothing(_: int) -> None:

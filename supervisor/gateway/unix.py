@@ -21,6 +21,7 @@ from supervisor import sockets
 from supervisor.gateway.handoff import offer
 from supervisor.gateway.handoff.journal import Journal
 from supervisor.gateway.handoff.stream import HandedStream
+from supervisor.gateway.hello import TAKEN
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_CONNECTIONS, MAX_IN_FLIGHT
 from supervisor.gateway.stdio import MAX_MESSAGE, SEND_TIMEOUT, StdioConnection, choose_profile
@@ -32,6 +33,7 @@ __all__ = ("MAX_CONNECTIONS", "MAX_IN_FLIGHT", "MAX_MESSAGE", "SEND_TIMEOUT", "s
 log = structlog.get_logger(__name__)
 
 _FIRST_READ = 1 << 16  # the first read of a connection, which may carry a handoff's fds
+_TAKEN_TIMEOUT = 10.0  # seconds for connect to acknowledge the handoff's answer
 _RING = 2 * (MAX_MESSAGE + _FIRST_READ)  # a handed-off client's journal: room for a whole line, moved
 
 
@@ -120,12 +122,24 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
                 if not offer.answer(sock, handoff, journal.fd):
                     return
                 journal.close_fd()
+                if not await _taken(stream):
+                    return  # connect gave up waiting, and pumps: its client's fds are not ours
                 connection = StdioConnection(gateway, handed, chosen=chosen, back=stream)
                 await connection.serve()
                 if connection.client_ended and connection.back is not None:
                     await connection.back.bye()
             finally:
                 await handed.aclose()
+
+
+async def _taken(stream: sockets.Stream) -> bool:
+    """Whether connect acknowledges the handoff's answer in time."""
+    with anyio.move_on_after(_TAKEN_TIMEOUT):
+        try:
+            return await stream.receive(1) == TAKEN
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return False
+    return False
 
 
 async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:

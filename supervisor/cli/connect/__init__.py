@@ -231,7 +231,7 @@ class _Owner:
 
         channel = Channel(self.loop, sock.detach(), on_data=back.feed, on_lost=lost)
         try:
-            self.loop.run_until(lambda: ended or back.bye or back.broken)
+            self.loop.run_until(lambda: ended or back.bye)
             channel.abort()
             if back.bye:
                 return 0

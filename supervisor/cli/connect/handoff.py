@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from supervisor.gateway.hello import (
     HELD_LONG,
     RELEASED_LONG,
     SET_UP,
+    TAKEN,
 )
 
 __all__ = ("MAX_BACK_LINE", "BackLines", "Taken", "eligible", "offer", "taken_back")
@@ -54,32 +56,43 @@ def eligible(stdin: int, stdout: int) -> bool:
 
 def offer(sock: socket.socket, stdin: int, stdout: int, profile: str | None) -> int | None:
     """Offer *stdin* and *stdout* on *sock*, a fresh connection; the journal's memfd once the
-    daemon took them, None if it would not (connect then dials again and pumps)."""
+    daemon took them, None if it would not (connect then dials again and pumps).
+
+    The daemon touches the fds only once connect acknowledged its answer (:data:`TAKEN`), so
+    that a late answer never leaves two readers of stdin."""
     request = {"jsonrpc": "2.0", "id": HANDOFF_ID, "method": HANDOFF_METHOD, "params": {"profile": profile}}
     answer, fds = bytearray(), []
-    sock.settimeout(_ANSWER_TIMEOUT)
+    deadline = time.monotonic() + _ANSWER_TIMEOUT
     try:
+        sock.settimeout(_ANSWER_TIMEOUT)
         socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [stdin, stdout])
         while b"\n" not in answer and len(answer) < _ANSWER_MAX:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
             data, got, _, _ = socket.recv_fds(sock, _ANSWER_MAX, 1)
             fds += got
+            for fd in got:  # recv_fds (3.11) drops its flags: no MSG_CMSG_CLOEXEC
+                os.set_inheritable(fd, False)
             if not data:
                 break
             answer += data
+        if _accepted(answer) and len(fds) == 1:
+            sock.sendall(TAKEN)
+            return fds.pop()
     except OSError:  # a timeout too
         pass
     finally:
         sock.setblocking(False)
+        for fd in fds:
+            os.close(fd)
+    return None
+
+
+def _accepted(answer: bytes | bytearray) -> bool:
     try:
         reply = json.loads(answer.partition(b"\n")[0])
     except ValueError:
-        reply = None
-    taken = isinstance(reply, dict) and reply.get("result") == {"handoff": True}
-    if taken and len(fds) == 1:
-        return fds[0]
-    for fd in fds:
-        os.close(fd)
-    return None
+        return False
+    return isinstance(reply, dict) and reply.get("result") == {"handoff": True}
 
 
 class BackLines:
@@ -88,7 +101,8 @@ class BackLines:
     def __init__(self, memory: SessionMemory) -> None:
         self.memory = memory
         self.bye = False
-        self.broken = False  # a line over MAX_BACK_LINE: the daemon is not one of ours
+        self.lossy = False  # a line over MAX_BACK_LINE was dropped
+        self._skipping = False
         self.long_ids: set[RequestId] = set()  # in flight, too long for the journal
         self._partial = bytearray()
 
@@ -96,10 +110,14 @@ class BackLines:
         self._partial += data
         *lines, rest = self._partial.split(b"\n")
         self._partial = bytearray(rest)
-        if len(self._partial) > MAX_BACK_LINE:
-            self.broken = True
         for line in lines:
+            if self._skipping:  # the rest of a line over the limit
+                self._skipping = False
+                continue
             self._line(bytes(line[:1]), bytes(line[1:]))
+        if len(self._partial) > MAX_BACK_LINE:  # not one of ours: dropped, and what it said is lost
+            self._partial.clear()
+            self._skipping = self.lossy = True
 
     def _line(self, tag: bytes, payload: bytes) -> None:
         if tag == SET_UP:

@@ -96,14 +96,14 @@ class Journal:
     def consume(self, size: int) -> None:
         """*size* more bytes are taken: served, or their request's id is held (:meth:`hold`)."""
         self._consumed += size
-        if self._consumed < self._filled:
+        if self._consumed >= self._filled:
+            self._consumed = self._filled = 0  # empty: the next read starts the ring again
+            _POSITIONS.pack_into(self._map, _AT_POSITIONS, 0, 0)
+            self._release_pages()
+        elif self._consumed >= _KEEP_TOUCHED and self._filled - self._consumed <= self._consumed:
+            self._compact(0)  # a partial line always pending: keep the ring near its start
+        else:
             _POSITIONS.pack_into(self._map, _AT_POSITIONS, self._consumed, self._filled)
-            return
-        self._consumed = self._filled = 0  # empty: the next read starts the ring again
-        _POSITIONS.pack_into(self._map, _AT_POSITIONS, 0, 0)
-        if self._touched > _KEEP_TOUCHED:  # a big line went through: give its pages back
-            self._map.madvise(mmap.MADV_REMOVE, self._ring + _KEEP_TOUCHED, self._touched - _KEEP_TOUCHED)
-            self._touched = _KEEP_TOUCHED
 
     def _compact(self, incoming: int) -> int:
         """Move the unconsumed bytes to the ring's start, if they do not overlap where they go
@@ -115,7 +115,15 @@ class Journal:
         self._map.move(self._ring, start, unconsumed)
         self._consumed, self._filled = 0, unconsumed
         _POSITIONS.pack_into(self._map, _AT_POSITIONS, 0, unconsumed)
+        self._release_pages()
         return unconsumed + incoming
+
+    def _release_pages(self) -> None:
+        """Give back the pages past what is in use (and past a first MiB kept for reuse)."""
+        keep = -(-max(self._filled, _KEEP_TOUCHED) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if self._touched > keep:
+            self._map.madvise(mmap.MADV_REMOVE, self._ring + keep, self._touched - keep)
+            self._touched = keep
 
     def hold(self, request_id: str | int) -> int | None:
         """Note request *request_id* in flight; its slot, or None when it does not fit one."""
@@ -129,7 +137,9 @@ class Journal:
         return slot
 
     def release(self, slot: int) -> None:
-        """The request in *slot* was answered in full (or the client cancelled it)."""
+        """The request in *slot* was answered in full (or the client cancelled it). Idempotent."""
+        if slot in self._free:
+            return
         _LENGTH.pack_into(self._map, _TABLE + slot * _SLOT, 0)
         self._free.append(slot)
 

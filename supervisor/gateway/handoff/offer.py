@@ -52,24 +52,36 @@ class Offer:
 def parse(first: bytes, fds: list[int]) -> Offer | None:
     """The handoff in *first* (the connection's first bytes, with the *fds* that came along), or
     None (and *fds* closed) when it is none: the bytes are then the client's."""
-    request = _request(first)
+    try:
+        request = _request(first)
+    except BaseException:
+        _close(fds)
+        raise
     if request is None:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         return None
     params = request.get("params")
     profile = params.get("profile") if isinstance(params, dict) else None
     offer = Offer(request["id"], profile if isinstance(profile, str) else None, None, None)
     if len(fds) != MAX_FDS:
-        for fd in fds:
-            os.close(fd)
+        _close(fds)
         offer.problem = f"expected {MAX_FDS} fds (stdin, stdout), got {len(fds)}"
         return offer
     offer.stdin, offer.stdout = fds
-    offer.problem = _unusable(offer.stdin, _READABLE, "stdin") or _unusable(offer.stdout, _WRITABLE, "stdout")
+    try:
+        offer.problem = _unusable(offer.stdin, _READABLE, "stdin") or _unusable(
+            offer.stdout, _WRITABLE, "stdout"
+        )
+    except OSError as exc:
+        offer.problem = f"cannot use the fds: {exc.strerror or exc}"
     if offer.problem is not None:
         offer.close()
     return offer
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _request(first: bytes) -> dict[str, Any] | None:
@@ -77,7 +89,7 @@ def _request(first: bytes) -> dict[str, Any] | None:
         return None  # connect sends the handoff alone and waits for the answer
     try:
         request = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(request, dict) or request.get("method") != HANDOFF_METHOD:
         return None

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from supervisor.gateway.hello import HANDOFF_METHOD
+from supervisor.gateway.stdio import MAX_HANDED_ID, MAX_MESSAGE
 from tests.harness import ECHO
 from tests.harness.daemon import Daemon, until
 
@@ -123,8 +124,22 @@ def clients() -> Iterator[Callable[..., Client]]:
 
 def holds(pid: int, target: str) -> bool:
     """Whether process *pid* has *target* (a /proc fd link, e.g. ``pipe:[123]``) open."""
-    fds = Path(f"/proc/{pid}/fd")
-    return any(os.readlink(fd) == target for fd in fds.iterdir() if fd.exists())
+    return bool(fds_of(pid, target))
+
+
+def fds_of(pid: int, target: str) -> list[Path]:
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) == target:
+                found.append(fd)
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def handoff_line(**params: Any) -> bytes:
+    return line({"jsonrpc": "2.0", "id": 1, "method": HANDOFF_METHOD, "params": {"profile": None, **params}})
 
 
 @contextmanager
@@ -146,7 +161,11 @@ class TestHandedOver:
         client = clients(daemon)
         client.open_session()
         pipe = client.stdin_pipe()
-        assert holds(daemon.pid, pipe)
+        [held] = fds_of(daemon.pid, pipe)
+        flags = int(
+            Path(f"/proc/{daemon.pid}/fdinfo/{held.name}").read_text().split("flags:")[1].split()[0], 8
+        )
+        assert flags & os.O_CLOEXEC  # no child of the daemon inherits a client's pipe
         client.send(line(call(1, "echo__echo", text="hi")))
         assert client.answer(1)["result"]["content"][0]["text"] == "hi"
         assert client.close() == 0
@@ -221,6 +240,40 @@ class TestTheDaemonDies:
         assert client.answer(3)["result"]["content"][0]["text"] == "back"
         assert not holds(daemon.pid, pipe)  # carried on by connect itself
 
+    def test_a_session_ended_by_the_daemon_hands_its_calls_in_flight_back(self, gateway, clients) -> None:
+        """The daemon ends a handed session on its own (here: a message over its cap), alive: the
+        call in flight is not forgotten, connect answers it with an error and carries on."""
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        client.send(line(call(1, "echo__sleep", seconds=30)))
+        until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
+        chunk = b"x" * (1 << 20)
+        for _ in range(MAX_MESSAGE // len(chunk) + 1):
+            client.send(chunk)
+        client.send(b"\n")
+        errors = []
+        while not any(message.get("id") == 1 for message in errors):
+            errors.append(client.receive(within=20))
+        assert IN_FLIGHT in next(m for m in errors if m.get("id") == 1)["error"]["message"]
+        client.send(line(call(2, "echo__echo", text="on")))
+        assert client.answer(2)["result"]["content"][0]["text"] == "on"
+
+    def test_odd_requests_leave_the_session_standing(self, gateway, clients) -> None:
+        """A cancellation naming a list (while a set-up request is in flight), and an id too long
+        to journal (answered -32600)."""
+        daemon = gateway({"echo": ECHO})
+        client = clients(daemon)
+        client.open_session()
+        level = {"jsonrpc": "2.0", "id": "level", "method": "logging/setLevel", "params": {"level": "info"}}
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [1]}}
+        long_id = "i" * (MAX_HANDED_ID + 1)
+        client.send(line(level) + line(cancel) + line(call(long_id, "echo__echo", text="x")))
+        assert client.answer(long_id)["error"]["code"] == -32600
+        client.send(line(call(2, "echo__echo", text="still")))
+        assert client.answer(2)["result"]["content"][0]["text"] == "still"
+        assert holds(daemon.pid, client.stdin_pipe())
+
 
 class TestBounds:
     def test_a_killed_connect_ends_its_session_and_no_other(self, gateway, clients) -> None:
@@ -284,3 +337,38 @@ class TestBounds:
             assert psutil.Process(daemon.pid).num_fds() <= before + 1  # the socket alone
         os.close(read_end)
         os.close(write_end)
+
+    def test_a_handoff_nested_too_deep_keeps_no_fd(self, gateway) -> None:
+        daemon = gateway({"echo": ECHO})
+        before = psutil.Process(daemon.pid).num_fds()
+        deep = b'{"method": "mcp-supervisor/handoff", "params": ' + b"[" * 5000 + b"]" * 5000 + b"}\n"
+        for _ in range(5):
+            read_end, write_end = os.pipe()
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(WAIT)
+                sock.connect(daemon.mcp_sock)
+                socket.send_fds(sock, [deep], [read_end, write_end])
+                sock.makefile("rb").readline()  # an error, as for any line that is no request
+            os.close(read_end)
+            os.close(write_end)
+        until(lambda: psutil.Process(daemon.pid).num_fds() <= before, within=WAIT)
+
+    def test_an_unacknowledged_handoff_never_touches_the_pipes(self, gateway) -> None:
+        """A connect that gave up waiting pumps the client itself: the daemon, whose answer came
+        too late, must not read a byte of its stdin."""
+        daemon = gateway({"echo": ECHO})
+        before = psutil.Process(daemon.pid).num_fds()
+        read_end, write_end = os.pipe()
+        out_read, out_write = os.pipe()
+        os.write(write_end, line(INITIALIZE))
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            socket.send_fds(sock, [handoff_line()], [read_end, out_write])
+            answer, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+            assert b'"handoff": true' in answer and len(fds) == 1
+            os.close(fds[0])
+        until(lambda: psutil.Process(daemon.pid).num_fds() <= before, within=WAIT)
+        assert os.read(read_end, 1 << 16) == line(INITIALIZE)  # still there
+        for fd in (read_end, write_end, out_read, out_write):
+            os.close(fd)

@@ -9,8 +9,10 @@ import pytest
 
 from supervisor.cli.connect.handoff import BackLines, taken_back
 from supervisor.cli.connect.resume import SessionMemory
+from supervisor.gateway.handoff.backchannel import Backchannel, Tracking
 from supervisor.gateway.handoff.journal import SLOTS, Journal, recover
 from supervisor.gateway.hello import ANSWERED, HELD_LONG, RELEASED_LONG, SET_UP
+from supervisor.gateway.session import InFlight
 
 
 def request(request_id: object, method: str = "tools/call") -> bytes:
@@ -115,7 +117,49 @@ class TestTakenBack:
         assert journal.fd is not None
         assert taken_back(journal.fd, back).failed == []
 
-    def test_a_back_line_without_end_is_cut(self) -> None:
+    def test_a_back_line_over_the_limit_is_dropped(self) -> None:
         back = BackLines(SessionMemory())
         back.feed(SET_UP + b"x" * (3 << 20))
-        assert back.broken
+        back.feed(b"x" * 100 + b"\n" + SET_UP + request("init", "initialize"))
+        assert back.lossy and "init" in back.memory.in_flight
+
+
+class TestWithInFlight:
+    @pytest.mark.anyio
+    async def test_a_slot_settled_twice_is_freed_once(self, journal: Journal) -> None:
+        """Two requests under one id (a client may reuse one): settling the first twice must not
+        free a journal slot twice, or two later requests would share it."""
+        in_flight = InFlight(8)
+        in_flight.tracker = Tracking(journal, Backchannel.__new__(Backchannel))
+        first = in_flight.hold("x")
+        in_flight.hold("x")
+        in_flight.settle("x")  # the oldest: first
+        in_flight.settle("x", first)  # again, by its slot
+        in_flight.hold("y")
+        in_flight.hold("z")
+        assert sorted(read(journal).ids) == ["x", "y", "z"]
+
+    @pytest.mark.anyio
+    async def test_a_request_unanswered_at_the_end_stays_journaled(self, journal: Journal) -> None:
+        in_flight = InFlight(8)
+        in_flight.tracker = Tracking(journal, Backchannel.__new__(Backchannel))
+        slot = in_flight.hold(1)
+        in_flight.settle(1, slot, answered=False)
+        assert read(journal).ids == [1]
+
+
+class TestPages:
+    def test_a_partial_line_always_pending_keeps_the_ring_small(self) -> None:
+        """Every read ends mid-line, so the ring is never empty: it is still kept near its start,
+        and the pages behind are given back (8 MiB went through)."""
+        journal = Journal(capacity=64 << 20)
+        try:
+            assert journal.fd is not None
+            journal.record(b"n" * 500)
+            for _ in range(8 << 10):
+                journal.record(b"n" * 499 + b"\n" + b"n" * 500)  # ends one line, starts the next
+                journal.consume(1000)
+            assert read(journal).unconsumed == b"n" * 500
+            assert os.fstat(journal.fd).st_blocks * 512 <= 2 << 20
+        finally:
+            journal.close()
