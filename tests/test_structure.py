@@ -85,7 +85,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("catalog", "links"),
         ("view.profiles",),
         ("session",),
-        ("router", "asks.callers"),
+        ("router", "asks.callers", "handoff.handed"),
         ("asks.parked",),
         ("asks.inputrequired", "notify.requestlogs", "notify.releases"),
         ("notify.fanout",),

@@ -28,17 +28,14 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from supervisor import sockets
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import FastCalls, RequestId
-from supervisor.gateway.handoff.backchannel import Backchannel, Tracking
-from supervisor.gateway.handoff.journal import Journal
+from supervisor.gateway.handoff.handed import MAX_ID, Handed
 from supervisor.gateway.handoff.stream import HandedStream
-from supervisor.gateway.hello import ANSWERED, HELLO_METHOD, SET_UP, SET_UP_MAX, SET_UP_METHODS
+from supervisor.gateway.hello import HELLO_METHOD
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_IN_FLIGHT, Session, Slot, bind
 from supervisor.gateway.view.profiles import Chosen, View
 
 __all__ = (
-    "EOF_GRACE",
-    "MAX_HANDED_ID",
     "MAX_IN_FLIGHT",
     "MAX_MESSAGE",
     "SEND_TIMEOUT",
@@ -51,10 +48,7 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
 LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
-EOF_GRACE = 2.0  # after a handed-off client's input ends: how long the answers still due may take
-_LISTEN = "subscriptions/listen"
-MAX_HANDED_ID = 4096  # characters of a request id a handed-off session takes: connect is told each
-_LONG_ID = f"a request id over {MAX_HANDED_ID} characters is not taken by this session"
+_LONG_ID = f"a request id over {MAX_ID} characters is not taken by this session"
 
 
 def choose_profile(gateway: Gateway, name: object) -> View | str:
@@ -90,15 +84,12 @@ class StdioConnection:
         self._pending = pending  # read before the connection was made
         # Handed off (*stream* the client's own stdio, *back* the socket to connect): what
         # connect needs to carry on if we die goes into the journal and over *back*.
-        self.back: Backchannel | None = None
-        self._journal: Journal | None = None
-        self._set_up: dict[RequestId, str] = {}  # requests whose answer connect must hear of: method
+        self.handed: Handed | None = None
         self.client_ended = False  # its input ended, or its output went: connect may exit
         if back is not None:
             assert isinstance(stream, HandedStream)
-            self._journal = stream.journal
-            self.back = Backchannel(back, lambda: self._scope.cancel(), SEND_TIMEOUT)
-            self._in_flight.tracker = Tracking(stream.journal, self.back)
+            end = lambda: self._scope.cancel()  # noqa: E731 - the scope is replaced in serve()
+            self.handed = Handed(stream, back, self._in_flight, end, SEND_TIMEOUT)
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
@@ -129,8 +120,8 @@ class StdioConnection:
                 tg.start_soon(self._read, read_send, write_send.clone(), tg)
                 tg.start_soon(self._write, write_recv)
                 tg.start_soon(run_server)
-                if self.back is not None:
-                    tg.start_soon(self.back.run)
+                if self.handed is not None:
+                    tg.start_soon(self.handed.back.run)
         finally:
             try:
                 self._fast.close()  # its children are told to stop what it no longer waits for
@@ -218,7 +209,7 @@ class StdioConnection:
         """Start serving *line* on the fast path, if it is a call the fast path takes."""
         call = fastpath.parse(line)
         route = self._fast.route(call, self._chosen) if call is not None else None
-        if call is None or route is None or (self.back is not None and _too_long(call.id)):
+        if call is None or route is None or (self.handed is not None and self.handed.refuses(call.id)):
             return False
         slot = self._in_flight.hold(call.id)
 
@@ -243,7 +234,7 @@ class StdioConnection:
         if self._pending:
             reader.feed_data(self._pending)
             self._pending = b""
-        taken = self._journal.consume if self._journal is not None else _nothing
+        taken = self.handed.journal.consume if self.handed is not None else _nothing
         async with sink, errors:
             while True:
                 try:
@@ -283,12 +274,12 @@ class StdioConnection:
                             continue
                         await self._discard_input()
                         break
-                if self.back is not None:
-                    if isinstance(message, types.JSONRPCRequest) and _too_long(message.id):
+                if self.handed is not None:
+                    if isinstance(message, types.JSONRPCRequest) and self.handed.refuses(message.id):
                         taken(size)
                         await errors.send(_error(message.id, types.INVALID_REQUEST, _LONG_ID))
                         continue
-                    self._tell_set_up(message, line)
+                    self.handed.set_up(message, line)
                 metadata = None
                 if isinstance(message, types.JSONRPCRequest):
                     if message.method == "initialize":
@@ -300,7 +291,8 @@ class StdioConnection:
 
                     async def unanswered(request_id: RequestId = message.id, slot: Slot = slot) -> None:
                         self._in_flight.settle(request_id, slot)  # cancelled by the client: no answer comes
-                        self._set_up.pop(request_id, None)
+                        if self.handed is not None:
+                            self.handed.cancelled(request_id)
 
                     metadata = ServerMessageMetadata(
                         on_request_unanswered=unanswered, request_context=self._chosen
@@ -310,35 +302,10 @@ class StdioConnection:
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
 
     async def _input_ended(self) -> None:
-        """The client's input ended. Handed off, the answers still due go out first (within a
-        grace), as connect lets them out when it pumps."""
-        if self.back is None:
-            return
-        self.client_ended = True
-        listens = {request_id for request_id, method in self._set_up.items() if method == _LISTEN}
-        with anyio.move_on_after(EOF_GRACE):
-            await self._in_flight.answered(besides=listens)
-
-    def _tell_set_up(self, message: types.JSONRPCMessage, line: bytes) -> None:
-        """Tell connect of a client line that sets the session up, before it is served."""
-        assert self.back is not None
-        method = getattr(message, "method", None)
-        if method not in SET_UP_METHODS or len(line) > SET_UP_MAX:
-            return
-        if method == "notifications/cancelled":
-            params = getattr(message, "params", None) or {}
-            cancelled = params.get("requestId")
-            if not fastpath.is_id(cancelled) or self._set_up.pop(cancelled, None) is None:
-                return  # connect only cares for the requests it replays
-        self.back.post(SET_UP, line)
-        if isinstance(message, types.JSONRPCRequest):
-            self._set_up[message.id] = method
-
-    def _tell_answered(self, request_id: RequestId | None) -> None:
-        """Tell connect that a set-up request of the client's is answered."""
-        assert self.back is not None
-        if request_id is not None and self._set_up.pop(request_id, None) is not None:
-            self.back.post(ANSWERED, json.dumps(request_id).encode())
+        """The client's input ended. Handed off, the answers still due go out first."""
+        if self.handed is not None:
+            self.client_ended = True
+            await self.handed.input_ended()
 
     async def _hello(
         self, message: types.JSONRPCRequest, replies: MemoryObjectSendStream[SessionMessage]
@@ -361,7 +328,7 @@ class StdioConnection:
         """Read and drop what the client still sends, for a while, so that closing the socket with
         unread input does not reset the connection before the client has read our last word.
         Handed off, the input is left for connect, which carries on from the journal."""
-        if self.back is not None:
+        if self.handed is not None:
             return
         with anyio.move_on_after(LAST_WORD_GRACE):
             try:
@@ -376,8 +343,8 @@ class StdioConnection:
                 message = item.message
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
-                if answered and self.back is not None and item.metadata is not _OURS:
-                    self._tell_answered(message.id)  # before: a daemon dying after the write told connect
+                if answered and self.handed is not None and item.metadata is not _OURS:
+                    self.handed.answered(message.id)
                 if not await self._transmit(data):
                     return
                 if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
@@ -399,10 +366,6 @@ def _error(request_id: str | int | None, code: int, message: str) -> SessionMess
         jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
     )
     return SessionMessage(error, metadata=_OURS)
-
-
-def _too_long(request_id: RequestId) -> bool:
-    return isinstance(request_id, str) and len(request_id) > MAX_HANDED_ID
 
 
 def _nothing(_: int) -> None:

@@ -126,8 +126,8 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
                     return  # connect gave up waiting, and pumps: its client's fds are not ours
                 connection = StdioConnection(gateway, handed, chosen=chosen, back=stream)
                 await connection.serve()
-                if connection.client_ended and connection.back is not None:
-                    await connection.back.bye()
+                if connection.client_ended and connection.handed is not None:
+                    await connection.handed.back.bye()
             finally:
                 await handed.aclose()
 

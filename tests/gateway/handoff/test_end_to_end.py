@@ -24,8 +24,9 @@ from typing import Any
 import psutil
 import pytest
 
+from supervisor.gateway.handoff.handed import MAX_ID
 from supervisor.gateway.hello import HANDOFF_METHOD
-from supervisor.gateway.stdio import MAX_HANDED_ID, MAX_MESSAGE
+from supervisor.gateway.stdio import MAX_MESSAGE
 from tests.harness import ECHO
 from tests.harness.daemon import Daemon, until
 
@@ -267,7 +268,7 @@ class TestTheDaemonDies:
         client.open_session()
         level = {"jsonrpc": "2.0", "id": "level", "method": "logging/setLevel", "params": {"level": "info"}}
         cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": [1]}}
-        long_id = "i" * (MAX_HANDED_ID + 1)
+        long_id = "i" * (MAX_ID + 1)
         client.send(line(level) + line(cancel) + line(call(long_id, "echo__echo", text="x")))
         assert client.answer(long_id)["error"]["code"] == -32600
         client.send(line(call(2, "echo__echo", text="still")))
