@@ -157,16 +157,19 @@ class InFlight:
         """A slot taken for a line that turned out not to be a request."""
         self._semaphore.release()
 
-    def hold(self, request_id: RequestId) -> Slot:
-        """The slot just taken, now held by request *request_id* until :meth:`settle`."""
-        slot = Slot(self._semaphore)
+    def hold(self, request_id: RequestId, *, by_id: bool = True) -> Slot:
+        """The slot just taken, now held by request *request_id* until :meth:`settle`. *by_id*
+        False: settled by the slot alone, never by an answer naming the id (the fast path's:
+        a client may reuse an id while the SDK answers another request under it)."""
+        slot = Slot(self._semaphore, by_id=by_id)
         if self.tracker is not None:
             slot.token = self.tracker.hold(request_id)
         self._pending.setdefault(request_id, collections.deque()).append(slot)
         return slot
 
     def settle(self, request_id: RequestId, slot: Slot | None = None, *, answered: bool = True) -> None:
-        """Free the slot of an answered (*slot* None: the oldest with this id) or unanswered request.
+        """Free the slot of an answered (*slot* None: the oldest with this id settled by id) or
+        unanswered request.
 
         *answered*: the client has its answer, or gave the request up; else (the connection
         ends first) a tracker still counts it in flight, for connect to fail.
@@ -175,7 +178,10 @@ class InFlight:
         if not waiting:
             return
         if slot is None:
-            slot = waiting.popleft()
+            slot = next((held for held in waiting if held.by_id), None)
+            if slot is None:
+                return  # none of this id is the SDK's
+            waiting.remove(slot)
         elif slot in waiting:
             waiting.remove(slot)
         else:
@@ -215,10 +221,11 @@ class Tracker(Protocol):
 class Slot:
     """One request's share of an :class:`InFlight`; released once, however it ends."""
 
-    __slots__ = ("_released", "_semaphore", "token")
+    __slots__ = ("_released", "_semaphore", "by_id", "token")
 
-    def __init__(self, semaphore: anyio.Semaphore) -> None:
+    def __init__(self, semaphore: anyio.Semaphore, *, by_id: bool = True) -> None:
         self._semaphore, self._released = semaphore, False
+        self.by_id = by_id  # settled by an answer naming its id (else by the slot only)
         self.token: object = None  # the tracker's, if any
 
     def release(self) -> None:

@@ -211,7 +211,7 @@ class StdioConnection:
         route = self._fast.route(call, self._chosen) if call is not None else None
         if call is None or route is None or (self.handed is not None and self.handed.refuses(call.id)):
             return False
-        slot = self._in_flight.hold(call.id)
+        slot = self._in_flight.hold(call.id, by_id=False)
 
         def done(answered: bool) -> None:
             self._in_flight.settle(call.id, slot, answered=answered)

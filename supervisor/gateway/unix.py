@@ -116,14 +116,14 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
             offer.refuse(sock, handoff.id, types.INVALID_PARAMS, refusal)
             return
         with contextlib.closing(journal):
+            assert journal.fd is not None
+            if not offer.answer(sock, handoff, journal.fd):
+                return
+            journal.close_fd()
+            if not await _taken(stream):
+                return  # connect gave up waiting, and pumps: its client's fds are not ours
             handed = HandedStream(*handoff.take(), journal)
             try:
-                assert journal.fd is not None
-                if not offer.answer(sock, handoff, journal.fd):
-                    return
-                journal.close_fd()
-                if not await _taken(stream):
-                    return  # connect gave up waiting, and pumps: its client's fds are not ours
                 connection = StdioConnection(gateway, handed, chosen=chosen, back=stream)
                 await connection.serve()
                 if connection.client_ended and connection.handed is not None:

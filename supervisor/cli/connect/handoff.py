@@ -101,8 +101,7 @@ class BackLines:
     def __init__(self, memory: SessionMemory) -> None:
         self.memory = memory
         self.bye = False
-        self.lossy = False  # a line over MAX_BACK_LINE was dropped
-        self._skipping = False
+        self._skipping = False  # the rest of a line over MAX_BACK_LINE
         self.long_ids: set[RequestId] = set()  # in flight, too long for the journal
         self._partial = bytearray()
 
@@ -115,9 +114,9 @@ class BackLines:
                 self._skipping = False
                 continue
             self._line(bytes(line[:1]), bytes(line[1:]))
-        if len(self._partial) > MAX_BACK_LINE:  # not one of ours: dropped, and what it said is lost
+        if len(self._partial) > MAX_BACK_LINE:  # not one of ours: dropped
             self._partial.clear()
-            self._skipping = self.lossy = True
+            self._skipping = True
 
     def _line(self, tag: bytes, payload: bytes) -> None:
         if tag == SET_UP:

@@ -101,7 +101,10 @@ class Journal:
             _POSITIONS.pack_into(self._map, _AT_POSITIONS, 0, 0)
             self._release_pages()
         elif self._consumed >= _KEEP_TOUCHED and self._filled - self._consumed <= self._consumed:
-            self._compact(0)  # a partial line always pending: keep the ring near its start
+            # A partial line always pending: keep the ring near its start. The positions first,
+            # so that the bytes they name are not where the move writes.
+            _POSITIONS.pack_into(self._map, _AT_POSITIONS, self._consumed, self._filled)
+            self._compact(0)
         else:
             _POSITIONS.pack_into(self._map, _AT_POSITIONS, self._consumed, self._filled)
 

@@ -20,10 +20,10 @@ __all__ = ("HandedStream",)
 
 class HandedStream(FdStream):
     def __init__(self, stdin: int, stdout: int, journal: Journal) -> None:
+        super().__init__(stdin, stdout)  # owned from here: closed by aclose()
+        self.journal = journal
         os.set_blocking(stdin, False)
         os.set_blocking(stdout, False)
-        super().__init__(stdin, stdout)
-        self.journal = journal
 
     def _recv(self, max_bytes: int) -> bytes:
         data = os.read(self._read_fd, max_bytes)
