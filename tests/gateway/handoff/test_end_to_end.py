@@ -370,6 +370,7 @@ class TestBounds:
             assert b'"handoff": true' in answer and len(fds) == 1
             os.close(fds[0])
         until(lambda: psutil.Process(daemon.pid).num_fds() <= before, within=WAIT)
+        assert os.get_blocking(read_end)  # not even set non-blocking (the mode is the pipe's, shared)
         assert os.read(read_end, 1 << 16) == line(INITIALIZE)  # still there
         for fd in (read_end, write_end, out_read, out_write):
             os.close(fd)
