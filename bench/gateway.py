@@ -9,6 +9,8 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
            connection (``_relay.py pump`` / ``serve``): the least any ``connect`` + daemon path costs
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
+           (connect hands the client's pipes to the daemon: fd passing)
+  pumping  the same with ``MCP_SUPERVISOR_HANDOFF=0``: connect pumps the bytes itself
   own      the same, to an extension with ``instances: per-client``: each session its own fixture
   http     the SDK's streamable-HTTP client to the daemon's ``/mcp`` (the handshake era)
   modern   the SDK's ``mcp.Client`` to the same URL as it comes (``mode="auto"``: 2026-07-28 here,
@@ -28,7 +30,7 @@ per round, in a rotating order), so that the machine's slow spells fall on every
 the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
 Throughput: 8 clients calling at once, once per round (direct, floor* and own: 8 sessions, 8
-fixture processes; socket, connect, http and modern: 8 sessions sharing one supervised fixture;
+fixture processes; socket, connect, pumping, http and modern: 8 sessions sharing one supervised fixture;
 proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture per session).
 Also the resident memory of each process on the path (``rss_mib``) and the machine's load
 average before and after. Prints JSON.
@@ -66,18 +68,19 @@ sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
-OURS = ("direct", "floor1", "floor2", "socket", "connect", "own", "http", "modern")
+OURS = ("direct", "floor1", "floor2", "socket", "connect", "pumping", "own", "http", "modern")
 PEERS = ("proxy", "hub", "fastmcp", "fastmcp-http", "supergateway")
 _PEER_TOOLS = {"hub": "echo__echo"}  # mcp-hub prefixes a tool with its server's name
 
+_PUMPING = {"MCP_SUPERVISOR_HANDOFF": "0"}  # connect pumps the bytes instead of handing them over
 _QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
 
 Opener = Callable[[], AbstractAsyncContextManager[ClientSession | Client]]
 
 
 @asynccontextmanager
-async def _stdio(command: str, *args: str) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=command, args=list(args), env={**os.environ})
+async def _stdio(command: str, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=command, args=list(args), env={**os.environ, **(env or {})})
     async with stdio_client(params, errlog=_QUIET) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session
@@ -305,6 +308,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "floor2": Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
             "socket": Route("socket", lambda: _unix(sock), "fx__echo", pid),
             "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
+            "pumping": Route("pumping", lambda: _stdio(*connect, env=_PUMPING), "fx__echo", pid),
             "own": Route("own", lambda: _stdio(*connect), "own__echo", pid),
             "http": Route("http", lambda: _http(http), "fx__echo", pid),
             "modern": Route("modern", lambda: _modern(http), "fx__echo", pid),
