@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import anyio
+import mcp_types as types
 import pytest
 
 from supervisor.cli.connect.handoff import BackLines, taken_back
 from supervisor.cli.connect.resume import SessionMemory
 from supervisor.gateway.handoff.backchannel import Backchannel, Tracking
+from supervisor.gateway.handoff.handed import Handed
 from supervisor.gateway.handoff.journal import SLOTS, Journal, recover
+from supervisor.gateway.handoff.stream import HandedStream
 from supervisor.gateway.hello import ANSWERED, HELD_LONG, RELEASED_LONG, SET_UP
 from supervisor.gateway.session import InFlight
+from supervisor.streams import Stream
 
 
 def request(request_id: object, method: str = "tools/call") -> bytes:
@@ -197,3 +202,34 @@ class TestPages:
             assert read(journal).unconsumed == b'{"id": 7'
         finally:
             journal.close()
+
+
+class TestHanded:
+    @pytest.mark.anyio
+    async def test_set_up_requests_given_up_are_forgotten(self, journal: Journal) -> None:
+        """The set-up requests connect must hear answered are bounded by those in flight: one the
+        client gives up (its cancellation, or the SDK's hook for it) leaves the table."""
+        ours, theirs = socket.socketpair()
+        read_end, write_end = os.pipe()
+        stream = HandedStream(read_end, write_end, journal)
+        in_flight = InFlight(8)
+        handed = Handed(stream, Stream(ours), in_flight, lambda: None, 1.0)
+        try:
+            for i in range(1000):
+                listen = {"jsonrpc": "2.0", "id": i, "method": "subscriptions/listen", "params": {}}
+                handed.set_up(types.JSONRPCRequest.model_validate(listen), json.dumps(listen).encode())
+                if i % 2:
+                    handed.cancelled(i)  # the SDK's hook: the client cancelled it
+                else:
+                    cancel = {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": i},
+                    }
+                    message = types.JSONRPCNotification.model_validate(cancel)
+                    handed.set_up(message, json.dumps(cancel).encode())
+                theirs.recv(1 << 16)  # what connect hears
+            assert handed._set_up == {}
+        finally:
+            await stream.aclose()
+            theirs.close()
