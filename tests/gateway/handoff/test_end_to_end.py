@@ -374,3 +374,25 @@ class TestBounds:
         assert os.read(read_end, 1 << 16) == line(INITIALIZE)  # still there
         for fd in (read_end, write_end, out_read, out_write):
             os.close(fd)
+
+    @pytest.mark.timeout(60)
+    def test_a_handoff_never_acknowledged_is_let_go_after_its_deadline(self, gateway) -> None:
+        """A client that takes the answer and then says nothing holds the pipes for 10 s at most."""
+        daemon = gateway({"echo": ECHO})
+        read_end, write_end = os.pipe()
+        out_read, out_write = os.pipe()
+        pipe = os.readlink(f"/proc/self/fd/{read_end}")
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            socket.send_fds(sock, [handoff_line()], [read_end, out_write])
+            _, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+            os.close(fds[0])
+            assert holds(daemon.pid, pipe)
+            started = time.monotonic()
+            until(lambda: not holds(daemon.pid, pipe), within=20)
+            assert time.monotonic() - started < 15
+            sock.settimeout(WAIT)
+            assert sock.recv(1) == b""  # and the connection is closed
+        for fd in (read_end, write_end, out_read, out_write):
+            os.close(fd)
