@@ -197,6 +197,7 @@ class Stream(FdStream, anyio.abc.SocketStream):
             try:
                 data, fds, _, _ = socket.recv_fds(self._sock, max_bytes, max_fds)
             except (BlockingIOError, InterruptedError):
+                self._unwatch()  # anyio's wait replaces our reader: the next receive watches again
                 await anyio.wait_readable(self._sock)
                 continue
             except OSError as exc:

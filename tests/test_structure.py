@@ -79,7 +79,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         (
             "names", "toolerrors", "progress", "owner", "hello", "spoollinks", "http.limits",
             "tasks.ids", "tasks.owners", "asks.requeststate", "view.search", "notify.downstream",
-            "handoff.journal", "handoff.offer",
+            "handoff.journal", "handoff.offer", "replies",
         ),
         ("handoff.stream", "handoff.backchannel"),
         ("catalog", "links"),
@@ -107,7 +107,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "cli": (
         ("render", "demo", "connect.lines", "connect.loop"),
         ("connect.resume",),
-        ("connect.pump", "connect.handoff"),
+        ("connect.pump", "connect.handoff", "connect.dial"),
         ("connect", "main"),
         ("remote", "local"),
     ),
@@ -280,7 +280,7 @@ class TestConnect:
         ours = {m.removeprefix("supervisor.") for m in loaded if m.startswith("supervisor.")}
         allowed = {"cli", "cli.main", "cli.connect", "errors", "paths", "peers", "gateway", "gateway.hello"}
         allowed |= {"cli.connect.lines", "cli.connect.loop", "cli.connect.pump", "cli.connect.resume"}
-        allowed |= {"cli.connect.handoff", "gateway.handoff", "gateway.handoff.journal"}
+        allowed |= {"cli.connect.handoff", "cli.connect.dial", "gateway.handoff", "gateway.handoff.journal"}
         allowed |= {"extension", "extension.backoff"}
         assert ours <= allowed, sorted(ours - allowed)
 

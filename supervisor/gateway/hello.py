@@ -5,7 +5,9 @@ importing the gateway: this module imports nothing.
 
 - ``connect --profile NAME`` opens with a :data:`HELLO_METHOD` request.
 - ``connect`` may open with a :data:`HANDOFF_METHOD` request instead, the client's stdin and
-  stdout attached (SCM_RIGHTS): the daemon then serves the client on them directly, answers
+  stdout attached (SCM_RIGHTS), or send one with ``{"switch": true}`` on a live session (after
+  a daemon restart), answered ``{"ready": true}``, then one byte (:data:`SWITCH_FDS`) with the
+  fds: the daemon then serves the client on them directly, answers
   with the session's journal (a memfd, :mod:`.handoff.journal`); once connect acknowledges it
   (:data:`TAKEN`: until then the daemon does not touch the fds), the daemon writes only the
   lines below on the socket, each a tag byte, a payload and a newline.
@@ -22,6 +24,7 @@ __all__ = (
     "SET_UP",
     "SET_UP_MAX",
     "SET_UP_METHODS",
+    "SWITCH_FDS",
     "TAKEN",
 )
 
@@ -29,6 +32,7 @@ HELLO_METHOD = "mcp-supervisor/profile"  # params {"name": PROFILE}; answered be
 HANDOFF_METHOD = "mcp-supervisor/handoff"  # params {"profile": PROFILE | null}; fds: stdin, stdout
 HANDOFF_ID = "mcp-supervisor-connect-handoff"
 TAKEN = b"K"  # connect's one byte after the answer: it has the journal, the daemon may serve
+SWITCH_FDS = b"F"  # on a live session, once the daemon is ready: the byte the client's fds come with
 
 # After a handoff, the daemon's lines to connect (what connect must know to resume elsewhere):
 SET_UP = b"S"  # + a client line that sets the session up (initialize, setLevel, subscribe, listen...)

@@ -14,7 +14,6 @@ lines that set the session up, and the bye once the client ended).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import anyio
@@ -28,19 +27,22 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from supervisor import sockets
 from supervisor.gateway import fastpath
 from supervisor.gateway.fastpath import FastCalls, RequestId
+from supervisor.gateway.handoff import offer
 from supervisor.gateway.handoff.handed import MAX_ID, Handed
 from supervisor.gateway.handoff.stream import HandedStream
-from supervisor.gateway.hello import HELLO_METHOD
+from supervisor.gateway.hello import HANDOFF_METHOD, HELLO_METHOD
+from supervisor.gateway.replies import LAST, OURS, error_reply, invalid_reply
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_IN_FLIGHT, Session, Slot, bind
-from supervisor.gateway.view.profiles import Chosen, View
+from supervisor.gateway.view.profiles import Chosen
 
 __all__ = (
     "MAX_IN_FLIGHT",
     "MAX_MESSAGE",
+    "RING",
     "SEND_TIMEOUT",
+    "SWITCH_WAIT",
     "StdioConnection",
-    "choose_profile",
 )
 
 log = structlog.get_logger(__name__)
@@ -48,17 +50,9 @@ log = structlog.get_logger(__name__)
 MAX_MESSAGE = 64 << 20  # bytes in one client message (tool arguments may carry images)
 LAST_WORD_GRACE = 5.0  # seconds we keep reading (and dropping) after our last word to a client
 SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is disconnected
+RING = 2 * (MAX_MESSAGE + (1 << 16))  # a handed-off client's journal: room for a whole line, moved
+SWITCH_WAIT = 10.0  # seconds for each step of connect's handoff on a live session
 _LONG_ID = f"a request id over {MAX_ID} characters is not taken by this session"
-
-
-def choose_profile(gateway: Gateway, name: object) -> View | str:
-    """The view of profile *name*, or what to tell a client that asked for one there is not."""
-    view = gateway.views.get(name) if isinstance(name, str) else None
-    if view is None:
-        known = ", ".join(gateway.views.names()) or "none"
-        log.info("gateway.unknown_profile", profile=str(name)[:100])
-        return f"unknown profile {name!r} (configured: {known})"
-    return view
 
 
 class StdioConnection:
@@ -85,6 +79,7 @@ class StdioConnection:
         # Handed off (*stream* the client's own stdio, *back* the socket to connect): what
         # connect needs to carry on if we die goes into the journal and over *back*.
         self.handed: Handed | None = None
+        self._handed_stream: HandedStream | None = None  # handed over on a live session: closed here
         self.client_ended = False  # its input ended, or its output went: connect may exit
         if back is not None:
             assert isinstance(stream, HandedStream)
@@ -127,6 +122,9 @@ class StdioConnection:
                 self._fast.close()  # its children are told to stop what it no longer waits for
             finally:
                 self.session.close()  # what is this client's goes with it: questions, instances, tasks...
+                if self._handed_stream is not None:  # handed over on the way: ours to close
+                    await self._handed_stream.aclose()
+                    self._handed_stream.journal.close()
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
@@ -244,8 +242,8 @@ class StdioConnection:
                     break
                 except anyio.DelimiterNotFound:
                     log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
-                    too_large = _error(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
-                    await errors.send(SessionMessage(too_large.message, metadata=_LAST))
+                    too_large = error_reply(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
+                    await errors.send(SessionMessage(too_large.message, metadata=LAST))
                     await self._discard_input()
                     break
                 size = len(line) + 1  # the line leaves the journal's ring once it is ours
@@ -265,7 +263,7 @@ class StdioConnection:
                     message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
                 except ValueError:
                     taken(size)
-                    await errors.send(_invalid(line))
+                    await errors.send(invalid_reply(line))
                     continue
                 if self._first:  # `connect --profile`: a hello before the client's first byte
                     self._first = False
@@ -274,10 +272,14 @@ class StdioConnection:
                             continue
                         await self._discard_input()
                         break
+                if _is_switch(message) and self.handed is None and not reader.buffer:
+                    if (switched := await self._switch(message.id, reader)) is not None:
+                        reader, taken = switched  # the client's own pipes from now on
+                    continue
                 if self.handed is not None:
                     if isinstance(message, types.JSONRPCRequest) and self.handed.refuses(message.id):
                         taken(size)
-                        await errors.send(_error(message.id, types.INVALID_REQUEST, _LONG_ID))
+                        await errors.send(error_reply(message.id, types.INVALID_REQUEST, _LONG_ID))
                         continue
                     self.handed.set_up(message, line)
                 metadata = None
@@ -301,6 +303,30 @@ class StdioConnection:
                 await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
 
+    async def _switch(
+        self, request_id: RequestId, reader: BufferedByteReceiveStream
+    ) -> tuple[BufferedByteReceiveStream, Callable[[int], None]] | None:
+        """connect hands the client's stdio over on this live session: from now on it is served on
+        those pipes, the socket its back channel; None when it is not (connect pumps on)."""
+        socket_stream = self.stream
+        assert isinstance(socket_stream, sockets.Stream)
+        async with self._sending:  # none of our lines goes out meanwhile
+            took = await offer.take_over(socket_stream, request_id, RING, SWITCH_WAIT)
+            if took is None:
+                self._scope.cancel()  # connect carries the client on from the (empty) journal
+                return None
+            if isinstance(took, bytes):
+                reader.feed_data(took)  # the client's: connect gave up and pumps on
+                return None
+            stdin, stdout, journal = took
+            self.stream = handed = HandedStream(stdin, stdout, journal)
+            self._handed_stream = handed
+            self.handed = Handed(handed, socket_stream, self._in_flight, self._scope.cancel, SEND_TIMEOUT)
+            assert self._tasks is not None
+            self._tasks.start_soon(self.handed.back.run)
+        log.info("gateway.handed_over")
+        return BufferedByteReceiveStream(handed), journal.consume
+
     async def _input_ended(self) -> None:
         """The client's input ended. Handed off, the answers still due go out first."""
         if self.handed is not None:
@@ -312,16 +338,16 @@ class StdioConnection:
     ) -> bool:
         """Choose this connection's profile; False (and a last error) if there is no such profile."""
         name = (message.params or {}).get("name")
-        view = choose_profile(self.gateway, name)
+        view = self.gateway.views.choose(name)
         if isinstance(view, str):
-            error = _error(message.id, types.INVALID_PARAMS, view)
-            await replies.send(SessionMessage(error.message, metadata=_LAST))
+            error = error_reply(message.id, types.INVALID_PARAMS, view)
+            await replies.send(SessionMessage(error.message, metadata=LAST))
             return False
         self._chosen = Chosen(view.name or "")
         result = types.JSONRPCResponse(
             jsonrpc="2.0", id=message.id, result={"profile": name, "mode": view.mode}
         )
-        await replies.send(SessionMessage(result, metadata=_OURS))
+        await replies.send(SessionMessage(result, metadata=OURS))
         return True
 
     async def _discard_input(self) -> None:
@@ -343,42 +369,23 @@ class StdioConnection:
                 message = item.message
                 data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
-                if answered and self.handed is not None and item.metadata is not _OURS:
+                if answered and self.handed is not None and item.metadata is not OURS:
                     self.handed.answered(message.id)
                 if not await self._transmit(data):
                     return
-                if item.metadata is _LAST:  # the connection's last word: the client sees it, then EOF
+                if item.metadata is LAST:  # the connection's last word: the client sees it, then EOF
                     await self.stream.send_eof()
                     continue
-                if answered and item.metadata is not _OURS and message.id is not None:
+                if answered and item.metadata is not OURS and message.id is not None:
                     self._in_flight.settle(message.id)
                     if message.id in self._listings:  # the client listed tools: fast calls from now
                         self._listings.discard(message.id)
                         self._fast_ready |= isinstance(message, types.JSONRPCResponse)
 
 
-_LAST = ServerMessageMetadata()  # an error after which the connection ends
-_OURS = ServerMessageMetadata()  # marks the errors this module writes: they answer no request of the SDK's
-
-
-def _error(request_id: str | int | None, code: int, message: str) -> SessionMessage:
-    error = types.JSONRPCError(
-        jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message)
-    )
-    return SessionMessage(error, metadata=_OURS)
+def _is_switch(message: types.JSONRPCMessage) -> bool:
+    return isinstance(message, types.JSONRPCRequest) and message.method == HANDOFF_METHOD
 
 
 def _nothing(_: int) -> None:
     pass
-
-
-def _invalid(line: bytes) -> SessionMessage:
-    """-32700 for a line that is not JSON, -32600 (with its id, if any) for one that is not JSON-RPC."""
-    try:
-        data = json.loads(line)
-    except (ValueError, RecursionError):
-        return _error(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
-    request_id = data.get("id") if isinstance(data, dict) else None
-    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
-        request_id = None
-    return _error(request_id, types.INVALID_REQUEST, "Invalid request: not a JSON-RPC 2.0 message")

@@ -21,10 +21,9 @@ from supervisor import sockets
 from supervisor.gateway.handoff import offer
 from supervisor.gateway.handoff.journal import Journal
 from supervisor.gateway.handoff.stream import HandedStream
-from supervisor.gateway.hello import TAKEN
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_CONNECTIONS, MAX_IN_FLIGHT
-from supervisor.gateway.stdio import MAX_MESSAGE, SEND_TIMEOUT, StdioConnection, choose_profile
+from supervisor.gateway.stdio import MAX_MESSAGE, RING, SEND_TIMEOUT, StdioConnection
 from supervisor.gateway.view.profiles import Chosen
 from supervisor.logs import Throttled
 
@@ -34,7 +33,6 @@ log = structlog.get_logger(__name__)
 
 _FIRST_READ = 1 << 16  # the first read of a connection, which may carry a handoff's fds
 _TAKEN_TIMEOUT = 10.0  # seconds for connect to acknowledge the handoff's answer
-_RING = 2 * (MAX_MESSAGE + _FIRST_READ)  # a handed-off client's journal: room for a whole line, moved
 
 
 async def serve_unix(
@@ -70,7 +68,10 @@ async def serve_unix(
                 if handoff is not None:
                     await _serve_handed(gateway, stream, handoff)
                 elif first:
-                    await StdioConnection(gateway, stream, first).serve()
+                    connection = StdioConnection(gateway, stream, first)
+                    await connection.serve()
+                    if connection.client_ended and connection.handed is not None:  # switched
+                        await connection.handed.back.bye()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
             log.debug("gateway.client_gone")
         except Exception:  # a bug of ours: end this client, never the daemon
@@ -101,14 +102,14 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
     with contextlib.closing(handoff):  # its fds, unless taken
         refusal, chosen = handoff.problem, None
         if refusal is None and handoff.profile is not None:
-            view = choose_profile(gateway, handoff.profile)
+            view = gateway.views.choose(handoff.profile)
             if isinstance(view, str):
                 refusal = view
             else:
                 chosen = Chosen(view.name or "")
         if refusal is None:
             try:
-                journal = Journal(_RING)
+                journal = Journal(RING)
             except OSError as exc:  # out of memory or fds
                 refusal = f"cannot take the session over: {exc.strerror or exc}"
         if refusal is not None:
@@ -120,7 +121,7 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
             if not offer.answer(sock, handoff, journal.fd):
                 return
             journal.close_fd()
-            if not await _taken(stream):
+            if not await offer.acknowledged(stream, _TAKEN_TIMEOUT):
                 return  # connect gave up waiting, and pumps: its client's fds are not ours
             handed = HandedStream(*handoff.take(), journal)
             try:
@@ -130,16 +131,6 @@ async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer
                     await connection.handed.back.bye()
             finally:
                 await handed.aclose()
-
-
-async def _taken(stream: sockets.Stream) -> bool:
-    """Whether connect acknowledges the handoff's answer in time."""
-    with anyio.move_on_after(_TAKEN_TIMEOUT):
-        try:
-            return await stream.receive(1) == TAKEN
-        except (anyio.EndOfStream, anyio.BrokenResourceError):
-            return False
-    return False
 
 
 async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:

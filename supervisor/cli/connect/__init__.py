@@ -26,7 +26,6 @@ client's first byte; the pump itself never sees either.
 from __future__ import annotations
 
 import argparse
-import errno
 import itertools
 import json
 import os
@@ -34,24 +33,19 @@ import socket
 import time
 from collections.abc import Callable
 
-from supervisor import peers
 from supervisor.cli.connect import handoff
+from supervisor.cli.connect.dial import UnknownProfile, WrongOwner, dial
 from supervisor.cli.connect.lines import error_line
 from supervisor.cli.connect.loop import Channel, Loop
 from supervisor.cli.connect.pump import IN_FLIGHT, RESTARTED, Link, Pump, note
-from supervisor.errors import ConfigError, DaemonUnreachable
+from supervisor.errors import DaemonUnreachable
 from supervisor.extension.backoff import Backoff
-from supervisor.gateway.hello import HELLO_METHOD
 
 __all__ = ("EOF_GRACE", "RECONNECT", "UnknownProfile", "command", "gateway_socket", "run")
 
 EOF_GRACE = 2.0  # after stdin ends: how long answers still due (and unread output) are waited for
 RECONNECT = Backoff(initial=0.05, maximum=1.0, multiplier=2.0, jitter=0.1)  # jitter: N clients at once
-_HELLO_ID = "mcp-supervisor-connect-profile"
-_HELLO_TIMEOUT = 10.0  # seconds for the daemon to answer the profile line
-_HELLO_MAX = 65536  # bytes of that answer
-_BUSY_TIMEOUT = 1.0  # seconds to retry a listener whose backlog is full
-_NOBODY_THERE = frozenset({errno.ENOENT, errno.ECONNREFUSED, errno.ENOTSOCK, errno.ENOTDIR})
+_SWITCH_TIMEOUT = 5.0  # seconds for a handoff on a live link (the daemon waits 10 s for TAKEN)
 _NOT_BACK = "the mcp-supervisor daemon did not come back; the request was not sent"
 _INPUT_ENDED = "the client closed its input while the mcp-supervisor daemon was restarting; not sent"
 
@@ -65,104 +59,6 @@ def command(args: argparse.Namespace) -> int:
     """``mcp-supervisor connect``, as parsed by the CLI."""
     path = gateway_socket(args.socket)
     return run(path, reconnect_timeout=args.reconnect_timeout, profile=args.profile)
-
-
-class _WrongOwner(DaemonUnreachable):
-    """Something of another uid listens on the socket; nothing was sent to it."""
-
-
-class UnknownProfile(ConfigError):
-    """The daemon has no profile of that name (its answer says which it has)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__([message])
-
-
-def _connected(loop: Loop, path: str, stop: Callable[[], bool]) -> socket.socket:
-    """A non-blocking socket connected to *path*; a listener with a full backlog is retried a while
-    (serving the loop, until *stop()*)."""
-    busy_until = time.monotonic() + _BUSY_TIMEOUT
-    sock: socket.socket | None = None
-    while True:
-        try:
-            sock = sock or socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            sock.connect(path)
-            return sock
-        except BlockingIOError:  # EAGAIN: the daemon is not accepting as fast as clients come
-            if time.monotonic() < busy_until and not stop():
-                loop.pause(0.01)
-                continue
-            reason = f"the daemon on {path} is not accepting connections"
-        except PermissionError:
-            reason = f"permission denied connecting to {path}"
-        except OSError as exc:  # nothing there, or no fd to spare (EMFILE): a redial tries again
-            nobody = exc.errno in _NOBODY_THERE
-            reason = None if nobody else f"cannot connect to {path}: {exc.strerror or exc}"
-        if sock is not None:
-            sock.close()
-        raise DaemonUnreachable(path, reason)
-
-
-def _choose(loop: Loop, sock: socket.socket, path: str, profile: str, stop: Callable[[], bool]) -> None:
-    """Send the profile line and read its answer, which is all the daemon sends until we speak
-    (serving the loop meanwhile, until *stop()*)."""
-    hello = {"jsonrpc": "2.0", "id": _HELLO_ID, "method": HELLO_METHOD, "params": {"name": profile}}
-    answer = bytearray()
-    ended = False
-
-    def read(data: bytes) -> None:
-        answer.extend(data)
-
-    def lost(_: OSError | None) -> None:
-        nonlocal ended
-        ended = True
-
-    def done() -> bool:
-        return ended or stop() or b"\n" in answer or len(answer) >= _HELLO_MAX
-
-    # A throwaway channel on a dup: the link gets the socket itself, unread and untouched.
-    channel = Channel(loop, os.dup(sock.fileno()), on_data=read, on_lost=lost)
-    try:
-        channel.write(json.dumps(hello).encode() + b"\n")
-        loop.run_until(done, _HELLO_TIMEOUT)
-    finally:
-        channel.abort()
-    try:
-        reply = json.loads(answer.partition(b"\n")[0]) if b"\n" in answer else None
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
-        raise DaemonUnreachable(path, f"the daemon on {path} did not answer the profile request")
-    error = reply.get("error")
-    if error is not None:
-        message = error.get("message") if isinstance(error, dict) else None
-        raise UnknownProfile(str(message or f"the daemon refused profile {profile!r}"))
-
-
-def _dial(
-    loop: Loop, path: str, profile: str | None = None, stop: Callable[[], bool] = lambda: False
-) -> socket.socket:
-    """A socket connected to *path*, once the daemon is known to run as our uid (or root).
-
-    With a *profile*, the daemon has accepted it (:class:`UnknownProfile` if not). Waits end
-    early when *stop()* (the client went, mid-redial).
-    """
-    sock = _connected(loop, path, stop)
-    try:
-        peers.check(sock, path)
-        if profile is not None:
-            _choose(loop, sock, path, profile, stop)
-    except peers.UntrustedPeer as exc:
-        sock.close()
-        raise _WrongOwner(path, str(exc)) from None
-    except OSError as exc:
-        sock.close()
-        raise DaemonUnreachable(path, f"cannot connect to {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def run(
@@ -187,13 +83,15 @@ def run(
         blocking = [(fd, os.get_blocking(fd)) for fd in {stdin, stdout}]
         try:
             owner = _Owner(loop, socket_path, reconnect_timeout, profile)
+            owner.stdio = (stdin, stdout)
             if handoff.eligible(stdin, stdout):
-                sock = _dial(loop, socket_path)
+                sock = dial(loop, socket_path)
                 memfd = handoff.offer(sock, stdin, stdout, profile)
                 if memfd is not None:
+                    owner.may_switch = True  # this daemon takes handoffs: the next one will too
                     return owner.serve_handed(sock, memfd, stdin, stdout)
                 sock.close()  # an older daemon, or one out of fds: connect pumps
-            sock = _dial(loop, socket_path, profile)
+            sock = dial(loop, socket_path, profile)
             return owner.serve(sock, os.dup(stdin), os.dup(stdout))
         finally:
             for fd, mode in blocking:  # the fds may be shared with the client's terminal
@@ -208,6 +106,9 @@ class _Owner:
     def __init__(self, loop: Loop, path: str, reconnect_timeout: float, profile: str | None = None) -> None:
         self.loop, self.path, self.reconnect_timeout, self.profile = loop, path, reconnect_timeout, profile
         self.pump = Pump()
+        self.stdio = (0, 1)  # the client's fds (the pump's channels own dups of them)
+        self.may_switch = False  # hand the client over on a live link (after a daemon restart)
+        self._own_ids: set[str] = set()  # ids of connect's own requests: no error of ours for them
         self.gave_up: str | None = None
         self._deadline: float | None = None  # of the current reconnection
         self._ids = itertools.count(1)
@@ -222,6 +123,14 @@ class _Owner:
     def serve_handed(self, sock: socket.socket, memfd: int, stdin: int, stdout: int) -> int:
         """Wait while the daemon serves the client on *stdin* and *stdout* itself; if it dies, carry
         the client on from its journal (*memfd*) and serve as :meth:`serve` does."""
+        if self._handed(sock, memfd):
+            return 0
+        return self._until_the_end(None)
+
+    def _handed(self, sock: socket.socket, memfd: int) -> bool:
+        """While the daemon serves the client itself: True once the client ended, False when
+        the daemon went and the pump carries the client on (its requests in flight failed)."""
+        stdin, stdout = self.stdio
         back = handoff.BackLines(self.pump.memory)
         ended = False
 
@@ -234,16 +143,17 @@ class _Owner:
             self.loop.run_until(lambda: ended or back.bye)
             channel.abort()
             if back.bye:
-                return 0
+                return True
             taken = handoff.taken_back(memfd, back)
         finally:
             os.close(memfd)
         pump = self.pump
         pump.attach(self.loop, os.dup(stdin), os.dup(stdout))
         pump.write(b"\n" if taken.mid_line else b"")  # the daemon died mid-answer: end the line
-        pump.write(b"".join(error_line(failed, RESTARTED, IN_FLIGHT) for failed in taken.failed))
+        failed = [request_id for request_id in taken.failed if request_id not in self._own_ids]
+        pump.write(b"".join(error_line(request_id, RESTARTED, IN_FLIGHT) for request_id in failed))
         pump.from_client(taken.unsent)  # held for the next daemon
-        return self._until_the_end(None)
+        return False
 
     def _until_the_end(self, link: Link | None) -> int:
         try:
@@ -291,11 +201,19 @@ class _Owner:
 
     def _connections(self, link: Link | None) -> bool:
         """Keep a live link until the client ends (True) or the daemon is given up on (False).
-        None: the daemon is gone already."""
+        None: the daemon is gone already. A live link with nothing on its way is handed over
+        (once connect may: its stdio can be, and the daemon did not refuse)."""
         pump = self.pump
         while True:
             if link is not None:  # the pump fails its requests in flight when the link closes
-                self._wait(lambda current=link: current.closed)
+                self._wait(lambda current=link: current.closed or self._switchable(current))
+                if not link.closed and self._switchable(link):
+                    handed = self._switch(link)
+                    if handed is None:
+                        continue  # refused: pump on this link
+                    if self._handed(*handed):
+                        return True
+                    link = None  # the daemon went: the pump carries the client on
             if pump.ending:
                 return True
             if self._deadline is None:
@@ -311,6 +229,26 @@ class _Owner:
             if not self._resume(link):
                 link.abort()
 
+    def _switchable(self, link: Link) -> bool:
+        pump = self.pump
+        idle = link.downstream.idle and not link.backlog and not link.dropped and link.channel is not None
+        return self.may_switch and link is pump.live and idle and pump.quiet and link.channel.buffered == 0
+
+    def _switch(self, link: Link) -> tuple[socket.socket, int] | None:
+        request_id = self._own_id()
+        stdin, stdout = self.stdio
+        handed = handoff.switch(self.loop, self.pump, link, stdin, stdout, request_id, _SWITCH_TIMEOUT)
+        if handed is None:
+            self.may_switch = False  # an older daemon, or a client not reading: pump on
+        else:
+            note(f"handed the client over to the daemon on {self.path} again")
+        return handed
+
+    def _own_id(self) -> str:
+        request_id = f"mcp-supervisor-connect-{os.getpid()}-{next(self._ids)}"
+        self._own_ids.add(request_id)
+        return request_id
+
     def _redial(self) -> Link | None:
         """A new connection, trying with backoff until the deadline; None when giving up or ending."""
         assert self._deadline is not None
@@ -318,8 +256,8 @@ class _Owner:
         while not self.pump.ending:
             attempt += 1
             try:
-                return self._open(_dial(self.loop, self.path, self.profile, lambda: self.pump.ending))
-            except (_WrongOwner, UnknownProfile) as exc:
+                return self._open(dial(self.loop, self.path, self.profile, lambda: self.pump.ending))
+            except (WrongOwner, UnknownProfile) as exc:
                 self.gave_up = str(exc)
                 return None
             except DaemonUnreachable:
@@ -338,7 +276,7 @@ class _Owner:
         pump = self.pump
 
         def new_id() -> str:
-            request_id = f"mcp-supervisor-connect-{os.getpid()}-{next(self._ids)}"
+            request_id = self._own_id()
             link.dropped.add(request_id)
             return request_id
 

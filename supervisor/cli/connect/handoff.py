@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from supervisor.cli.connect.lines import Kind, RequestId, is_id, peek
+from supervisor.cli.connect.loop import Loop
+from supervisor.cli.connect.pump import Link, Pump
 from supervisor.cli.connect.resume import SessionMemory
 from supervisor.gateway.handoff.journal import Recovered, recover
 from supervisor.gateway.hello import (
@@ -32,10 +34,11 @@ from supervisor.gateway.hello import (
     HELD_LONG,
     RELEASED_LONG,
     SET_UP,
+    SWITCH_FDS,
     TAKEN,
 )
 
-__all__ = ("MAX_BACK_LINE", "BackLines", "Taken", "eligible", "offer", "taken_back")
+__all__ = ("MAX_BACK_LINE", "BackLines", "Taken", "eligible", "offer", "switch", "taken_back")
 
 MAX_BACK_LINE = 2 << 20  # bytes of one back line: a set-up line of up to 1 MiB and its tag
 _ANSWER_TIMEOUT = 10.0  # seconds for the daemon to take the handoff or refuse it
@@ -177,3 +180,79 @@ def _unsent(unconsumed: bytes, held: set[RequestId]) -> bytes:
             continue  # the daemon took it: it is answered with an error
         kept.append(line + b"\n")
     return b"".join(kept) + partial
+
+
+def switch(
+    loop: Loop, pump: Pump, link: Link, stdin: int, stdout: int, request_id: str, timeout: float
+) -> tuple[socket.socket, int] | None:
+    """Hand the client over on *link*, a live pumped connection with nothing on its way
+    (``pump.quiet``): the same session goes on, served by the daemon on the client's pipes.
+
+    connect stops reading stdin first; it asks (*request_id*), sends the fds once the daemon is
+    ready, passes on what the daemon still writes until its answer, lets its own output out,
+    and commits with :data:`TAKEN`. Then the link is let go of (its socket stays open as the
+    returned one) and the pump no longer touches stdin or stdout. None, with the pump reading
+    stdin again, when the daemon would not (an older one) or did not answer in *timeout*."""
+    assert link.channel is not None
+    pump.detach(output=False)
+    link.channel.pause_reading()
+    link.switch_id, link.switch_answers = request_id, []
+    sock = socket.socket(fileno=os.dup(link.channel.fd))
+    fds: list[int] = []
+    deadline = time.monotonic() + timeout
+    try:
+        request = {"jsonrpc": "2.0", "id": request_id, "method": HANDOFF_METHOD, "params": {"switch": True}}
+        sock.settimeout(timeout)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        if _answered(sock, pump, link, fds, deadline) != {"ready": True}:
+            return _stay(loop, pump, link, sock, fds, stdin)
+        socket.send_fds(sock, [SWITCH_FDS], [stdin, stdout])
+        if _answered(sock, pump, link, fds, deadline) != {"handoff": True} or len(fds) != 1:
+            return _stay(loop, pump, link, sock, fds, stdin)
+        out = pump.stdout
+        drained = out is None or loop.run_until(lambda: out.buffered == 0, deadline - time.monotonic())
+        if not drained or pump.gone:
+            return _stay(loop, pump, link, sock, fds, stdin)  # the client does not read: not now
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(TAKEN)
+    except OSError:
+        return _stay(loop, pump, link, sock, fds, stdin)
+    pump.detach(output=True)
+    link.switch_id = None
+    link.channel.on_lost = None
+    link.channel.abort()
+    pump.links.discard(link)
+    pump.live = None
+    sock.setblocking(False)
+    return sock, fds.pop()
+
+
+def _answered(sock: socket.socket, pump: Pump, link: Link, fds: list[int], deadline: float) -> object:
+    """The next answer to the switch's request, passing on the daemon's other lines; None at the
+    end, or when it is an error."""
+    while not link.switch_answers:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        data, got, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        for fd in got:
+            os.set_inheritable(fd, False)
+        fds += got
+        if not data:
+            return None
+        pump.write(link.downstream.feed(data))
+    answer = link.switch_answers.pop(0)
+    return answer.get("result")
+
+
+def _stay(loop: Loop, pump: Pump, link: Link, sock: socket.socket, fds: list[int], stdin: int) -> None:
+    """The switch did not happen: the pump reads stdin again; the link goes on (or ends)."""
+    for fd in fds:
+        os.close(fd)
+    sock.close()
+    if link.switch_id is not None:
+        link.dropped.add(link.switch_id)  # an answer still to come is ours, not the client's
+    link.switch_id = None
+    pump.attach_input(loop, os.dup(stdin))
+    if link.channel is not None:
+        link.channel.resume_reading()
+    pump.flow()
+    return None

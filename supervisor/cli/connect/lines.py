@@ -181,6 +181,11 @@ class LineBuffer:
         self._partial = bytearray()
         self._over: tuple[bytes, bytes, int] | None = None  # head, tail, size of a line being discarded
 
+    @property
+    def empty(self) -> bool:
+        """No part of a line is held."""
+        return not self._partial and self._over is None
+
     def feed(self, chunk: bytes) -> list[bytes | bytearray | Oversize]:
         """The lines *chunk* completes, in order."""
         lines: list[bytes | bytearray | Oversize] = []

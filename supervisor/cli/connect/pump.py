@@ -69,6 +69,8 @@ class Link:
         self.initialize_id: str | None = None
         self.initialize_answer: dict[str, Any] | None = None
         self.answered = False  # the replayed initialize was answered, or the link died
+        self.switch_id: str | None = None  # of connect's handoff on this link, while it goes on
+        self.switch_answers: list[dict[str, Any]] = []
         self.closed = False
 
     @property
@@ -112,6 +114,9 @@ class Link:
             self.drain()
 
     def _keep(self, seen: Peek) -> bool:
+        if seen.kind is Kind.RESPONSE and seen.id is not None and seen.id == self.switch_id:
+            self.switch_answers.append(seen.message or {})
+            return False
         if seen.kind is not Kind.RESPONSE or seen.id not in self.dropped:
             return True
         self.dropped.discard(seen.id)
@@ -149,9 +154,39 @@ class Pump:
 
     def attach(self, loop: Loop, stdin: int, stdout: int) -> None:
         """Serve the client on the fds *stdin* and *stdout* (the channels own and close them)."""
-        self.stdin = Channel(loop, stdin, on_data=self.from_client, on_lost=lambda _: self.client_ended())
+        self.attach_input(loop, stdin)
         self.stdout = Channel(
             loop, stdout, on_lost=self._stdout_lost, on_pressure=self.pause_daemon, watch_hangup=True
+        )
+
+    def attach_input(self, loop: Loop, stdin: int) -> None:
+        """Read the client's input from the fd *stdin* (the channel owns and closes it)."""
+        self.stdin = Channel(loop, stdin, on_data=self.from_client, on_lost=lambda _: self.client_ended())
+        self.stdin_paused = False
+
+    def detach(self, *, output: bool) -> None:
+        """Stop reading the client's input (and, with *output*, stop writing its output: what is
+        unwritten is dropped), closing the channels' fds; the client's own fds stay open."""
+        channels = [self.stdin, self.stdout] if output else [self.stdin]
+        for channel in channels:
+            if channel is not None:
+                channel.on_lost = None
+                channel.abort()
+        self.stdin = None
+        if output:
+            self.stdout = None
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing of the client's is on its way: no request unanswered (but listens), no line
+        held or partly read, no output unwritten."""
+        out = self.stdout
+        return (
+            not self.waiting()
+            and not self.held
+            and self.lines.empty
+            and not self.ending
+            and (out is None or out.buffered == 0)
         )
 
     def link(self, loop: Loop, fd: int, link: Link) -> None:

@@ -166,6 +166,11 @@ class Downstream:
             out.append(self._continue(chunk[pos:], complete=False))
         return out[0] if len(out) == 1 else b"".join(out)
 
+    @property
+    def idle(self) -> bool:
+        """No line is partly passed on or held."""
+        return not self._partial and self._streaming is None
+
     def cut(self) -> bytes:
         """The connection broke: what ends a line left half-written (its rest never comes)."""
         cut = self._streaming is not None and self._keeping

@@ -17,9 +17,13 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.gateway.hello import HANDOFF_METHOD
+import anyio
 
-__all__ = ("MAX_FDS", "Offer", "answer", "parse", "refuse")
+from supervisor.gateway.handoff.journal import Journal
+from supervisor.gateway.hello import HANDOFF_METHOD, SWITCH_FDS, TAKEN
+from supervisor.streams import Stream
+
+__all__ = ("MAX_FDS", "Offer", "acknowledged", "answer", "parse", "refuse", "take_over")
 
 MAX_FDS = 2  # stdin, stdout: fds beyond these are closed by the kernel (MSG_CTRUNC)
 _READABLE = (os.O_RDONLY, os.O_RDWR)
@@ -63,20 +67,28 @@ def parse(first: bytes, fds: list[int]) -> Offer | None:
     params = request.get("params")
     profile = params.get("profile") if isinstance(params, dict) else None
     offer = Offer(request["id"], profile if isinstance(profile, str) else None, None, None)
+    if isinstance(params, dict) and params.get("switch"):
+        _close(fds)
+        offer.problem = "a switch is for a live session, not its first line"
+        return offer
+    _take_fds(offer, fds)
+    return offer
+
+
+def _take_fds(offer: Offer, fds: list[int]) -> None:
+    """*offer* takes the two *fds* if they are usable; else they are closed and it says why."""
     if len(fds) != MAX_FDS:
         _close(fds)
         offer.problem = f"expected {MAX_FDS} fds (stdin, stdout), got {len(fds)}"
-        return offer
+        return
     offer.stdin, offer.stdout = fds
     try:
-        offer.problem = _unusable(offer.stdin, _READABLE, "stdin") or _unusable(
-            offer.stdout, _WRITABLE, "stdout"
-        )
+        problem = _unusable(offer.stdin, _READABLE, "stdin")
+        offer.problem = problem or _unusable(offer.stdout, _WRITABLE, "stdout")
     except OSError as exc:
         offer.problem = f"cannot use the fds: {exc.strerror or exc}"
     if offer.problem is not None:
         offer.close()
-    return offer
 
 
 def _close(fds: list[int]) -> None:
@@ -127,3 +139,51 @@ def refuse(sock: socket.socket, request_id: str | int, code: int, message: str) 
 
 def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode() + b"\n"
+
+
+async def acknowledged(stream: Stream, within: float) -> bool:
+    """Whether connect acknowledges the answer (:data:`TAKEN`) within *within* seconds."""
+    with anyio.move_on_after(within):
+        try:
+            return await stream.receive(1) == TAKEN
+        except (anyio.EndOfStream, anyio.BrokenResourceError):
+            return False
+    return False
+
+
+async def take_over(
+    stream: Stream, request_id: str | int, capacity: int, within: float
+) -> tuple[int, int, Journal] | bytes | None:
+    """The daemon's half of a handoff on a live session (*stream*, its socket, nothing unread):
+    say ready, take the fds that come with :data:`SWITCH_FDS`, answer with a journal of
+    *capacity*, and wait for :data:`TAKEN`, within *within* seconds. The fds and the journal,
+    now the caller's; the bytes read instead of the fds (connect gave up: they are the client's
+    and the session goes on); or None, nothing kept, when the connection must end: after
+    "ready", connect may have committed to a handoff that did not happen, and only the
+    connection's end tells it to carry the client on itself."""
+    sock = stream._raw_socket
+    with anyio.move_on_after(within):
+        await stream.send(_line({"jsonrpc": "2.0", "id": request_id, "result": {"ready": True}}))
+        data, fds = await stream.receive_with_fds(1, MAX_FDS)
+        if data != SWITCH_FDS:
+            _close(fds)
+            return data
+        handoff = Offer(request_id, None, None, None)
+        _take_fds(handoff, fds)
+        if handoff.problem is not None:
+            refuse(sock, request_id, -32602, handoff.problem)
+            return b""
+        with contextlib.closing(handoff):
+            try:
+                journal = Journal(capacity)
+            except OSError as exc:
+                refuse(sock, request_id, -32603, f"cannot take the session over: {exc.strerror or exc}")
+                return b""
+            assert journal.fd is not None
+            if not answer(sock, handoff, journal.fd) or not await acknowledged(stream, within):
+                journal.close()
+                return None
+            journal.close_fd()
+            stdin, stdout = handoff.take()
+            return stdin, stdout, journal
+    return None

@@ -226,6 +226,15 @@ class Views:
         """The view called *name* (None: the default one), or None if no profile has that name."""
         return EVERYTHING if name is None else self._views.get(name)
 
+    def choose(self, name: object) -> View | str:
+        """The view of profile *name*, or what to tell a client that asked for one there is not."""
+        view = self._views.get(name) if isinstance(name, str) else None
+        if view is None:
+            known = ", ".join(self.names()) or "none"
+            log.info("gateway.unknown_profile", profile=str(name)[:100])
+            return f"unknown profile {name!r} (configured: {known})"
+        return view
+
     def of(self, request: Any) -> View:
         """The view of a request, from the SDK's request context (see the module's docstring)."""
         if isinstance(request, Chosen):

@@ -229,17 +229,21 @@ class TestTheDaemonDies:
             client.send(whole[20:])
         assert client.answer(7)["result"]["content"][0]["text"] == "split"
 
-    def test_a_graceful_stop_hands_the_client_back(self, gateway, clients) -> None:
+    def test_a_graceful_stop_hands_the_client_back_and_over_again(self, gateway, clients) -> None:
+        """SIGTERM: connect takes the client back, resumes on the next daemon, and hands the
+        client over to it once nothing is on its way; twice over."""
         daemon = gateway({"echo": ECHO})
         client = clients(daemon)
         client.open_session()
         pipe = client.stdin_pipe()
-        assert daemon.terminate() == 0
-        daemon.start()
-        daemon.wait_state("echo", "running")
-        client.send(line(call(3, "echo__echo", text="back")))
-        assert client.answer(3)["result"]["content"][0]["text"] == "back"
-        assert not holds(daemon.pid, pipe)  # carried on by connect itself
+        for round_ in range(2):
+            assert daemon.terminate() == 0
+            daemon.start()
+            daemon.wait_state("echo", "running")
+            assert client.receive(within=20)["method"] == "notifications/tools/list_changed"
+            until(lambda: holds(daemon.pid, pipe), within=WAIT)  # handed over again
+            client.send(line(call(round_, "echo__echo", text="back")))
+            assert client.answer(round_)["result"]["content"][0]["text"] == "back"
 
     def test_a_session_ended_by_the_daemon_hands_its_calls_in_flight_back(self, gateway, clients) -> None:
         """The daemon ends a handed session on its own (here: a message over its cap), alive: the
