@@ -215,6 +215,7 @@ class TestTheDaemonDies:
         assert client.receive(within=20)["method"] == "notifications/tools/list_changed"
         client.send(line(call(2, "echo__echo", text="after")))
         assert client.answer(2)["result"]["content"][0]["text"] == "after"
+        until(lambda: holds(daemon.pid, client.stdin_pipe()), within=WAIT)  # handed over again
 
     def test_a_line_half_read_by_the_dead_daemon_reaches_the_next(self, gateway, clients) -> None:
         """The daemon had read half a request when it died: connect has those bytes from its
@@ -400,3 +401,18 @@ class TestBounds:
             assert sock.recv(1) == b""  # and the connection is closed
         for fd in (read_end, write_end, out_read, out_write):
             os.close(fd)
+
+    def test_a_switch_given_up_by_its_client_loses_no_byte(self, gateway) -> None:
+        """A live session asks for a switch, hears "ready", then sends a plain request instead
+        of the fds (as a connect that gave up does): the request is served whole."""
+        daemon = gateway({"echo": ECHO})
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            replies = sock.makefile("rb")
+            sock.sendall(line(INITIALIZE))
+            assert "result" in json.loads(replies.readline())
+            sock.sendall(handoff_line(switch=True))
+            assert json.loads(replies.readline())["result"] == {"ready": True}
+            sock.sendall(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
+            assert json.loads(replies.readline()) == {"jsonrpc": "2.0", "id": "p", "result": {}}
