@@ -153,6 +153,10 @@ class InFlight:
         except anyio.WouldBlock:
             await self._semaphore.acquire()
 
+    def holds(self, request_id: RequestId) -> bool:
+        """Whether a request *request_id* is unanswered."""
+        return request_id in self._pending
+
     def give_back(self) -> None:
         """A slot taken for a line that turned out not to be a request."""
         self._semaphore.release()

@@ -123,8 +123,10 @@ class StdioConnection:
             finally:
                 self.session.close()  # what is this client's goes with it: questions, instances, tasks...
                 if self._handed_stream is not None:  # handed over on the way: ours to close
-                    await self._handed_stream.aclose()
-                    self._handed_stream.journal.close()
+                    try:
+                        self._handed_stream.journal.close()
+                    finally:
+                        await self._handed_stream.aclose()
 
     async def _transmit(self, data: bytes) -> bool:
         """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
@@ -273,7 +275,8 @@ class StdioConnection:
                         await self._discard_input()
                         break
                 if _is_switch(message) and self.handed is None and not reader.buffer:
-                    if (switched := await self._switch(message.id, reader)) is not None:
+                    listens = (message.params or {}).get("listens")
+                    if (switched := await self._switch(message.id, reader, listens)) is not None:
                         reader, taken = switched  # the client's own pipes from now on
                     continue
                 if self.handed is not None:
@@ -304,7 +307,7 @@ class StdioConnection:
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
 
     async def _switch(
-        self, request_id: RequestId, reader: BufferedByteReceiveStream
+        self, request_id: RequestId, reader: BufferedByteReceiveStream, listens: object
     ) -> tuple[BufferedByteReceiveStream, Callable[[int], None]] | None:
         """connect hands the client's stdio over on this live session: from now on it is served on
         those pipes, the socket its back channel; None when it is not (connect pumps on)."""
@@ -319,9 +322,10 @@ class StdioConnection:
                 reader.feed_data(took)  # the client's: connect gave up and pumps on
                 return None
             stdin, stdout, journal = took
-            self.stream = handed = HandedStream(stdin, stdout, journal)
-            self._handed_stream = handed
+            self._handed_stream = handed = HandedStream(stdin, stdout, journal)  # owns them now
+            self.stream = handed
             self.handed = Handed(handed, socket_stream, self._in_flight, self._scope.cancel, SEND_TIMEOUT)
+            self.handed.listening(listens, self._in_flight)
             assert self._tasks is not None
             self._tasks.start_soon(self.handed.back.run)
         log.info("gateway.handed_over")

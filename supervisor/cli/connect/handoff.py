@@ -13,6 +13,7 @@ carries the client on itself (:func:`taken_back`), as it does when it pumps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -197,26 +198,32 @@ def switch(
     pump.detach(output=False)
     link.channel.pause_reading()
     link.switch_id, link.switch_answers = request_id, []
-    sock = socket.socket(fileno=os.dup(link.channel.fd))
     fds: list[int] = []
     deadline = time.monotonic() + timeout
+    params = {"switch": True, "listens": list(pump.memory.listens)}  # the streams it keeps open
+    request = {"jsonrpc": "2.0", "id": request_id, "method": HANDOFF_METHOD, "params": params}
+    step = "asking"
     try:
-        request = {"jsonrpc": "2.0", "id": request_id, "method": HANDOFF_METHOD, "params": {"switch": True}}
+        sock = socket.socket(fileno=os.dup(link.channel.fd))
+    except OSError:
+        return _stay(loop, pump, link, None, fds, stdin, step)
+    try:
         sock.settimeout(timeout)
         sock.sendall(json.dumps(request).encode() + b"\n")
         if _answered(sock, pump, link, fds, deadline) != {"ready": True}:
-            return _stay(loop, pump, link, sock, fds, stdin)
+            return _stay(loop, pump, link, sock, fds, stdin, step)
+        step = "handing"
         socket.send_fds(sock, [SWITCH_FDS], [stdin, stdout])
         if _answered(sock, pump, link, fds, deadline) != {"handoff": True} or len(fds) != 1:
-            return _stay(loop, pump, link, sock, fds, stdin)
+            return _stay(loop, pump, link, sock, fds, stdin, step)
         out = pump.stdout
         drained = out is None or loop.run_until(lambda: out.buffered == 0, deadline - time.monotonic())
         if not drained or pump.gone:
-            return _stay(loop, pump, link, sock, fds, stdin)  # the client does not read: not now
+            return _stay(loop, pump, link, sock, fds, stdin, step)  # the client does not read: not now
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(TAKEN)
     except OSError:
-        return _stay(loop, pump, link, sock, fds, stdin)
+        return _stay(loop, pump, link, sock, fds, stdin, step)
     pump.detach(output=True)
     link.switch_id = None
     link.channel.on_lost = None
@@ -243,16 +250,28 @@ def _answered(sock: socket.socket, pump: Pump, link: Link, fds: list[int], deadl
     return answer.get("result")
 
 
-def _stay(loop: Loop, pump: Pump, link: Link, sock: socket.socket, fds: list[int], stdin: int) -> None:
-    """The switch did not happen: the pump reads stdin again; the link goes on (or ends)."""
+def _stay(
+    loop: Loop, pump: Pump, link: Link, sock: socket.socket | None, fds: list[int], stdin: int, step: str
+) -> None:
+    """The switch did not happen: the pump reads stdin again. Asked but not answered, the
+    daemon may still say ready and wait for the fds: a blank line (which it skips) ends its
+    wait. Once the fds went, the daemon may take them yet: the link is ended, and the client's
+    lines are held for the next connection."""
     for fd in fds:
         os.close(fd)
-    sock.close()
     if link.switch_id is not None:
         link.dropped.add(link.switch_id)  # an answer still to come is ours, not the client's
     link.switch_id = None
+    if sock is not None:
+        if step == "asking":
+            with contextlib.suppress(OSError):
+                sock.sendall(b"\n")
+        sock.close()
     pump.attach_input(loop, os.dup(stdin))
     if link.channel is not None:
-        link.channel.resume_reading()
+        if step == "handing":
+            link.abort()
+        else:
+            link.channel.resume_reading()
     pump.flow()
     return None

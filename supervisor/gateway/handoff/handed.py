@@ -25,6 +25,7 @@ __all__ = ("EOF_GRACE", "MAX_ID", "Handed")
 EOF_GRACE = 2.0  # after the client's input ends: how long the answers still due may take
 MAX_ID = 4096  # characters of a request id a handed-off session takes: connect is told each
 _LISTEN = "subscriptions/listen"
+_MAX_LISTENS = 64  # named by connect at a switch (it keeps as many)
 
 
 class Handed:
@@ -44,6 +45,14 @@ class Handed:
         self._in_flight = in_flight
         in_flight.tracker = Tracking(self.journal, self.back)
         self._set_up: dict[RequestId, str] = {}  # requests whose answer connect must hear of: method
+
+    def listening(self, listens: object, in_flight: InFlight) -> None:
+        """Handed over on a live session: the listen streams it has open (connect names them,
+        at most its own bound of them) are set-up requests connect must hear the end of."""
+        if isinstance(listens, list):
+            for request_id in listens[:_MAX_LISTENS]:
+                if type(request_id) in (str, int) and in_flight.holds(request_id):
+                    self._set_up[request_id] = _LISTEN
 
     def refuses(self, request_id: RequestId) -> bool:
         """Whether *request_id* is too long to take (connect would have to hear it whole)."""

@@ -179,8 +179,13 @@ async def take_over(
             except OSError as exc:
                 refuse(sock, request_id, -32603, f"cannot take the session over: {exc.strerror or exc}")
                 return b""
-            assert journal.fd is not None
-            if not answer(sock, handoff, journal.fd) or not await acknowledged(stream, within):
+            try:
+                assert journal.fd is not None
+                taken = answer(sock, handoff, journal.fd) and await acknowledged(stream, within)
+            except BaseException:  # the deadline's cancellation too
+                journal.close()
+                raise
+            if not taken:
                 journal.close()
                 return None
             journal.close_fd()

@@ -416,3 +416,29 @@ class TestBounds:
             assert json.loads(replies.readline())["result"] == {"ready": True}
             sock.sendall(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
             assert json.loads(replies.readline()) == {"jsonrpc": "2.0", "id": "p", "result": {}}
+
+    @pytest.mark.timeout(60)
+    def test_a_switch_never_acknowledged_keeps_no_fd(self, gateway) -> None:
+        """A live session asks, sends the fds, takes the journal and says nothing more: the daemon
+        ends the connection after its deadline, with no fd of it left (the journal's neither)."""
+        daemon = gateway({"echo": ECHO})
+        before = psutil.Process(daemon.pid).num_fds()
+        read_end, write_end = os.pipe()
+        out_read, out_write = os.pipe()
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            replies = sock.makefile("rb", buffering=0)
+            sock.sendall(line(INITIALIZE))
+            assert "result" in json.loads(replies.readline())
+            sock.sendall(handoff_line(switch=True))
+            assert json.loads(replies.readline())["result"] == {"ready": True}
+            socket.send_fds(sock, [b"F"], [read_end, out_write])
+            answer, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+            assert b'"handoff": true' in answer and len(fds) == 1
+            os.close(fds[0])
+            sock.settimeout(20)
+            assert sock.recv(1) == b""  # ended after its deadline
+        until(lambda: psutil.Process(daemon.pid).num_fds() <= before, within=WAIT)
+        for fd in (read_end, write_end, out_read, out_write):
+            os.close(fd)
