@@ -98,39 +98,40 @@ async def serve_unix(
 async def _serve_handed(gateway: Gateway, stream: sockets.Stream, handoff: offer.Offer) -> None:
     """Serve a client whose stdio ``connect`` handed over, on those fds, the socket a back channel.
     A refused handoff (connect then pumps the bytes itself) is answered with an error."""
-    sock = stream._raw_socket
-    with contextlib.closing(handoff):  # its fds, unless taken
-        refusal, chosen = handoff.problem, None
-        if refusal is None and handoff.profile is not None:
-            view = gateway.views.choose(handoff.profile)
-            if isinstance(view, str):
-                refusal = view
-            else:
-                chosen = Chosen(view.name or "")
-        if refusal is None:
-            try:
-                journal = Journal(RING)
-            except OSError as exc:  # out of memory or fds
-                refusal = f"cannot take the session over: {exc.strerror or exc}"
-        if refusal is not None:
-            log.info("gateway.handoff_refused", reason=refusal)
-            offer.refuse(sock, handoff.id, types.INVALID_PARAMS, refusal)
+    refusal, chosen = handoff.problem, None
+    if refusal is None and handoff.profile is not None:
+        view = gateway.views.choose(handoff.profile)
+        if isinstance(view, str):
+            refusal = view
+        else:
+            chosen = Chosen(view.name or "")
+    if refusal is not None:
+        handoff.close()
+        offer.refuse(stream._raw_socket, handoff.id, offer.REFUSED, refusal)
+    else:
+        took = await offer.accept(stream, handoff, RING, _TAKEN_TIMEOUT)
+        if took is None:
+            return  # connect gave up waiting, and pumps: its client's fds are not ours
+        if not isinstance(took, str):
+            await _serve_taken(gateway, stream, took, chosen)
             return
-        with contextlib.closing(journal):
-            assert journal.fd is not None
-            if not offer.answer(sock, handoff, journal.fd):
-                return
-            journal.close_fd()
-            if not await offer.acknowledged(stream, _TAKEN_TIMEOUT):
-                return  # connect gave up waiting, and pumps: its client's fds are not ours
-            handed = HandedStream(*handoff.take(), journal)
-            try:
-                connection = StdioConnection(gateway, handed, chosen=chosen, back=stream)
-                await connection.serve()
-                if connection.client_ended and connection.handed is not None:
-                    await connection.handed.back.bye()
-            finally:
-                await handed.aclose()
+        refusal = took
+    log.info("gateway.handoff_refused", reason=refusal)
+
+
+async def _serve_taken(
+    gateway: Gateway, stream: sockets.Stream, took: tuple[int, int, Journal], chosen: Chosen | None
+) -> None:
+    stdin, stdout, journal = took
+    with contextlib.closing(journal):
+        handed = HandedStream(stdin, stdout, journal)
+        try:
+            connection = StdioConnection(gateway, handed, chosen=chosen, back=stream)
+            await connection.serve()
+            if connection.client_ended and connection.handed is not None:
+                await connection.handed.back.bye()
+        finally:
+            await handed.aclose()
 
 
 async def _refuse(stream: anyio.abc.SocketStream, message: str) -> None:

@@ -108,7 +108,7 @@ class _Owner:
         self.pump = Pump()
         self.stdio = (0, 1)  # the client's fds (the pump's channels own dups of them)
         self.may_switch = False  # hand the client over on a live link (after a daemon restart)
-        self._own_ids: set[str] = set()  # ids of connect's own requests: no error of ours for them
+        self._id_prefix = f"mcp-supervisor-connect-{os.getpid()}-"  # of connect's own requests
         self.gave_up: str | None = None
         self._deadline: float | None = None  # of the current reconnection
         self._ids = itertools.count(1)
@@ -150,7 +150,7 @@ class _Owner:
         pump = self.pump
         pump.attach(self.loop, os.dup(stdin), os.dup(stdout))
         pump.write(b"\n" if taken.mid_line else b"")  # the daemon died mid-answer: end the line
-        failed = [request_id for request_id in taken.failed if request_id not in self._own_ids]
+        failed = [request_id for request_id in taken.failed if not self._own(request_id)]
         pump.write(b"".join(error_line(request_id, RESTARTED, IN_FLIGHT) for request_id in failed))
         pump.from_client(taken.unsent)  # held for the next daemon
         return False
@@ -245,9 +245,11 @@ class _Owner:
         return handed
 
     def _own_id(self) -> str:
-        request_id = f"mcp-supervisor-connect-{os.getpid()}-{next(self._ids)}"
-        self._own_ids.add(request_id)
-        return request_id
+        return f"{self._id_prefix}{next(self._ids)}"
+
+    def _own(self, request_id: object) -> bool:
+        """Whether *request_id* is one of connect's own requests (no error of ours for it)."""
+        return isinstance(request_id, str) and request_id.startswith(self._id_prefix)
 
     def _redial(self) -> Link | None:
         """A new connection, trying with backoff until the deadline; None when giving up or ending."""

@@ -71,11 +71,7 @@ def offer(sock: socket.socket, stdin: int, stdout: int, profile: str | None) -> 
         sock.settimeout(_ANSWER_TIMEOUT)
         socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [stdin, stdout])
         while b"\n" not in answer and len(answer) < _ANSWER_MAX:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            data, got, _, _ = socket.recv_fds(sock, _ANSWER_MAX, 1)
-            fds += got
-            for fd in got:  # recv_fds (3.11) drops its flags: no MSG_CMSG_CLOEXEC
-                os.set_inheritable(fd, False)
+            data = _receive(sock, fds, deadline)
             if not data:
                 break
             answer += data
@@ -89,6 +85,17 @@ def offer(sock: socket.socket, stdin: int, stdout: int, profile: str | None) -> 
         for fd in fds:
             os.close(fd)
     return None
+
+
+def _receive(sock: socket.socket, fds: list[int], deadline: float) -> bytes:
+    """What the daemon sends next, by *deadline*; an fd that comes with it (the journal) is
+    added to *fds*, not inheritable."""
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
+    data, got, _, _ = socket.recv_fds(sock, _ANSWER_MAX, 1)
+    for fd in got:  # recv_fds (3.11) drops its flags: no MSG_CMSG_CLOEXEC
+        os.set_inheritable(fd, False)
+    fds += got
+    return data
 
 
 def _accepted(answer: bytes | bytearray) -> bool:
@@ -238,11 +245,7 @@ def _answered(sock: socket.socket, pump: Pump, link: Link, fds: list[int], deadl
     """The next answer to the switch's request, passing on the daemon's other lines; None at the
     end, or when it is an error."""
     while not link.switch_answers:
-        sock.settimeout(max(0.001, deadline - time.monotonic()))
-        data, got, _, _ = socket.recv_fds(sock, 1 << 16, 1)
-        for fd in got:
-            os.set_inheritable(fd, False)
-        fds += got
+        data = _receive(sock, fds, deadline)
         if not data:
             return None
         pump.write(link.downstream.feed(data))

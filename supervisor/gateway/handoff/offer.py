@@ -23,9 +23,10 @@ from supervisor.gateway.handoff.journal import Journal
 from supervisor.gateway.hello import HANDOFF_METHOD, SWITCH_FDS, TAKEN
 from supervisor.streams import Stream
 
-__all__ = ("MAX_FDS", "Offer", "acknowledged", "answer", "parse", "refuse", "take_over")
+__all__ = ("MAX_FDS", "REFUSED", "Offer", "accept", "acknowledged", "answer", "parse", "refuse", "take_over")
 
 MAX_FDS = 2  # stdin, stdout: fds beyond these are closed by the kernel (MSG_CTRUNC)
+REFUSED = -32602  # the JSON-RPC code of a refused handoff (invalid params)
 _READABLE = (os.O_RDONLY, os.O_RDWR)
 _WRITABLE = (os.O_WRONLY, os.O_RDWR)
 
@@ -151,17 +152,44 @@ async def acknowledged(stream: Stream, within: float) -> bool:
     return False
 
 
+async def accept(
+    stream: Stream, handoff: Offer, capacity: int, within: float
+) -> tuple[int, int, Journal] | str | None:
+    """Take *handoff*, its fds usable: answer with a journal of *capacity* and wait (*within*
+    seconds) for connect's :data:`TAKEN`. The fds and the journal, now the caller's; the reason
+    of a refusal sent instead (no journal could be made); or None, nothing kept, when connect
+    did not acknowledge in time."""
+    sock = stream._raw_socket
+    with contextlib.closing(handoff):  # its fds, unless taken
+        try:
+            journal = Journal(capacity)
+        except OSError as exc:  # out of memory or fds
+            reason = f"cannot take the session over: {exc.strerror or exc}"
+            refuse(sock, handoff.id, REFUSED, reason)
+            return reason
+        try:
+            assert journal.fd is not None
+            taken = answer(sock, handoff, journal.fd) and await acknowledged(stream, within)
+        except BaseException:  # the deadline's cancellation too
+            journal.close()
+            raise
+        if not taken:
+            journal.close()
+            return None
+        journal.close_fd()
+        stdin, stdout = handoff.take()
+        return stdin, stdout, journal
+
+
 async def take_over(
     stream: Stream, request_id: str | int, capacity: int, within: float
 ) -> tuple[int, int, Journal] | bytes | None:
     """The daemon's half of a handoff on a live session (*stream*, its socket, nothing unread):
-    say ready, take the fds that come with :data:`SWITCH_FDS`, answer with a journal of
-    *capacity*, and wait for :data:`TAKEN`, within *within* seconds. The fds and the journal,
-    now the caller's; the bytes read instead of the fds (connect gave up: they are the client's
-    and the session goes on); or None, nothing kept, when the connection must end: after
-    "ready", connect may have committed to a handoff that did not happen, and only the
-    connection's end tells it to carry the client on itself."""
-    sock = stream._raw_socket
+    say ready, take the fds that come with :data:`SWITCH_FDS`, then :func:`accept` them, within
+    *within* seconds. The fds and the journal, now the caller's; the bytes read instead of the
+    fds (connect gave up: they are the client's and the session goes on); or None, nothing
+    kept, when the connection must end: after "ready", connect may have committed to a handoff
+    that did not happen, and only the connection's end tells it to carry the client on itself."""
     with anyio.move_on_after(within):
         await stream.send(_line({"jsonrpc": "2.0", "id": request_id, "result": {"ready": True}}))
         data, fds = await stream.receive_with_fds(1, MAX_FDS)
@@ -171,24 +199,8 @@ async def take_over(
         handoff = Offer(request_id, None, None, None)
         _take_fds(handoff, fds)
         if handoff.problem is not None:
-            refuse(sock, request_id, -32602, handoff.problem)
+            refuse(stream._raw_socket, request_id, REFUSED, handoff.problem)
             return b""
-        with contextlib.closing(handoff):
-            try:
-                journal = Journal(capacity)
-            except OSError as exc:
-                refuse(sock, request_id, -32603, f"cannot take the session over: {exc.strerror or exc}")
-                return b""
-            try:
-                assert journal.fd is not None
-                taken = answer(sock, handoff, journal.fd) and await acknowledged(stream, within)
-            except BaseException:  # the deadline's cancellation too
-                journal.close()
-                raise
-            if not taken:
-                journal.close()
-                return None
-            journal.close_fd()
-            stdin, stdout = handoff.take()
-            return stdin, stdout, journal
+        took = await accept(stream, handoff, capacity, within)
+        return b"" if isinstance(took, str) else took
     return None
