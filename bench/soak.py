@@ -28,7 +28,7 @@ import anyio
 from _daemon import BIN, daemon, fixture, wait_for
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 
-from supervisor.daemon.root import instance_key
+from supervisor.daemon.identity import instance_key
 from supervisor.process import children as process
 
 HUNG_AFTER = 15.0

@@ -33,7 +33,7 @@ import anyio
 from _daemon import Running, daemon, fixture, wait_for
 
 from supervisor.control import client
-from supervisor.daemon.root import instance_key
+from supervisor.daemon.identity import instance_key
 from supervisor.process import children as process
 
 

@@ -9,7 +9,7 @@ size cap; the context's exit kills the whole process tree, shielded from cancell
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -203,11 +203,8 @@ class Connection:
 
 @asynccontextmanager
 async def connect(
-    argv: Sequence[str],
+    child: ChildProcess,
     *,
-    env: Mapping[str, str],
-    cwd: str | None,
-    marker: str,
     stop_timeout: float,
     max_message_bytes: int,
     on_stderr: Callable[[str], None],
@@ -217,11 +214,12 @@ async def connect(
     hurry: anyio.Event | None = None,
     spool: ExtensionSpool | None = None,
     stdin_timeout: float = STDIN_TIMEOUT,
-    wrap: process.Wrap | None = None,
 ) -> AsyncIterator[Connection]:
-    """Spawn *argv* and yield its :class:`Connection` (no MCP traffic yet: call ``handshake``).
+    """Take over the spawned *child* and yield its :class:`Connection` (no MCP traffic yet:
+    call ``handshake``).
 
-    Resource handling: the task that enters this context must exit it. Exiting closes the
+    Resource handling: the task that enters this context must exit it; from the call on, the
+    child is the connection's, whatever happens, and ends with it. Exiting closes the
     session, then closes stdin, waits *stop_timeout* (none if the handshake did not complete),
     and kills the process tree, shielded
     from cancellation; *hurry* cuts the graces short. The pipes are drained until the tree is
@@ -236,12 +234,9 @@ async def connect(
     at once: they run once per notification. With *on_asked*, the child is told at ``initialize``
     that its client offers sampling, elicitation and roots, and its requests for them go there.
 
-    *wrap* puts the resolved command line behind a launcher (the sandbox's; see :func:`process.spawn`).
-
-    Error handling: raises :class:`~supervisor.errors.SpawnError` if the child cannot start.
-    A message that cannot be encoded fails its sender only (see :class:`~supervisor.child.wire.Outbox`).
+    Error handling: a message that cannot be encoded fails its sender only (see
+    :class:`~supervisor.child.wire.Outbox`).
     """
-    child = await process.spawn(argv, env=env, cwd=cwd, marker=marker, wrap=wrap)
     connection = Connection(child)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[bytes](0)

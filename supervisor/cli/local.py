@@ -60,7 +60,7 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
-    from supervisor.daemon.root import sandbox_context
+    from supervisor.daemon.identity import sandbox_context
     from supervisor.process import sandbox
 
     unknown = [name for name in names if name not in settings.extensions]

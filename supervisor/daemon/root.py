@@ -11,8 +11,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import hashlib
-import os
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from anyio.abc import TaskGroup
 
 from supervisor.child.spool import Spool, default_root
 from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.daemon import identity
 from supervisor.daemon.facade import Facade
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
@@ -36,11 +35,10 @@ from supervisor.extension.startup import StartSlots, default_slots
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.gateway.server import Gateway
-from supervisor.process import sandbox
 from supervisor.process import usage as resources
 from supervisor.process.containment import Containment
 
-__all__ = ("Daemon", "instance_key", "sandbox_context")
+__all__ = ("Daemon",)
 
 log = structlog.get_logger(__name__)
 
@@ -63,11 +61,11 @@ class Daemon(Facade, Reloading):
         notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
-        self.instance = instance_key(settings.socket)
-        self.marker_prefix = f"{self.instance}:{os.getpid()}:"
+        self.instance = identity.instance_key(settings.socket)
+        self.marker_prefix = identity.marker_prefix(self.instance)
         self.config_path = config_path
         self._overrides = dict(overrides or {})
-        self._environ = {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
+        self._environ = identity.child_environ(environ)
         self._tg = tg
         self.notifier = notifier or Notifier(None)
         self._reloading = anyio.Lock()
@@ -85,7 +83,9 @@ class Daemon(Facade, Reloading):
         )
         self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
         self.pin_dir = default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
-        self.sandbox_context = sandbox_context(settings, config_path=config_path, environ=self._environ)
+        self.sandbox_context = identity.sandbox_context(
+            settings, config_path=config_path, environ=self._environ
+        )
         self.metrics = Metrics(self.health)
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
@@ -263,25 +263,4 @@ class Daemon(Facade, Reloading):
                 stoppers.start_soon(instances.stop_all)
 
 
-_NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
 _RESTART_ONLY = ("socket", "spool", "gateway")
-
-
-def sandbox_context(
-    settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
-) -> sandbox.Context:
-    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
-    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
-    return sandbox.daemon_context(
-        environ=environ,
-        config_path=config_path,
-        socket=settings.socket,
-        state=str(default_state_root(environ)),
-        spool=str(spool),
-        instance=instance_key(settings.socket),
-    )
-
-
-def instance_key(socket_path: str) -> str:
-    """Names this daemon's children by its socket, so a successor finds what it left behind."""
-    return hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:12]

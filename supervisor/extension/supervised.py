@@ -22,8 +22,7 @@ from anyio.abc import TaskGroup
 from supervisor.child import connection as transport
 from supervisor.child.listing import Listing
 from supervisor.child.spool import ExtensionSpool
-from supervisor.config import secrets as secretrefs
-from supervisor.extension import startup
+from supervisor.extension import launch, startup
 from supervisor.extension.asking import Asking
 from supervisor.extension.backoff import Backoff, RestartPolicy
 from supervisor.extension.calls import Calls
@@ -96,11 +95,8 @@ class Extension(Calls, Watcher):
         self.name = name
         self.config = config
         self.policy = _policy_of(config)
-        # A secret's value is a reference until the spawn. The daemon's credentials directory is
-        # its own: a child gets what its env names, not the way to read every other credential.
-        inherited = {k: v for k, v in environ.items() if k != secretrefs.CREDENTIALS}
-        self._env = {**inherited, **config.env}
-        self._credentials = environ.get(secretrefs.CREDENTIALS)  # the daemon's, for ${credential:NAME}
+        self._env, self._credentials = launch.environment(environ, config)  # secrets filled at each spawn
+        self._head_start: launch.Launched | None = None  # a first run the daemon spawned for it
         self.pins = pins
         self._marker_prefix = marker_prefix
         self._on_change = on_change
@@ -253,6 +249,12 @@ class Extension(Calls, Watcher):
         if self._demand is not None:
             self._demand.learning = learn
         await tg.start(self._watch)
+
+    def adopt(self, launched: launch.Launched) -> None:
+        """Take *launched*, a run the daemon's head start spawned, as the next run's child: the
+        next :meth:`start` serves it instead of spawning (and ends it, whatever happens)."""
+        assert self._head_start is None and (self._done is None or self._done.is_set())
+        self._head_start = launched
 
     def expect_start(self) -> None:
         """The daemon is about to start it (autostart, a reload): a call meanwhile waits as for a start."""

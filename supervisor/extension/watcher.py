@@ -8,11 +8,8 @@ stop lands, then the restart policy decides.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import secrets
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,13 +22,11 @@ from mcp import MCPError
 
 from supervisor.child import connection as transport
 from supervisor.child.listing import Listing
-from supervisor.config import secrets as secretrefs
 from supervisor.errors import SpawnError, first_line
-from supervisor.extension import liveness, startup
+from supervisor.extension import launch, liveness, startup
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.extension.demand import tasks_working
 from supervisor.extension.state import ExitStatus, State
-from supervisor.process import sandbox
 from supervisor.process import usage as resources
 from supervisor.process.children import ChildProcess
 
@@ -70,31 +65,32 @@ class Watcher:
 
     async def _run_once(self) -> bool:
         """Start the child, serve until it ends, tear it down. Returns whether to restart."""
-        # Fixed-length and unique, so no run's marker is a prefix of another's (:1 vs :12).
-        marker = f"{self._marker_prefix}{self.name}:{secrets.token_hex(6)}"
+        launched, self._head_start = self._head_start, None  # spawned by the daemon's head start
         self._last_stderr = None
-        ticket = await self._take_slot()  # stop() lands here while queued: nothing to tear down
+        ticket: startup.Ticket | None = None
         try:
-            env = await secretrefs.resolve(self._env, self._credentials)  # a missing secret: permanent
-            async with (
-                self._confined() as jail,
-                transport.connect(
-                    [self.config.command, *self.config.args],
-                    wrap=jail.wrap if jail is not None else None,
-                    env=env,
-                    cwd=self.config.cwd,
+            ticket = await self._take_slot()  # stop() lands here while queued
+            if launched is None:
+                marker = launch.run_marker(self._marker_prefix, self.name)
+                launched = await launch.launch(
+                    self.config,
+                    env=self._env,
+                    credentials=self._credentials,
+                    confinement=self.sandbox,
                     marker=marker,
-                    stop_timeout=self.config.stop_timeout,
-                    max_message_bytes=self.config.max_message_bytes,
-                    on_stderr=self._on_stderr,
-                    on_list_changed=self._list_changed,
-                    on_notification=self._notified,
-                    on_asked=self._answer,
-                    hurry=self._hurry,
-                    spool=self._spool,
-                    stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
-                ) as connection,
-            ):
+                )
+            async with transport.connect(
+                launched.child,
+                stop_timeout=self.config.stop_timeout,
+                max_message_bytes=self.config.max_message_bytes,
+                on_stderr=self._on_stderr,
+                on_list_changed=self._list_changed,
+                on_notification=self._notified,
+                on_asked=self._answer,
+                hurry=self._hurry,
+                spool=self._spool,
+                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
+            ) as connection:
                 try:
                     return await self._serve(connection, ticket)
                 finally:
@@ -104,7 +100,12 @@ class Watcher:
             kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
             return self._decide(Outcome(kind, error=str(exc)))
         finally:
-            ticket.release()
+            try:
+                if launched is not None:  # the tree if no connection took it over, then its directory
+                    await launch.discard(launched)
+            finally:
+                if ticket is not None:
+                    ticket.release()
 
     async def _take_slot(self) -> startup.Ticket:
         """One of the daemon's start slots, in arrival order; ``status`` shows ``queued`` meanwhile."""
@@ -119,18 +120,6 @@ class Watcher:
             log.info("extension.start_slot", waited=round(waited, 3))
             self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
         return ticket
-
-    @contextlib.asynccontextmanager
-    async def _confined(self) -> AsyncIterator[sandbox.Run | None]:
-        """This run's sandbox (its private temporary directory), removed once the run is over."""
-        if self.sandbox is None:
-            yield None
-            return
-        run = await self.sandbox.prepare()  # SpawnError: permanent, says why and how to opt out
-        try:
-            yield run
-        finally:
-            await run.remove()
 
     async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
         child = connection.child

@@ -24,6 +24,7 @@ from supervisor.errors import CallFailed
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.process import tree as proctree
+from supervisor.process.children import spawn
 from tests.harness import eventually, fast_config, first_text, running, server_argv
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -203,11 +204,9 @@ class TestTeardown:
         argv = server_argv("tree.py", "--mode", "clearenv", "--tag", tag)
         try:
             with anyio.fail_after(20):
+                child = await spawn(argv, env=dict(os.environ), cwd=None, marker=f"{marker_prefix}held")
                 async with connect(
-                    argv,
-                    env=dict(os.environ),
-                    cwd=None,
-                    marker=f"{marker_prefix}held",
+                    child,
                     stop_timeout=0.5,
                     max_message_bytes=1 << 20,
                     on_stderr=lines.append,

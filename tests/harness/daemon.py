@@ -25,7 +25,7 @@ import httpx2
 import psutil
 
 from supervisor.control.client import DaemonUnreachable, RemoteError
-from supervisor.daemon.root import instance_key
+from supervisor.daemon.identity import instance_key
 from supervisor.errors import SupervisorError
 
 from . import zygote

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 from supervisor.control import client
-from supervisor.daemon.root import instance_key
+from supervisor.daemon.identity import instance_key
 from supervisor.process import cgroups
 from supervisor.process import children as process
 from supervisor.process import tree as proctree

@@ -21,7 +21,7 @@ import pytest
 
 from supervisor.cli import render
 from supervisor.control import client
-from supervisor.daemon.root import instance_key
+from supervisor.daemon.identity import instance_key
 from supervisor.process import sandbox
 from tests.harness import ROOT, Daemon, extension_settings
 

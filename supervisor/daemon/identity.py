@@ -1,0 +1,50 @@
+"""What names one daemon: its instance (by socket), its children's marker, what they must not see.
+
+Light on purpose: the head start (:mod:`.headstart`) needs these before the MCP SDK is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from supervisor.child.spool import default_root
+from supervisor.config.settings import Settings
+from supervisor.extension.saved import default_state_root
+from supervisor.process import sandbox
+
+__all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context")
+
+_NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
+
+
+def instance_key(socket_path: str) -> str:
+    """Names this daemon's children by its socket, so a successor finds what it left behind."""
+    return hashlib.sha256(os.path.abspath(socket_path).encode()).hexdigest()[:12]
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The daemon's environment as its children inherit it (each extension's ``env`` merged over)."""
+    return {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
+
+
+def marker_prefix(instance: str) -> str:
+    """What every child of this daemon process carries in its marker (see :mod:`supervisor.process.tree`)."""
+    return f"{instance}:{os.getpid()}:"
+
+
+def sandbox_context(
+    settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
+) -> sandbox.Context:
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
+    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
+    return sandbox.daemon_context(
+        environ=environ,
+        config_path=config_path,
+        socket=settings.socket,
+        state=str(default_state_root(environ)),
+        spool=str(spool),
+        instance=instance_key(settings.socket),
+    )
