@@ -8,6 +8,8 @@ and its children's handshakes. Ways, in interleaved rounds (every way once per r
   http     launch ``mcp-supervisor daemon`` with the HTTP listener and poll ``/mcp`` (initialize,
            ``tools/list``) until the list holds every extension's tools
   socket   the same on ``mcp.sock``
+  late     the same with ``MCP_SUPERVISOR_HEAD_START=0``: the daemon spawns nothing before it has
+           imported the MCP SDK and the gateway (the order before the head start)
 
 Raw JSON-RPC from this process (no SDK client), with a fresh state directory each time (no
 saved listings). Prints JSON: the median seconds of each way and its median ratio to direct.
@@ -83,7 +85,7 @@ def _spawn_and_list(extensions: int) -> tuple[float, int]:
 
 
 @contextlib.contextmanager
-def _daemon(extensions: int, port: int) -> Iterator[tuple[Path, float]]:
+def _daemon(extensions: int, port: int, **env: str) -> Iterator[tuple[Path, float]]:
     with tempfile.TemporaryDirectory(prefix="mcps-cold-", dir="/tmp") as tmp:
         directory = Path(tmp)
         config = {
@@ -93,7 +95,7 @@ def _daemon(extensions: int, port: int) -> Iterator[tuple[Path, float]]:
             "extensions": {f"e{n}": {"command": FIXTURE[0], "args": FIXTURE[1:]} for n in range(extensions)},
         }
         (directory / "config.json").write_text(json.dumps(config))
-        environ = {**os.environ, "XDG_STATE_HOME": str(directory / "state")}
+        environ = {**os.environ, "XDG_STATE_HOME": str(directory / "state"), **env}
         started = time.perf_counter()
         command = [str(BIN / "mcp-supervisor"), "daemon", "-c", str(directory / "config.json")]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ)
@@ -155,12 +157,18 @@ def _socket(extensions: int, expected: int) -> float:
         return _until(lambda: _socket_tools(directory / "mcp.sock"), expected, started)
 
 
+def _late(extensions: int, expected: int) -> float:
+    with _daemon(extensions, free_port(), MCP_SUPERVISOR_HEAD_START="0") as (directory, started):
+        return _until(lambda: _socket_tools(directory / "mcp.sock"), expected, started)
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     _, expected = _spawn_and_list(args.extensions)  # and a warm page cache for every way
     ways: dict[str, Callable[[int, int], float]] = {
         "direct": lambda extensions, _: _direct(extensions),
         "http": _http,
         "socket": _socket,
+        "late": _late,
     }
     times: dict[str, list[float]] = {name: [] for name in ways}
     names = list(ways)

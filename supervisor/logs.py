@@ -13,7 +13,7 @@ from typing import Any, TextIO
 import structlog
 import structlog.tracebacks
 
-__all__ = ("Throttled", "configure")
+__all__ = ("Throttled", "configure", "quiet_sdk_deprecations")
 
 
 def configure(*, json: bool | None = None, level: int = logging.INFO, stream: TextIO | None = None) -> None:
@@ -58,13 +58,21 @@ def configure(*, json: bool | None = None, level: int = logging.INFO, stream: Te
     root.setLevel(logging.WARNING)  # the SDK is chatty at INFO; its warnings still show
     # Every line is one event: Python's warnings go through logging too, not raw to stderr.
     logging.captureWarnings(True)
-    with contextlib.suppress(ImportError):
-        from mcp import MCPDeprecationWarning  # the handshake era is served on purpose
-
-        warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
     # A malformed request is uvicorn's to log, and a client may send thousands a second.
     uvicorn_errors = logging.getLogger("uvicorn.error")
     uvicorn_errors.filters[:] = [_ThrottleRecords()]
+
+
+def quiet_sdk_deprecations() -> None:
+    """Hide the MCP SDK's deprecation warnings: the daemon serves the handshake era on purpose.
+
+    Apart from :func:`configure` because it imports the SDK, which the daemon does only once
+    its head start is launched (:mod:`supervisor.daemon.headstart`).
+    """
+    with contextlib.suppress(ImportError):
+        from mcp import MCPDeprecationWarning
+
+        warnings.filterwarnings("ignore", category=MCPDeprecationWarning)
 
 
 class Throttled:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ("ENV_PREFIX", "default_config_path", "default_socket_path", "is_loopback")
+__all__ = (
+    "ENV_PREFIX",
+    "default_config_path",
+    "default_socket_path",
+    "default_spool_root",
+    "default_state_root",
+    "is_loopback",
+)
 
 ENV_PREFIX = "MCP_SUPERVISOR_"
 
@@ -37,3 +45,20 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def default_state_root(environ: Mapping[str, str]) -> Path:
+    """``$STATE_DIRECTORY`` (its first entry), else ``$XDG_STATE_HOME`` or ``~/.local/state``, + our name."""
+    given = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
+    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "mcp-supervisor"
+
+
+def default_spool_root(environ: Mapping[str, str]) -> Path:
+    """``$CACHE_DIRECTORY/spool`` (systemd), else ``<$XDG_CACHE_HOME or ~/.cache>/mcp-supervisor/spool``."""
+    if environ.get("CACHE_DIRECTORY"):
+        return Path(environ["CACHE_DIRECTORY"].split(":")[0]) / "spool"
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "mcp-supervisor" / "spool"

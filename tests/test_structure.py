@@ -69,7 +69,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("connection",),
     ),
     "extension": (
-        ("state", "asking", "saved", "startup", "liveness"),
+        ("state", "asking", "saved", "startup", "liveness", "launch"),
         ("backoff", "pins", "demand", "inline"),
         ("calls", "watcher"),
         ("supervised",),
@@ -99,8 +99,8 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
     "daemon": (
-        ("fdlimits", "health", "metrics", "systemd", "reload"),
-        ("facade",),
+        ("fdlimits", "health", "metrics", "systemd", "reload", "identity"),
+        ("headstart", "facade"),
         ("root",),
         ("run",),
     ),

@@ -32,7 +32,6 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,6 @@ __all__ = (
     "Spool",
     "SpoolStats",
     "decoded_size",
-    "default_root",
     "filesystem_type",
     "write_decoded",
 )
@@ -72,14 +70,6 @@ SUFFIXES = {  # where the mimetypes table has no answer or an odd one
 class SpoolStats:
     files: int
     bytes: int
-
-
-def default_root(environ: Mapping[str, str]) -> Path:
-    """``$CACHE_DIRECTORY/spool`` (systemd), else ``<$XDG_CACHE_HOME or ~/.cache>/mcp-supervisor/spool``."""
-    if environ.get("CACHE_DIRECTORY"):
-        return Path(environ["CACHE_DIRECTORY"].split(":")[0]) / "spool"
-    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "mcp-supervisor" / "spool"
 
 
 def decoded_size(data: str) -> int | None:

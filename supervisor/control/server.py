@@ -254,6 +254,7 @@ async def serve(
     idle_timeout: float = IDLE_TIMEOUT,
     crowded_idle_timeout: float = CROWDED_IDLE_TIMEOUT,
     reply_timeout: float = REPLY_TIMEOUT,
+    listener: anyio.abc.SocketListener | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the control protocol on the unix socket *path* until cancelled.
@@ -267,6 +268,8 @@ async def serve(
         idle_timeout: a connection that sends no request for this many seconds is closed.
         crowded_idle_timeout: the idle timeout while *max_connections* are open.
         reply_timeout: a reply the client has not taken within this many seconds closes it.
+        listener: *path* already bound by :func:`supervisor.sockets.listen` (the daemon binds
+            it first, so that a second daemon spawns nothing); served and closed from here on.
         task_status: ``started()`` once the socket accepts connections.
 
     Raises:
@@ -275,7 +278,7 @@ async def serve(
 
     Resource handling: the socket file is removed on exit unless another process replaced it.
     """
-    listener = await sockets.listen(path)
+    listener = listener or await sockets.listen(path)
     identity = sockets.identity(path)
     server = _Server(
         backend,

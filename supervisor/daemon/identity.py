@@ -10,9 +10,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.child.spool import default_root
+from supervisor import paths
 from supervisor.config.settings import Settings
-from supervisor.extension.saved import default_state_root
 from supervisor.process import sandbox
 
 __all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context")
@@ -39,12 +38,12 @@ def sandbox_context(
     settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
 ) -> sandbox.Context:
     """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
-    spool = Path(settings.spool.dir) if settings.spool.dir else default_root(environ)
+    spool = Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ)
     return sandbox.daemon_context(
         environ=environ,
         config_path=config_path,
         socket=settings.socket,
-        state=str(default_state_root(environ)),
+        state=str(paths.default_state_root(environ)),
         spool=str(spool),
         instance=instance_key(settings.socket),
     )

@@ -19,10 +19,12 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from supervisor.child.spool import Spool, default_root
+from supervisor import paths
+from supervisor.child.spool import Spool
 from supervisor.config.settings import ExtensionConfig, Settings
 from supervisor.daemon import identity
 from supervisor.daemon.facade import Facade
+from supervisor.daemon.headstart import HeadStart
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
@@ -30,7 +32,7 @@ from supervisor.errors import UnknownExtension
 from supervisor.extension.demand import Demand
 from supervisor.extension.instances import Client, Instances
 from supervisor.extension.pins import Pins, PinStore
-from supervisor.extension.saved import CatalogStore, default_state_root, fingerprint
+from supervisor.extension.saved import CatalogStore, fingerprint
 from supervisor.extension.startup import StartSlots, default_slots
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
@@ -76,13 +78,13 @@ class Daemon(Facade, Reloading):
         self.start_slots = StartSlots(settings.start_slots or default_slots())  # starts at once
         self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
-            Path(settings.spool.dir) if settings.spool.dir else default_root(environ),
+            Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ),
             instance=self.instance,
             max_inline_bytes=settings.spool.max_inline_bytes,
             max_total_bytes=settings.spool.max_total_bytes,
         )
-        self.catalogs = default_state_root(environ) / "catalogs" / self.instance  # saved listings
-        self.pin_dir = default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
+        self.catalogs = paths.default_state_root(environ) / "catalogs" / self.instance  # saved listings
+        self.pin_dir = paths.default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
         self.sandbox_context = identity.sandbox_context(
             settings, config_path=config_path, environ=self._environ
         )
@@ -246,13 +248,18 @@ class Daemon(Facade, Reloading):
         async with self._name_locks.setdefault(name, anyio.Lock()):
             yield self.get(name)  # a reload may have replaced or removed it meanwhile
 
-    async def autostart(self) -> None:
+    async def autostart(self, head: HeadStart | None = None) -> None:
         """Launch every autostart extension, and each on-demand one without a saved listing.
 
-        Returns once their watchers run (not once ready).
+        The runs *head* launched for them are theirs (the head start chose plain autostarts
+        only); the rest stay *head*'s. Returns once their watchers run (not once ready).
         """
         for ext in self._extensions.values():
-            await self._launch(ext)
+            launched = head.take(ext.name, ext.config) if head is not None else None
+            if launched is not None:
+                await ext.start(self._tg, head_start=launched)
+            else:
+                await self._launch(ext)
 
     async def stop_all(self) -> None:
         """Stop every extension in parallel; returns once all their process trees are gone."""

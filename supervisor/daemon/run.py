@@ -1,11 +1,14 @@
 """Running the daemon: startup phases, signals, shutdown.
 
-Startup phases: install the signal handlers, bind the control socket (which also refuses a
-second daemon on the same socket), sweep processes and spool files that a crashed earlier
-daemon on this socket left behind, launch the autostart extensions concurrently, then serve
-until SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel
-within ``shutdown_timeout``. A second signal, or that timeout's polite part running out, stops
-being polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so the
+Startup has two phases. The first is light (no MCP SDK yet): open the signal receiver, bind
+the control socket (which also refuses a second daemon on the same socket), arm the
+containment, sweep the processes and temporary directories that a crashed earlier daemon on
+this socket left behind, and give the first extensions a head start (:mod:`.headstart`). The
+second imports the daemon proper while those children load, serves the gateway's listeners,
+sweeps the spool, and launches the autostart extensions concurrently. Then it serves until
+SIGTERM/SIGINT; SIGHUP reloads the config. Shutdown stops every extension in parallel within
+``shutdown_timeout``. A second signal, or that timeout's polite part running out, stops being
+polite: teardowns skip their graces and SIGKILL what is left (they are shielded, so the
 process trees still die before the daemon exits).
 """
 
@@ -14,26 +17,28 @@ from __future__ import annotations
 import functools
 import os
 import signal
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import SocketListener, TaskGroup, TaskStatus
 
-from supervisor import logs
+from supervisor import logs, sockets
 from supervisor.child.spool import Spool
 from supervisor.config.settings import Settings
 from supervisor.control import server as control
-from supervisor.daemon import fdlimits
-from supervisor.daemon.root import Daemon
+from supervisor.daemon import fdlimits, identity
+from supervisor.daemon.headstart import HeadStart
 from supervisor.daemon.systemd import Notifier, keep_watchdog
 from supervisor.errors import ConfigError, SupervisorError, first_line
-from supervisor.gateway.http import HttpLimits, serve_http
-from supervisor.gateway.unix import serve_unix
 from supervisor.process import children as process
 from supervisor.process import sandbox
 from supervisor.process.containment import Containment
+
+if TYPE_CHECKING:
+    from supervisor.daemon.root import Daemon
 
 __all__ = ("run",)
 
@@ -68,82 +73,128 @@ async def run(
     for warning in warnings:
         log.warning("config.client_keys_ignored", detail=warning)
     notifier = Notifier.from_environ(os.environ)
-    async with anyio.create_task_group() as tg:
-        daemon = Daemon(
-            settings,
-            tg=tg,
-            environ=os.environ,
-            config_path=config_path,
-            overrides=overrides,
-            notifier=notifier,
-        )
-        # Signals first: a SIGTERM during startup must still tear down what was spawned.
-        await tg.start(_serve_signals, daemon, tg)
-        try:
-            await tg.start(
-                functools.partial(control.serve, max_connections=fds.control), daemon, settings.socket
-            )
-        except SupervisorError as exc:
-            log.error("daemon.socket_unavailable", error=str(exc))
-            tg.cancel_scope.cancel()
-            return 1
-        await tg.start(daemon.gateway.run)
-        try:
-            await tg.start(
-                functools.partial(serve_unix, max_connections=fds.unix),
-                daemon.gateway,
-                settings.gateway_socket,
-            )
-        except SupervisorError as exc:
-            log.error("daemon.socket_unavailable", error=str(exc))
-            tg.cancel_scope.cancel()
-            return 1
-        http = settings.gateway.http
-        if http.enabled:
+    instance = identity.instance_key(settings.socket)
+    prefix = identity.marker_prefix(instance)
+    environ = identity.child_environ(os.environ)
+    context = identity.sandbox_context(settings, config_path=config_path, environ=environ)
+    daemon: Daemon | None = None
+    unbound = False  # a listener's socket could not be bound
+    # Signals first: a SIGTERM during startup must still tear down what was spawned.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
             try:
-                await tg.start(
-                    functools.partial(
-                        serve_http,
-                        daemon.gateway,
-                        host=http.host,
-                        port=http.port,
-                        token=http.token.get_secret_value() if http.token else None,
-                        metrics=daemon.metrics.render,
-                        health=daemon.counts,
-                        limits=HttpLimits(max_connections=fds.http, backlog=fdlimits.ACCEPT_BURST),
-                    )
-                )
+                control_listener = await sockets.listen(settings.socket)  # a second daemon stops here
             except SupervisorError as exc:
                 log.error("daemon.socket_unavailable", error=str(exc))
-                tg.cancel_scope.cancel()
                 return 1
-        daemon.containment = await Containment.prepare(
-            instance=daemon.instance,
-            prefix=daemon.marker_prefix,
-            want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto"),
-        )
-        tg.start_soon(daemon.containment.keep_guardian)
-        tg.start_soon(daemon.containment.keep_reaping)
-        swept = await process.sweep_marked(f"{daemon.instance}:", keep=daemon.marker_prefix)
-        if swept:
-            log.warning("daemon.swept_orphans", count=swept)
-        await anyio.to_thread.run_sync(sandbox.sweep, daemon.sandbox_context.tmp)  # their temporary dirs
-        await _prepare_spool(daemon.spool)
-        await daemon.prune_catalogs()
-        await daemon.autostart()
-        notifier.ready(daemon.summary())
-        tg.start_soon(keep_watchdog, notifier)  # on the loop: a blocked loop stops the pings
-        log.info("daemon.ready", extensions=len(settings.extensions))
+            containment = await Containment.prepare(
+                instance=instance, prefix=prefix, want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto")
+            )
+            tg.start_soon(containment.keep_guardian)
+            tg.start_soon(containment.keep_reaping)
+            swept = await process.sweep_marked(f"{instance}:", keep=prefix)
+            if swept:
+                log.warning("daemon.swept_orphans", count=swept)
+            await anyio.to_thread.run_sync(sandbox.sweep, context.tmp)  # their temporary dirs
+            head = HeadStart()  # MCP_SUPERVISOR_HEAD_START=0: every spawn waits for the autostart
+            if os.environ.get("MCP_SUPERVISOR_HEAD_START", "1") != "0":
+                head = await HeadStart.launch(settings, environ=environ, prefix=prefix, context=context)
+            boot = _Boot(settings, config_path, overrides, fds, notifier, signals, control_listener, head)
+            try:
+                daemon = _build(boot, tg, containment)
+                unbound = not await _serve(daemon, boot, tg)  # a signal may cancel it: not a failure
+            finally:
+                await head.close()  # what no watcher took (all of it, on a way out before the autostart)
+            if unbound:
+                tg.cancel_scope.cancel()
     with anyio.CancelScope(shield=True):
-        if daemon.containment is not None:
-            await daemon.containment.close()
-        await anyio.to_thread.run_sync(daemon.spool.close)
-        await anyio.to_thread.run_sync(
-            functools.partial(sandbox.sweep, daemon.sandbox_context.tmp, remove=True)
-        )
+        await containment.close()
+        if daemon is not None:
+            await anyio.to_thread.run_sync(daemon.spool.close)
+        await anyio.to_thread.run_sync(functools.partial(sandbox.sweep, context.tmp, remove=True))
     notifier.close()
+    if unbound:
+        return 1
     log.info("daemon.stopped")
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Boot:
+    """What the daemon's first, light phase made and the second one serves with."""
+
+    settings: Settings
+    config_path: str | None
+    overrides: Mapping[str, Any] | None
+    fds: fdlimits.FdPlan
+    notifier: Notifier
+    signals: AsyncIterator[int]
+    control_listener: SocketListener
+    head: HeadStart
+
+
+def _build(boot: _Boot, tg: TaskGroup, containment: Containment) -> Daemon:
+    """Import the daemon proper and build it."""
+    # Imported only now: the MCP SDK and the gateway cost about half a second of CPU, which the
+    # head start's children spend loading on another core meanwhile (see .headstart).
+    from supervisor.daemon.root import Daemon
+
+    logs.quiet_sdk_deprecations()
+    daemon = Daemon(
+        boot.settings,
+        tg=tg,
+        environ=os.environ,
+        config_path=boot.config_path,
+        overrides=boot.overrides,
+        notifier=boot.notifier,
+    )
+    daemon.containment = containment
+    return daemon
+
+
+async def _serve(daemon: Daemon, boot: _Boot, tg: TaskGroup) -> bool:
+    """Serve the signals and every listener, then start the extensions. False when a listener's
+    socket cannot be bound."""
+    from supervisor.gateway.http import HttpLimits, serve_http
+    from supervisor.gateway.unix import serve_unix
+
+    settings, fds = boot.settings, boot.fds
+    await tg.start(_serve_signals, daemon, tg, boot.signals)
+    serve_control = functools.partial(
+        control.serve, listener=boot.control_listener, max_connections=fds.control
+    )
+    await tg.start(serve_control, daemon, settings.socket)
+    await tg.start(daemon.gateway.run)
+    listeners = [
+        functools.partial(serve_unix, daemon.gateway, settings.gateway_socket, max_connections=fds.unix)
+    ]
+    http = settings.gateway.http
+    if http.enabled:
+        listeners.append(
+            functools.partial(
+                serve_http,
+                daemon.gateway,
+                host=http.host,
+                port=http.port,
+                token=http.token.get_secret_value() if http.token else None,
+                metrics=daemon.metrics.render,
+                health=daemon.counts,
+                limits=HttpLimits(max_connections=fds.http, backlog=fdlimits.ACCEPT_BURST),
+            )
+        )
+    for listener in listeners:
+        try:
+            await tg.start(listener)
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            return False
+    await _prepare_spool(daemon.spool)
+    await daemon.prune_catalogs()
+    await daemon.autostart(boot.head)
+    boot.notifier.ready(daemon.summary())
+    tg.start_soon(keep_watchdog, boot.notifier)  # on the loop: a blocked loop stops the pings
+    log.info("daemon.ready", extensions=len(settings.extensions))
+    return True
 
 
 def _children(settings: Settings) -> int:
@@ -164,23 +215,27 @@ async def _prepare_spool(spool: Spool) -> None:
 
 
 async def _serve_signals(
-    daemon: Daemon, tg: TaskGroup, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    daemon: Daemon,
+    tg: TaskGroup,
+    signals: AsyncIterator[int],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Signal handlers only note the signal; the work happens here, in the event loop."""
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        task_status.started()
-        shutting_down = False
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                tg.start_soon(_reload_on_signal, daemon)
-            elif not shutting_down:
-                shutting_down = True
-                log.info("daemon.shutting_down", signal=signal.Signals(signum).name)
-                tg.start_soon(_shutdown, daemon, tg)
-            else:
-                log.warning("daemon.forced_shutdown", signal=signal.Signals(signum).name)
-                daemon.hurry.set()  # skip the graces: SIGKILL what is left
-                tg.cancel_scope.cancel()
+    """Signal handlers only note the signal; the work happens here, in the event loop. Those
+    received since the daemon began (its receiver opened first) are served now, in order."""
+    task_status.started()
+    shutting_down = False
+    async for signum in signals:
+        if signum == signal.SIGHUP:
+            tg.start_soon(_reload_on_signal, daemon)
+        elif not shutting_down:
+            shutting_down = True
+            log.info("daemon.shutting_down", signal=signal.Signals(signum).name)
+            tg.start_soon(_shutdown, daemon, tg)
+        else:
+            log.warning("daemon.forced_shutdown", signal=signal.Signals(signum).name)
+            daemon.hurry.set()  # skip the graces: SIGKILL what is left
+            tg.cancel_scope.cancel()
 
 
 async def _reload_on_signal(daemon: Daemon) -> None:

@@ -25,7 +25,7 @@ import structlog
 
 from supervisor.child.listing import Listing
 
-__all__ = ("MAX_BYTES", "CatalogStore", "default_state_root", "fingerprint", "prune", "write_private")
+__all__ = ("MAX_BYTES", "CatalogStore", "fingerprint", "prune", "write_private")
 
 log = structlog.get_logger(__name__)
 
@@ -38,15 +38,6 @@ _KINDS: tuple[tuple[str, Any], ...] = (
     ("resources", types.Resource),
     ("templates", types.ResourceTemplate),
 )
-
-
-def default_state_root(environ: Mapping[str, str]) -> Path:
-    """``$STATE_DIRECTORY`` (its first entry), else ``$XDG_STATE_HOME`` or ``~/.local/state``, + our name."""
-    given = environ.get("STATE_DIRECTORY", "").split(":")[0]
-    if given:
-        return Path(given)
-    base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "mcp-supervisor"
 
 
 # Set anew for every start of a service (systemd, terminals): no part of what a server offers.

@@ -229,19 +229,26 @@ class Extension(Calls, Watcher):
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    async def start(self, tg: TaskGroup, *, learn: bool = False) -> None:
+    async def start(
+        self, tg: TaskGroup, *, learn: bool = False, head_start: launch.Launched | None = None
+    ) -> None:
         """Run a watcher in the daemon's long-lived *tg*, unless one is live. Returns at once.
 
         A stopped or failed extension starts afresh with a new failure budget. A start while a
         stop is in progress, or while the watcher is ending on its own (it gave up, or the
         child exited cleanly), waits for that ending to finish, then starts. *learn*: the run
         is only to learn the listing; once idle it stops, even without ``idle_stop``.
+        *head_start*: a run the daemon already launched for it (:mod:`supervisor.daemon.headstart`),
+        served as the first run instead of spawning; ended here if a watcher is live.
         """
         self._launching = False  # from here its state says what a call waits for
         while self._done is not None and not self._done.is_set():
             if not (self._stop_requested or self._ending):
+                if head_start is not None:
+                    await launch.discard(head_start)
                 return
             await self._done.wait()
+        self._head_start = head_start  # the watcher takes it before its first await
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()
         self._stop_requested = self._ending = self._gave_up = self._idled = False
@@ -249,12 +256,6 @@ class Extension(Calls, Watcher):
         if self._demand is not None:
             self._demand.learning = learn
         await tg.start(self._watch)
-
-    def adopt(self, launched: launch.Launched) -> None:
-        """Take *launched*, a run the daemon's head start spawned, as the next run's child: the
-        next :meth:`start` serves it instead of spawning (and ends it, whatever happens)."""
-        assert self._head_start is None and (self._done is None or self._done.is_set())
-        self._head_start = launched
 
     def expect_start(self) -> None:
         """The daemon is about to start it (autostart, a reload): a call meanwhile waits as for a start."""

@@ -177,7 +177,10 @@ class Watcher:
         return self.config.start_timeout, "start_timeout"
 
     async def _handshake(self, connection: transport.Connection) -> Listing:
-        """The handshake within the start's deadline; past it, on while the child's tree is busy."""
+        """The handshake within the start's deadline; past it, on while the child's tree is busy.
+
+        The deadline counts from here: a head start's child (spawned while the daemon was still
+        loading) gets that time on top, and the daemon's own slowness never counts against it."""
         child = connection.child
         limit, setting = self._start_limit()
 

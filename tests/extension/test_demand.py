@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from supervisor.child.listing import Listing
 from supervisor.config.settings import ExtensionConfig
 from supervisor.extension.demand import BUSY_RECHECK, idle_wait
-from supervisor.extension.saved import MAX_BYTES, CatalogStore, default_state_root, fingerprint, prune
+from supervisor.extension.saved import MAX_BYTES, CatalogStore, fingerprint, prune
+from supervisor.paths import default_state_root
 from tests.harness import (
     Daemon,
     alive,

@@ -130,7 +130,8 @@ class TestSlowStart:
         """Busy at the deadline, idle a moment later: ended then, not at the hard limit."""
         env = {"SLOW_START_BUSY": "1", "SLOW_START_BUSY_FOR": "1.2", "SLOW_START_GATE": str(short_tmp / "x")}
         settings = extension_settings("slow_start.py", env=env, start_timeout=0.8, restart="never")
-        daemon = daemons({"busy": settings})
+        # Its busy second counts from its own start: spawned no earlier than the deadline's clock.
+        daemon = daemons({"busy": settings}, env={"MCP_SUPERVISOR_HEAD_START": "0"})
         failed = daemon.wait_state("busy", "failed", within=30)
         assert failed["last_error"] == (
             "slow start: busy past 0.8s, then idle without an MCP handshake (no answer to initialize)"

@@ -1,0 +1,109 @@
+"""A head start: the first autostart children spawn before the daemon imports the MCP SDK.
+
+Importing the SDK (pydantic's models of both protocol eras), the gateway and the extensions'
+machinery costs the daemon about half a second of CPU; an SDK-based child takes about as long
+to load before it can answer ``initialize``. So the daemon launches its first children as soon
+as the control socket is its own (a second daemon on that socket spawns nothing) and the
+containment is armed, and imports the rest only then: on another core, the children load
+meanwhile.
+
+Which: in the config's order, the extensions the autostart gives the first start slots, and of
+those the ones whose first start is a plain spawn (autostart, neither on demand nor
+per-client). Each is launched exactly as its watcher would launch it
+(:func:`supervisor.extension.launch.launch`), and its watcher adopts it for its first run
+(:meth:`HeadStart.take`). One the head start cannot launch (a missing command or secret, a
+sandbox the kernel cannot enforce) is left to its watcher, which tries and reports it as usual.
+
+Light on purpose: nothing here imports the SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.errors import SpawnError
+from supervisor.extension import launch
+from supervisor.extension.startup import default_slots
+from supervisor.process import sandbox
+
+__all__ = ("HeadStart", "first_starts")
+
+log = structlog.get_logger(__name__)
+
+
+class HeadStart:
+    """The runs launched ahead of their watchers, each with the config it was launched for.
+
+    Resource handling: :meth:`close` ends every run no watcher took; the daemon calls it once
+    its autostart is done, and on every way out before that.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[ExtensionConfig, launch.Launched]] = {}
+
+    @classmethod
+    async def launch(
+        cls, settings: Settings, *, environ: Mapping[str, str], prefix: str, context: sandbox.Context
+    ) -> HeadStart:
+        """Launch the first autostart extensions of *settings* (see the module's text).
+
+        *environ* is what children inherit, *prefix* the daemon's marker prefix, *context* its
+        sandbox context. Never raises for one extension: what cannot be launched is left out.
+        """
+        head = cls()
+        slots = settings.start_slots or default_slots()
+        for name, config in first_starts(settings, slots):
+            env, credentials = launch.environment(environ, config)
+            try:
+                head._runs[name] = (
+                    config,
+                    await launch.launch(
+                        config,
+                        env=env,
+                        credentials=credentials,
+                        confinement=sandbox.sandbox_for(name, config, context),
+                        marker=launch.run_marker(prefix, name),
+                    ),
+                )
+            except SpawnError:
+                continue  # its watcher meets the same error and reports it
+            except Exception:  # a bug of ours must cost the head start only, never the daemon
+                log.exception("daemon.head_start_failed", extension=name)
+        if head._runs:
+            pids = {name: run.child.pid for name, (_, run) in head._runs.items()}
+            log.info("daemon.head_start", extensions=pids)
+        return head
+
+    def take(self, name: str, config: ExtensionConfig) -> launch.Launched | None:
+        """The run launched for *name*, now the caller's; None unless it was launched for this
+        very *config* (a reload meanwhile may have changed it)."""
+        launched_for, run = self._runs.get(name, (None, None))
+        if run is None or launched_for != config:
+            return None
+        del self._runs[name]
+        return run
+
+    async def close(self) -> None:
+        """End every run nobody took, at once. Idempotent."""
+        while self._runs:
+            _, (_, run) = self._runs.popitem()
+            await launch.discard(run)
+
+
+def first_starts(settings: Settings, slots: int) -> list[tuple[str, ExtensionConfig]]:
+    """The plain spawns among the starts that the autostart of *settings* gives the first
+    *slots* start slots, in order. Every autostart extension is counted as taking a slot (an
+    on-demand one may start to learn its listing), though only the plain ones are chosen."""
+    chosen: list[tuple[str, ExtensionConfig]] = []
+    for name, config in settings.extensions.items():
+        if slots <= 0:
+            break
+        if not config.autostart:
+            continue
+        slots -= 1
+        if not config.on_demand and config.instances == "shared":
+            chosen.append((name, config))
+    return chosen
