@@ -108,6 +108,7 @@ class _Owner:
         self.pump = Pump()
         self.stdio = (0, 1)  # the client's fds (the pump's channels own dups of them)
         self.may_switch = False  # hand the client over on a live link (after a daemon restart)
+        self._tries = handoff.SwitchTries()
         self._id_prefix = f"mcp-supervisor-connect-{os.getpid()}-"  # of connect's own requests
         self.gave_up: str | None = None
         self._deadline: float | None = None  # of the current reconnection
@@ -201,19 +202,11 @@ class _Owner:
 
     def _connections(self, link: Link | None) -> bool:
         """Keep a live link until the client ends (True) or the daemon is given up on (False).
-        None: the daemon is gone already. A live link with nothing on its way is handed over
-        (once connect may: its stdio can be, and the daemon did not refuse)."""
+        None: the daemon is gone already."""
         pump = self.pump
         while True:
-            if link is not None:  # the pump fails its requests in flight when the link closes
-                self._wait(lambda current=link: current.closed or self._switchable(current))
-                if not link.closed and self._switchable(link):
-                    handed = self._switch(link)
-                    if handed is None:
-                        continue  # refused: pump on this link
-                    if self._handed(*handed):
-                        return True
-                    link = None  # the daemon went: the pump carries the client on
+            if link is not None and self._on(link):
+                return True
             if pump.ending:
                 return True
             if self._deadline is None:
@@ -229,19 +222,45 @@ class _Owner:
             if not self._resume(link):
                 link.abort()
 
+    def _on(self, link: Link) -> bool:
+        """Pump on *link* until the client ends (True) or the link does (False: reconnect). While
+        nothing is on its way, the client is handed over when connect may (``handoff.SwitchTries``)."""
+        pump = self.pump
+        while True:  # the pump fails its requests in flight when the link closes
+            self._wait(lambda: link.closed or self._switchable(link), self._tries.due())
+            if pump.ending:
+                return True
+            if link.closed:
+                self._tries.reset()  # the daemon went: its successor is asked at once
+                return False
+            if not self._switchable(link):
+                continue  # the time for the next try came while the link was busy
+            handed = self._switch(link)
+            if not isinstance(handed, handoff.NotSwitched):
+                return self._handed(*handed)  # False: the daemon went, the pump carries the client on
+            if link.closed:
+                return False  # ended by the switch: reconnect, the next try still backed off
+
     def _switchable(self, link: Link) -> bool:
         pump = self.pump
         idle = link.downstream.idle and not link.backlog and not link.dropped and link.channel is not None
-        return self.may_switch and link is pump.live and idle and pump.quiet and link.channel.buffered == 0
+        ready = self.may_switch and self._tries.ready()
+        return ready and link is pump.live and idle and pump.quiet and link.channel.buffered == 0
 
-    def _switch(self, link: Link) -> tuple[socket.socket, int] | None:
+    def _switch(self, link: Link) -> tuple[socket.socket, int] | handoff.NotSwitched:
         request_id = self._own_id()
         stdin, stdout = self.stdio
         handed = handoff.switch(self.loop, self.pump, link, stdin, stdout, request_id, _SWITCH_TIMEOUT)
-        if handed is None:
-            self.may_switch = False  # an older daemon, or a client not reading: pump on
-        else:
+        if not isinstance(handed, handoff.NotSwitched):
+            self._tries.reset()
             note(f"handed the client over to the daemon on {self.path} again")
+        elif handed.final:
+            self._tries.never()
+            note(f"the daemon on {self.path} cannot take the client over ({handed.reason}); pumping on")
+        else:
+            delay = self._tries.failed()
+            why = f"could not hand the client over to the daemon on {self.path} ({handed.reason})"
+            note(f"{why}; trying again in {delay:.1f} s")
         return handed
 
     def _own_id(self) -> str:

@@ -21,11 +21,13 @@ import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.cli.connect.lines import Kind, RequestId, is_id, peek
 from supervisor.cli.connect.loop import Loop
 from supervisor.cli.connect.pump import Link, Pump
 from supervisor.cli.connect.resume import SessionMemory
+from supervisor.extension.backoff import Backoff
 from supervisor.gateway.handoff.journal import Recovered, recover
 from supervisor.gateway.hello import (
     ANSWERED,
@@ -39,12 +41,25 @@ from supervisor.gateway.hello import (
     TAKEN,
 )
 
-__all__ = ("MAX_BACK_LINE", "BackLines", "Taken", "eligible", "offer", "switch", "taken_back")
+__all__ = (
+    "MAX_BACK_LINE",
+    "SWITCH_RETRY",
+    "BackLines",
+    "NotSwitched",
+    "SwitchTries",
+    "Taken",
+    "eligible",
+    "offer",
+    "switch",
+    "taken_back",
+)
 
 MAX_BACK_LINE = 2 << 20  # bytes of one back line: a set-up line of up to 1 MiB and its tag
 _ANSWER_TIMEOUT = 10.0  # seconds for the daemon to take the handoff or refuse it
 _ANSWER_MAX = 65536
 _MAX_LONG_IDS = 10_000
+SWITCH_RETRY = Backoff(initial=1.0, maximum=60.0, multiplier=2.0, jitter=0.1)  # after a failed switch
+_METHOD_NOT_FOUND = -32601  # JSON-RPC: a daemon that does not know the switch says so
 
 
 def eligible(stdin: int, stdout: int) -> bool:
@@ -190,17 +205,60 @@ def _unsent(unconsumed: bytes, held: set[RequestId]) -> bytes:
     return b"".join(kept) + partial
 
 
+@dataclass(frozen=True, slots=True)
+class NotSwitched:
+    """Why a switch did not happen: *final* when the daemon never will (it does not know the
+    method: an older one); else it may later (out of fds, a client slow to read, a timeout)."""
+
+    reason: str
+    final: bool = False
+
+
+class SwitchTries:
+    """When to try the next switch: at once on a new daemon (or after one succeeded); never
+    again on a daemon that cannot (an older one; its successor after a restart is asked); after a
+    failure that may pass (the daemon out of fds, a client slow to read), after
+    :data:`SWITCH_RETRY`, which grows with each failure in a row up to a minute."""
+
+    def __init__(self) -> None:
+        self.failures = 0  # in a row, on this daemon
+        self._never = False
+        self._not_before = 0.0  # time.monotonic()
+
+    def ready(self) -> bool:
+        return not self._never and time.monotonic() >= self._not_before
+
+    def due(self) -> float | None:
+        """Seconds until the next try may be made; None when there is nothing to wait for."""
+        remaining = self._not_before - time.monotonic()
+        return None if self._never or remaining <= 0 else remaining
+
+    def failed(self) -> float:
+        """One more failure in a row: the seconds until the next try."""
+        self.failures += 1
+        delay = SWITCH_RETRY.delay(self.failures)
+        self._not_before = time.monotonic() + delay
+        return delay
+
+    def never(self) -> None:
+        self._never = True
+
+    def reset(self) -> None:
+        self.failures, self._never, self._not_before = 0, False, 0.0
+
+
 def switch(
     loop: Loop, pump: Pump, link: Link, stdin: int, stdout: int, request_id: str, timeout: float
-) -> tuple[socket.socket, int] | None:
+) -> tuple[socket.socket, int] | NotSwitched:
     """Hand the client over on *link*, a live pumped connection with nothing on its way
     (``pump.quiet``): the same session goes on, served by the daemon on the client's pipes.
 
     connect stops reading stdin first; it asks (*request_id*), sends the fds once the daemon is
     ready, passes on what the daemon still writes until its answer, lets its own output out,
     and commits with :data:`TAKEN`. Then the link is let go of (its socket stays open as the
-    returned one) and the pump no longer touches stdin or stdout. None, with the pump reading
-    stdin again, when the daemon would not (an older one) or did not answer in *timeout*."""
+    returned one) and the pump no longer touches stdin or stdout. Else why not, with the pump
+    reading stdin again: on *link* still, unless the fds went and the daemon did not say no
+    (then *link* is ended, see :func:`_stay`)."""
     assert link.channel is not None
     pump.detach(output=False)
     link.channel.pause_reading()
@@ -212,25 +270,34 @@ def switch(
     step = "asking"
     try:
         sock = socket.socket(fileno=os.dup(link.channel.fd))
-    except OSError:
-        return _stay(loop, pump, link, None, fds, stdin, step)
+    except OSError as exc:
+        why = NotSwitched(f"connect could not use its socket: {exc.strerror or exc}")
+        return _stay(loop, pump, link, None, fds, stdin, step, why)
     try:
         sock.settimeout(timeout)
         sock.sendall(json.dumps(request).encode() + b"\n")
-        if _answered(sock, pump, link, fds, deadline) != {"ready": True}:
-            return _stay(loop, pump, link, sock, fds, stdin, step)
+        answer = _answered(sock, pump, link, fds, deadline)
+        if answer.get("result") != {"ready": True}:
+            link.switch_id = None  # its one answer came (or the end): none is left to drop
+            return _stay(loop, pump, link, sock, fds, stdin, step, _not_ready(answer))
         step = "handing"
         socket.send_fds(sock, [SWITCH_FDS], [stdin, stdout])
-        if _answered(sock, pump, link, fds, deadline) != {"handoff": True} or len(fds) != 1:
-            return _stay(loop, pump, link, sock, fds, stdin, step)
+        answer = _answered(sock, pump, link, fds, deadline)
+        link.switch_id = None  # its second and last answer came
+        if "error" in answer:  # the daemon said no, and closed the fds: the session goes on here
+            step = "refused"
+        if answer.get("result") != {"handoff": True} or len(fds) != 1:
+            return _stay(loop, pump, link, sock, fds, stdin, step, _not_taken(answer, len(fds)))
         out = pump.stdout
         drained = out is None or loop.run_until(lambda: out.buffered == 0, deadline - time.monotonic())
-        if not drained or pump.gone:
-            return _stay(loop, pump, link, sock, fds, stdin, step)  # the client does not read: not now
+        if not drained or pump.gone:  # the client does not read: not now
+            reason = NotSwitched(f"the client did not read its output within {timeout:g} s")
+            return _stay(loop, pump, link, sock, fds, stdin, step, reason)
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(TAKEN)
-    except OSError:
-        return _stay(loop, pump, link, sock, fds, stdin, step)
+    except OSError as exc:  # a timeout too
+        why = NotSwitched(f"{exc.strerror or exc} while {step}")
+        return _stay(loop, pump, link, sock, fds, stdin, step, why)
     pump.detach(output=True)
     link.switch_id = None
     link.channel.on_lost = None
@@ -241,29 +308,54 @@ def switch(
     return sock, fds.pop()
 
 
-def _answered(sock: socket.socket, pump: Pump, link: Link, fds: list[int], deadline: float) -> object:
-    """The next answer to the switch's request, passing on the daemon's other lines; None at the
-    end, or when it is an error."""
+def _answered(sock: socket.socket, pump: Pump, link: Link, fds: list[int], deadline: float) -> dict[str, Any]:
+    """The next answer to the switch's request, passing on the daemon's other lines; empty at
+    the end of the connection."""
     while not link.switch_answers:
         data = _receive(sock, fds, deadline)
         if not data:
-            return None
+            return {}
         pump.write(link.downstream.feed(data))
-    answer = link.switch_answers.pop(0)
-    return answer.get("result")
+    return link.switch_answers.pop(0)
+
+
+def _not_ready(answer: dict[str, Any]) -> NotSwitched:
+    """Why the daemon did not say ready: only one that does not know the method never will (a
+    daemon that does says ready to every switch it reads; see ``gateway.stdio``)."""
+    error = answer.get("error")
+    if not isinstance(error, dict):
+        return NotSwitched("the daemon ended the connection" if not answer else "an odd answer")
+    final = error.get("code") == _METHOD_NOT_FOUND
+    return NotSwitched(f"the daemon refused: {error.get('message')}", final=final)
+
+
+def _not_taken(answer: dict[str, Any], fds: int) -> NotSwitched:
+    error = answer.get("error")
+    if isinstance(error, dict):  # cannot take the session over: Too many open files, ...
+        return NotSwitched(f"the daemon refused: {error.get('message')}")
+    if not answer:
+        return NotSwitched("the daemon ended the connection")
+    return NotSwitched(f"an answer with {fds} fds, not the journal")
 
 
 def _stay(
-    loop: Loop, pump: Pump, link: Link, sock: socket.socket | None, fds: list[int], stdin: int, step: str
-) -> None:
-    """The switch did not happen: the pump reads stdin again. Asked but not answered, the
-    daemon may still say ready and wait for the fds: a blank line (which it skips) ends its
-    wait. Once the fds went, the daemon may take them yet: the link is ended, and the client's
-    lines are held for the next connection."""
+    loop: Loop,
+    pump: Pump,
+    link: Link,
+    sock: socket.socket | None,
+    fds: list[int],
+    stdin: int,
+    step: str,
+    why: NotSwitched,
+) -> NotSwitched:
+    """The switch did not happen (*why*): the pump reads stdin again. Asked but not answered,
+    the daemon may still say ready and wait for the fds: a blank line (which it skips) ends its
+    wait. Once the fds went, the daemon may take them yet, unless it said no: the link is ended,
+    and the client's lines are held for the next connection."""
     for fd in fds:
         os.close(fd)
-    if link.switch_id is not None:
-        link.dropped.add(link.switch_id)  # an answer still to come is ours, not the client's
+    if link.switch_id is not None:  # an answer still to come is ours, not the client's (no
+        link.dropped.add(link.switch_id)  # switch is tried on the link until it came)
     link.switch_id = None
     if sock is not None:
         if step == "asking":
@@ -277,4 +369,4 @@ def _stay(
         else:
             link.channel.resume_reading()
     pump.flow()
-    return None
+    return why
