@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -134,6 +135,25 @@ class TestCleanUp:
         launched = daemon.find("daemon.head_start")[0]["extensions"]
         assert not any(alive(pid) for pid in launched.values())
         assert process.find_marked(daemon.instance) == set()
+
+    def test_a_second_daemon_on_the_same_socket_spawns_nothing(
+        self, daemons: Callable[..., Daemon], short_tmp: Path
+    ) -> None:
+        """The control socket is bound before the head start: a second daemon exits 1 without
+        spawning or sweeping anything, and the first one's children run on."""
+        first = daemons({"plain": extension_settings("quick.py")})
+        before = first.wait_state("plain", "running")
+        marked = process.find_marked(first.instance)
+        config = short_tmp / "second.json"
+        config.write_text(
+            json.dumps({"socket": first.socket, "extensions": {"other": extension_settings("quick.py")}})
+        )
+        proc = subprocess.run([*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 1
+        assert "another daemon is listening" in proc.stderr and "head_start" not in proc.stderr
+        assert process.find_marked(first.instance) == marked
+        assert first.status()["plain"]["pid"] == before["pid"]
+        assert first.terminate() == 0
 
     def test_runs_no_watcher_took_end_with_the_daemon_that_could_not_serve(
         self, daemons: Callable[..., Daemon], short_tmp: Path
