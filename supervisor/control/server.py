@@ -255,6 +255,7 @@ async def serve(
     crowded_idle_timeout: float = CROWDED_IDLE_TIMEOUT,
     reply_timeout: float = REPLY_TIMEOUT,
     listener: anyio.abc.SocketListener | None = None,
+    socket_identity: tuple[int, int] | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the control protocol on the unix socket *path* until cancelled.
@@ -270,6 +271,8 @@ async def serve(
         reply_timeout: a reply the client has not taken within this many seconds closes it.
         listener: *path* already bound by :func:`supervisor.sockets.listen` (the daemon binds
             it first, so that a second daemon spawns nothing); served and closed from here on.
+        socket_identity: the :func:`supervisor.sockets.identity` of *listener*'s file, taken
+            when it was bound: what is removed on exit.
         task_status: ``started()`` once the socket accepts connections.
 
     Raises:
@@ -279,7 +282,7 @@ async def serve(
     Resource handling: the socket file is removed on exit unless another process replaced it.
     """
     listener = listener or await sockets.listen(path)
-    identity = sockets.identity(path)
+    identity = socket_identity or sockets.identity(path)
     server = _Server(
         backend,
         max_connections=max_connections,

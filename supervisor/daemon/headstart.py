@@ -9,9 +9,9 @@ meanwhile.
 
 Which: in the config's order, the extensions the autostart gives the first start slots, and of
 those the ones whose first start is a plain spawn (autostart, neither on demand nor
-per-client). Each is launched exactly as its watcher would launch it
-(:func:`supervisor.extension.launch.launch`), and its watcher adopts it for its first run
-(:meth:`HeadStart.take`). One the head start cannot launch (a missing command or secret, a
+per-client). Each takes its start slot now and is launched exactly as its watcher would launch
+it (:func:`supervisor.extension.launch.launch`); its watcher adopts the run and the slot for its
+first start (:meth:`HeadStart.take`). One the head start cannot launch (a missing command or secret, a
 sandbox the kernel cannot enforce) is left to its watcher, which tries and reports it as usual.
 
 Light on purpose: nothing here imports the SDK.
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import anyio
 import structlog
 
 from supervisor.config.settings import ExtensionConfig, Settings
 from supervisor.errors import SpawnError
 from supervisor.extension import launch
-from supervisor.extension.startup import default_slots
+from supervisor.extension.startup import StartSlots
 from supervisor.process import sandbox
 
 __all__ = ("HeadStart", "first_starts")
@@ -46,32 +47,44 @@ class HeadStart:
 
     @classmethod
     async def launch(
-        cls, settings: Settings, *, environ: Mapping[str, str], prefix: str, context: sandbox.Context
+        cls,
+        settings: Settings,
+        *,
+        environ: Mapping[str, str],
+        prefix: str,
+        context: sandbox.Context,
+        slots: StartSlots,
     ) -> HeadStart:
-        """Launch the first autostart extensions of *settings* (see the module's text).
+        """Launch the first autostart extensions of *settings* (see the module's text), each in
+        a start slot of *slots* (the daemon's), handed to its watcher with the run.
 
         *environ* is what children inherit, *prefix* the daemon's marker prefix, *context* its
         sandbox context. Never raises for one extension: what cannot be launched is left out.
         """
         head = cls()
-        slots = settings.start_slots or default_slots()
-        for name, config in first_starts(settings, slots):
+        for name, config in first_starts(settings, slots.count - slots.in_use):
+            if slots.queued or slots.in_use >= slots.count:
+                break  # the head start never waits for a slot
+            ticket = slots.ticket()
+            await slots.acquire(ticket)
             env, credentials = launch.environment(environ, config)
             try:
-                head._runs[name] = (
+                run = await launch.launch(
                     config,
-                    await launch.launch(
-                        config,
-                        env=env,
-                        credentials=credentials,
-                        confinement=sandbox.sandbox_for(name, config, context),
-                        marker=launch.run_marker(prefix, name),
-                    ),
+                    env=env,
+                    credentials=credentials,
+                    confinement=sandbox.sandbox_for(name, config, context),
+                    marker=launch.run_marker(prefix, name),
                 )
             except SpawnError:
+                ticket.release()
                 continue  # its watcher meets the same error and reports it
             except Exception:  # a bug of ours must cost the head start only, never the daemon
+                ticket.release()
                 log.exception("daemon.head_start_failed", extension=name)
+                continue
+            run.ticket = ticket
+            head._runs[name] = (config, run)
         if head._runs:
             pids = {name: run.child.pid for name, (_, run) in head._runs.items()}
             log.info("daemon.head_start", extensions=pids)
@@ -87,10 +100,12 @@ class HeadStart:
         return run
 
     async def close(self) -> None:
-        """End every run nobody took, at once. Idempotent."""
-        while self._runs:
-            _, (_, run) = self._runs.popitem()
-            await launch.discard(run)
+        """End every run nobody took, all at once, and give their start slots back. Idempotent."""
+        runs = [run for _, run in self._runs.values()]
+        self._runs.clear()
+        async with anyio.create_task_group() as ending:
+            for run in runs:
+                ending.start_soon(launch.discard, run)
 
 
 def first_starts(settings: Settings, slots: int) -> list[tuple[str, ExtensionConfig]]:

@@ -29,6 +29,7 @@ from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
 from supervisor.errors import UnknownExtension
+from supervisor.extension import launch
 from supervisor.extension.demand import Demand
 from supervisor.extension.instances import Client, Instances
 from supervisor.extension.pins import Pins, PinStore
@@ -61,6 +62,7 @@ class Daemon(Facade, Reloading):
         config_path: str | None = None,
         overrides: Mapping[str, Any] | None = None,
         notifier: Notifier | None = None,
+        start_slots: StartSlots | None = None,
     ) -> None:
         self.settings = settings
         self.instance = identity.instance_key(settings.socket)
@@ -75,7 +77,9 @@ class Daemon(Facade, Reloading):
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
-        self.start_slots = StartSlots(settings.start_slots or default_slots())  # starts at once
+        self.start_slots = start_slots or StartSlots(
+            settings.start_slots or default_slots()
+        )  # starts at once
         self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
             Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ),
@@ -252,14 +256,20 @@ class Daemon(Facade, Reloading):
         """Launch every autostart extension, and each on-demand one without a saved listing.
 
         The runs *head* launched for them are theirs (the head start chose plain autostarts
-        only); the rest stay *head*'s. Returns once their watchers run (not once ready).
+        only); the rest stay *head*'s. One that a ``stop`` or ``start`` reached first, or that a
+        reload replaced, is left as they made it. Returns once their watchers run (not once ready).
         """
-        for ext in self._extensions.values():
-            launched = head.take(ext.name, ext.config) if head is not None else None
-            if launched is not None:
-                await ext.start(self._tg, head_start=launched)
-            else:
-                await self._launch(ext)
+        for name in list(self._extensions):  # a reload may change the table meanwhile
+            with contextlib.suppress(UnknownExtension):
+                async with self._exclusive(name) as ext:
+                    launched = head.take(name, ext.config) if head is not None else None
+                    if ext.config.autostart and not ext.config.on_demand and not ext.launch_expected:
+                        if launched is not None:  # a stop or a start came first
+                            await launch.discard(launched)
+                    elif launched is not None:
+                        await ext.start(self._tg, head_start=launched)
+                    else:
+                        await self._launch(ext)
 
     async def stop_all(self) -> None:
         """Stop every extension in parallel; returns once all their process trees are gone."""

@@ -18,12 +18,11 @@ import functools
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import structlog
-from anyio.abc import SocketListener, TaskGroup, TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor import logs, sockets
 from supervisor.child.spool import Spool
@@ -33,6 +32,7 @@ from supervisor.daemon import fdlimits, identity
 from supervisor.daemon.headstart import HeadStart
 from supervisor.daemon.systemd import Notifier, keep_watchdog
 from supervisor.errors import ConfigError, SupervisorError, first_line
+from supervisor.extension.startup import StartSlots, default_slots
 from supervisor.process import children as process
 from supervisor.process import sandbox
 from supervisor.process.containment import Containment
@@ -77,41 +77,63 @@ async def run(
     prefix = identity.marker_prefix(instance)
     environ = identity.child_environ(os.environ)
     context = identity.sandbox_context(settings, config_path=config_path, environ=environ)
+    try:
+        listener = await sockets.listen(settings.socket)  # a second daemon stops here: before any spawn
+    except SupervisorError as exc:
+        log.error("daemon.socket_unavailable", error=str(exc))
+        return 1
+    socket_file = sockets.identity(settings.socket)
+    served = False  # control.serve owns the listener from its call on
+    containment: Containment | None = None
     daemon: Daemon | None = None
     unbound = False  # a listener's socket could not be bound
-    # Signals first: a SIGTERM during startup must still tear down what was spawned.
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-        async with anyio.create_task_group() as tg:
-            try:
-                control_listener = await sockets.listen(settings.socket)  # a second daemon stops here
-            except SupervisorError as exc:
-                log.error("daemon.socket_unavailable", error=str(exc))
-                return 1
-            containment = await Containment.prepare(
-                instance=instance, prefix=prefix, want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto")
-            )
-            tg.start_soon(containment.keep_guardian)
-            tg.start_soon(containment.keep_reaping)
-            swept = await process.sweep_marked(f"{instance}:", keep=prefix)
-            if swept:
-                log.warning("daemon.swept_orphans", count=swept)
-            await anyio.to_thread.run_sync(sandbox.sweep, context.tmp)  # their temporary dirs
-            head = HeadStart()  # MCP_SUPERVISOR_HEAD_START=0: every spawn waits for the autostart
-            if os.environ.get("MCP_SUPERVISOR_HEAD_START", "1") != "0":
-                head = await HeadStart.launch(settings, environ=environ, prefix=prefix, context=context)
-            boot = _Boot(settings, config_path, overrides, fds, notifier, signals, control_listener, head)
-            try:
-                daemon = _build(boot, tg, containment)
-                unbound = not await _serve(daemon, boot, tg)  # a signal may cancel it: not a failure
-            finally:
-                await head.close()  # what no watcher took (all of it, on a way out before the autostart)
-            if unbound:
-                tg.cancel_scope.cancel()
-    with anyio.CancelScope(shield=True):
-        await containment.close()
-        if daemon is not None:
-            await anyio.to_thread.run_sync(daemon.spool.close)
-        await anyio.to_thread.run_sync(functools.partial(sandbox.sweep, context.tmp, remove=True))
+    try:
+        # Signals first: a SIGTERM during startup must still tear down what was spawned.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async with anyio.create_task_group() as tg:
+                containment = await Containment.prepare(
+                    instance=instance,
+                    prefix=prefix,
+                    want=os.environ.get("MCP_SUPERVISOR_CONTAINMENT", "auto"),
+                )
+                tg.start_soon(containment.keep_guardian)
+                tg.start_soon(containment.keep_reaping)
+                swept = await process.sweep_marked(f"{instance}:", keep=prefix)
+                if swept:
+                    log.warning("daemon.swept_orphans", count=swept)
+                await anyio.to_thread.run_sync(sandbox.sweep, context.tmp)  # their temporary dirs
+                slots = StartSlots(settings.start_slots or default_slots())
+                head = HeadStart()  # MCP_SUPERVISOR_HEAD_START=0: every spawn waits for the autostart
+                if os.environ.get("MCP_SUPERVISOR_HEAD_START", "1") != "0":
+                    head = await HeadStart.launch(
+                        settings, environ=environ, prefix=prefix, context=context, slots=slots
+                    )
+                try:
+                    daemon = _build(settings, tg, slots, containment, notifier, config_path, overrides)
+                    await tg.start(_serve_signals, daemon, tg, signals)
+                    served = True
+                    serve_control = functools.partial(
+                        control.serve,
+                        listener=listener,
+                        socket_identity=socket_file,
+                        max_connections=fds.control,
+                    )
+                    await tg.start(serve_control, daemon, settings.socket)
+                    unbound = not await _serve(daemon, tg, head, fds)  # a signal may cancel it: not a failure
+                finally:
+                    await head.close()  # what no watcher took (all of it, on a way out before the autostart)
+                if unbound:
+                    tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if not served:
+                await listener.aclose()
+                sockets.unlink_if_ours(settings.socket, socket_file)
+            if containment is not None:
+                await containment.close()
+            if daemon is not None:
+                await anyio.to_thread.run_sync(daemon.spool.close)
+            await anyio.to_thread.run_sync(functools.partial(sandbox.sweep, context.tmp, remove=True))
     notifier.close()
     if unbound:
         return 1
@@ -119,21 +141,15 @@ async def run(
     return 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Boot:
-    """What the daemon's first, light phase made and the second one serves with."""
-
-    settings: Settings
-    config_path: str | None
-    overrides: Mapping[str, Any] | None
-    fds: fdlimits.FdPlan
-    notifier: Notifier
-    signals: AsyncIterator[int]
-    control_listener: SocketListener
-    head: HeadStart
-
-
-def _build(boot: _Boot, tg: TaskGroup, containment: Containment) -> Daemon:
+def _build(
+    settings: Settings,
+    tg: TaskGroup,
+    slots: StartSlots,
+    containment: Containment,
+    notifier: Notifier,
+    config_path: str | None,
+    overrides: Mapping[str, Any] | None,
+) -> Daemon:
     """Import the daemon proper and build it."""
     # Imported only now: the MCP SDK and the gateway cost about half a second of CPU, which the
     # head start's children spend loading on another core meanwhile (see .headstart).
@@ -141,29 +157,25 @@ def _build(boot: _Boot, tg: TaskGroup, containment: Containment) -> Daemon:
 
     logs.quiet_sdk_deprecations()
     daemon = Daemon(
-        boot.settings,
+        settings,
         tg=tg,
         environ=os.environ,
-        config_path=boot.config_path,
-        overrides=boot.overrides,
-        notifier=boot.notifier,
+        config_path=config_path,
+        overrides=overrides,
+        notifier=notifier,
+        start_slots=slots,
     )
     daemon.containment = containment
     return daemon
 
 
-async def _serve(daemon: Daemon, boot: _Boot, tg: TaskGroup) -> bool:
-    """Serve the signals and every listener, then start the extensions. False when a listener's
-    socket cannot be bound."""
+async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.FdPlan) -> bool:
+    """Serve the gateway's listeners, then start the extensions (with *head*'s runs). False when
+    a listener's socket cannot be bound."""
     from supervisor.gateway.http import HttpLimits, serve_http
     from supervisor.gateway.unix import serve_unix
 
-    settings, fds = boot.settings, boot.fds
-    await tg.start(_serve_signals, daemon, tg, boot.signals)
-    serve_control = functools.partial(
-        control.serve, listener=boot.control_listener, max_connections=fds.control
-    )
-    await tg.start(serve_control, daemon, settings.socket)
+    settings = daemon.settings
     await tg.start(daemon.gateway.run)
     listeners = [
         functools.partial(serve_unix, daemon.gateway, settings.gateway_socket, max_connections=fds.unix)
@@ -190,9 +202,9 @@ async def _serve(daemon: Daemon, boot: _Boot, tg: TaskGroup) -> bool:
             return False
     await _prepare_spool(daemon.spool)
     await daemon.prune_catalogs()
-    await daemon.autostart(boot.head)
-    boot.notifier.ready(daemon.summary())
-    tg.start_soon(keep_watchdog, boot.notifier)  # on the loop: a blocked loop stops the pings
+    await daemon.autostart(head)
+    daemon.notifier.ready(daemon.summary())
+    tg.start_soon(keep_watchdog, daemon.notifier)  # on the loop: a blocked loop stops the pings
     log.info("daemon.ready", extensions=len(settings.extensions))
     return True
 

@@ -19,6 +19,7 @@ from supervisor.process import sandbox
 
 if TYPE_CHECKING:
     from supervisor.config.settings import ExtensionConfig
+    from supervisor.extension.startup import Ticket
 
 __all__ = ("Launched", "discard", "environment", "launch", "run_marker")
 
@@ -30,12 +31,13 @@ class Launched:
     """A spawned run: its marker, its process, and its sandbox run (its private directory).
 
     Resource handling: its owner hands *child* to a connection, which ends the tree, and then
-    removes *jail*; or it calls :func:`discard`.
+    removes *jail*; or it calls :func:`discard`. Whoever holds *ticket* releases it.
     """
 
     marker: str
     child: process.ChildProcess
     jail: sandbox.Run | None
+    ticket: Ticket | None = None  # the start slot it was launched in, when not its watcher's
 
 
 def run_marker(prefix: str, name: str) -> str:
@@ -88,12 +90,17 @@ async def launch(
 
 
 async def discard(launched: Launched) -> None:
-    """End a run: its tree at once, unless a connection took it over and ended it, then its
-    private directory. Idempotent."""
+    """End a run: its tree, unless a connection took it over and ended it, then its private
+    directory, and give back the start slot it still holds. Idempotent. A run no connection
+    served has nothing to save: it is killed at once."""
     try:
         if not launched.child.terminated:
-            await process.terminate_tree(launched.child, grace=0)
+            await process.terminate_tree(launched.child, grace=0, term_grace=0)
     finally:
         jail, launched.jail = launched.jail, None
-        if jail is not None:
-            await jail.remove()
+        try:
+            if jail is not None:
+                await jail.remove()
+        finally:
+            if launched.ticket is not None:
+                launched.ticket.release()

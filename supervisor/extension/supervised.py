@@ -257,6 +257,11 @@ class Extension(Calls, Watcher):
             self._demand.learning = learn
         await tg.start(self._watch)
 
+    @property
+    def launch_expected(self) -> bool:
+        """The daemon said it starts it shortly (:meth:`expect_start`), and no stop or start came since."""
+        return self._launching
+
     def expect_start(self) -> None:
         """The daemon is about to start it (autostart, a reload): a call meanwhile waits as for a start."""
         self._launching = True

@@ -55,6 +55,10 @@ class Watcher:
                 self._gave_up = self._ending = True
                 self._snapshot = replace(self._snapshot, last_error=f"internal error: {exc}")
             finally:
+                if (head := self._head_start) is not None:  # a bug ended the watcher before its run
+                    self._head_start = None
+                    with anyio.CancelScope(shield=True):
+                        await launch.discard(head)
                 self._connection, self._listing = None, Listing()
                 if self._spool is not None and not self._idled:  # no child left to refer to its files
                     with anyio.CancelScope(shield=True):
@@ -68,8 +72,13 @@ class Watcher:
         launched, self._head_start = self._head_start, None  # spawned by the daemon's head start
         self._last_stderr = None
         ticket: startup.Ticket | None = None
+        if launched is not None:
+            ticket, launched.ticket = launched.ticket, None  # it was launched in a start slot
+            if launched.jail is not None and self.sandbox is not None:
+                self.sandbox.took(launched.jail)  # its grants are the ones status shows
         try:
-            ticket = await self._take_slot()  # stop() lands here while queued
+            if ticket is None:
+                ticket = await self._take_slot()  # stop() lands here while queued
             if launched is None:
                 marker = launch.run_marker(self._marker_prefix, self.name)
                 launched = await launch.launch(

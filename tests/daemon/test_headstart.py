@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,13 +109,37 @@ class TestWhich:
         assert daemon.terminate() == 0
 
 
+class TestStatus:
+    def test_it_shows_the_grants_the_head_started_run_got(
+        self, daemons: Callable[..., Daemon], short_tmp: Path
+    ) -> None:
+        """A confined extension's grants digest is the same for its head-started run as for the
+        run after a restart (the head start's grants, not the daemon's guess)."""
+        home = short_tmp / "home"
+        (home / "data").mkdir(parents=True)
+        settings = extension_settings("quick.py", env={"HOME": str(home)}, sandbox={"write": ["~/data"]})
+        daemon = daemons({"confined": settings})
+        first = daemon.wait_state("confined", "running")
+        assert first["pid"] == daemon.find("daemon.head_start")[0]["extensions"]["confined"]
+        daemon.request("restart", {"name": "confined"})
+        second = daemon.wait_state("confined", "running")
+        assert second["pid"] != first["pid"]
+        assert first["sandbox"]["mode"] == "confined"
+        assert first["sandbox"]["digest"] == second["sandbox"]["digest"]
+        assert daemon.terminate() == 0
+
+
 class TestCleanUp:
     def test_a_sigterm_right_after_the_head_start_ends_it_all(self, daemons: Callable[..., Daemon]) -> None:
         """SIGTERM as soon as the head start is logged, while a fresh interpreter still imports
-        the daemon proper: exit 0, and no process of any tree is left."""
-        daemon = daemons(
-            {"sdk": extension_settings("echo.py"), "slow": extension_settings("hang_init.py")}, start=False
-        )
+        the daemon proper: exit 0 within ``shutdown_timeout``, though two of the three children
+        ignore SIGTERM, and no process of any tree is left."""
+        extensions = {
+            "sdk": extension_settings("echo.py"),
+            "stubborn": extension_settings("stubborn.py", stop_timeout=30),
+            "also": extension_settings("stubborn.py", stop_timeout=30),
+        }
+        daemon = daemons(extensions, settings={"shutdown_timeout": 3}, start=False)
         with daemon.log.open("ab") as log:
             proc = subprocess.Popen(
                 [*CLI, "daemon", "-c", str(daemon.config)], stdout=log, stderr=log, env=daemon.env
@@ -126,7 +151,9 @@ class TestCleanUp:
                 interval=0.002,
             )
             proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
             assert proc.wait(timeout=30) == 0
+            assert time.monotonic() - signalled < 3  # each stubborn one was given 3 s, in turn
         finally:
             proc.kill()
             proc.wait()

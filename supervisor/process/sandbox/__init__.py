@@ -184,6 +184,11 @@ class Sandbox:
         self._last = grants
         return grants
 
+    def took(self, run: Run) -> None:
+        """*run*, prepared by another :class:`Sandbox` of this extension (the daemon's head
+        start), is this one's now: its grants are the ones :meth:`describe` shows."""
+        self._last, run.sandbox = run.sandbox._last, self
+
     def describe(self, command: str) -> dict[str, Any]:
         """The status record: mode, network and the grants digest (computed once if never run)."""
         if self._last is None and not self._described:
