@@ -238,7 +238,7 @@ class _Owner:
             handed = self._switch(link)
             if not isinstance(handed, handoff.NotSwitched):
                 return self._handed(*handed)  # False: the daemon went, the pump carries the client on
-            if link.closed:
+            if link.closed or link.channel is None or link.channel.closed:  # on_lost comes later
                 return False  # ended by the switch: reconnect, the next try still backed off
 
     def _switchable(self, link: Link) -> bool:

@@ -366,7 +366,7 @@ def _stay(
     if link.channel is not None:
         if step == "handing":
             link.abort()
-        else:
+        elif not pump.daemon_paused:  # else the client's reading of its stdout resumes it
             link.channel.resume_reading()
     pump.flow()
     return why

@@ -345,6 +345,11 @@ class Pump:
         if self.stdin is not None:
             (self.stdin.pause_reading if paused else self.stdin.resume_reading)()
 
+    @property
+    def daemon_paused(self) -> bool:
+        """Whether the daemon's links are not read (the client is not reading its stdout)."""
+        return self._daemon_paused
+
     def pause_daemon(self, paused: bool) -> None:
         """The client is not reading its stdout: read neither the daemon nor the client until it
         does (what the client sends meanwhile may be answered here, by an error line)."""

@@ -120,7 +120,7 @@ class OlderDaemon:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection: socket.socket) -> None:
-        with suppress(OSError), connection.makefile("rb") as lines:
+        with suppress(OSError, ValueError), connection.makefile("rb") as lines:
             for raw in lines:
                 if raw.strip():
                     connection.sendall(self._answer(json.loads(raw)))
@@ -138,6 +138,19 @@ class OlderDaemon:
             return line({"jsonrpc": "2.0", "id": request_id, "result": {}})
         error = {"code": -32601, "message": "Method not found", "data": method}
         return line({"jsonrpc": "2.0", "id": request_id, "error": error})
+
+
+class BrokenSwitchDaemon(OlderDaemon):
+    """A gateway that says ready to every switch, then answers it without the journal's fd: each
+    switch fails after the fds went, and connect ends that connection."""
+
+    def _answer(self, message: dict[str, Any]) -> bytes:
+        if message.get("method") != HANDOFF_METHOD:
+            return super()._answer(message)
+        self.methods.append(HANDOFF_METHOD)
+        request_id = message["id"]
+        ready = line({"jsonrpc": "2.0", "id": request_id, "result": {"ready": True}})
+        return ready + line({"jsonrpc": "2.0", "id": request_id, "result": {"handoff": True}})
 
 
 class TestSwitchRetry:
@@ -167,6 +180,25 @@ class TestSwitchRetry:
         client.send(line(call(2, "echo__echo", text="over")))
         assert client.answer(2)["result"]["content"][0]["text"] == "over"
         assert client.close() == 0
+
+    def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of) -> None:
+        """Each switch fails after the fds went (no journal), which ends that connection: the
+        next connection is asked after the backoff, not at once, and the client is served."""
+        daemon = gateway({"echo": ECHO})
+        client = client_of(daemon)
+        client.open_session()
+        daemon.status()  # a round trip: the daemon has noted the last answer as written
+        daemon.kill()
+        broken = BrokenSwitchDaemon(daemon.mcp_sock)
+        try:
+            until(lambda: broken.switches >= 1, within=20)
+            client.send(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
+            assert client.answer("p") == {"jsonrpc": "2.0", "id": "p", "result": {}}  # stdin is read
+            assert stays_false(lambda: broken.switches > 3, 2.5), (
+                broken.switches
+            )  # 1 s, then 2 s: not one per connection
+        finally:
+            broken.close()
 
     def test_an_older_daemon_is_asked_once_and_its_successor_again(self, gateway, client_of) -> None:
         """A daemon that does not know the switch (-32601) is not asked again: connect pumps on.
