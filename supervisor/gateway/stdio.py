@@ -53,6 +53,7 @@ SEND_TIMEOUT = 30.0  # seconds a client may leave a message untaken before it is
 RING = 2 * (MAX_MESSAGE + (1 << 16))  # a handed-off client's journal: room for a whole line, moved
 SWITCH_WAIT = 10.0  # seconds for each step of connect's handoff on a live session
 _LONG_ID = f"a request id over {MAX_ID} characters is not taken by this session"
+_NOT_NOW = "cannot take the session over now: the request is not the last input, or it is handed over already"
 
 
 class StdioConnection:
@@ -274,10 +275,14 @@ class StdioConnection:
                             continue
                         await self._discard_input()
                         break
-                if _is_switch(message) and self.handed is None and not reader.buffer:
-                    listens = (message.params or {}).get("listens")
-                    if (switched := await self._switch(message.id, reader, listens)) is not None:
-                        reader, taken = switched  # the client's own pipes from now on
+                if _is_switch(message):
+                    if self.handed is None and not reader.buffer:
+                        listens = (message.params or {}).get("listens")
+                        if (switched := await self._switch(message.id, reader, listens)) is not None:
+                            reader, taken = switched  # the client's own pipes from now on
+                    else:  # not now; -32601 would tell connect it never can (an older daemon)
+                        taken(size)
+                        await errors.send(error_reply(message.id, offer.REFUSED, _NOT_NOW))
                     continue
                 if self.handed is not None:
                     if isinstance(message, types.JSONRPCRequest) and self.handed.refuses(message.id):

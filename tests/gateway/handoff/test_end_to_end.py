@@ -417,6 +417,21 @@ class TestBounds:
             sock.sendall(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
             assert json.loads(replies.readline()) == {"jsonrpc": "2.0", "id": "p", "result": {}}
 
+    def test_a_switch_followed_by_more_input_is_refused_for_now(self, gateway) -> None:
+        """A switch asked with more input behind it is refused with the handoff's own -32602, not
+        -32601 (which tells connect that the daemon never can), and the input after it is served."""
+        daemon = gateway({"echo": ECHO})
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(WAIT)
+            sock.connect(daemon.mcp_sock)
+            replies = sock.makefile("rb")
+            sock.sendall(line(INITIALIZE))
+            assert "result" in json.loads(replies.readline())
+            sock.sendall(handoff_line(switch=True) + line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
+            refused = json.loads(replies.readline())
+            assert refused["id"] == 1 and refused["error"]["code"] == -32602, refused
+            assert json.loads(replies.readline()) == {"jsonrpc": "2.0", "id": "p", "result": {}}
+
     @pytest.mark.timeout(60)
     def test_a_switch_never_acknowledged_keeps_no_fd(self, gateway) -> None:
         """A live session asks, sends the fds, takes the journal and says nothing more: the daemon
