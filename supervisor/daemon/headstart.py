@@ -62,29 +62,16 @@ class HeadStart:
         sandbox context. Never raises for one extension: what cannot be launched is left out.
         """
         head = cls()
-        for name, config in first_starts(settings, slots.count - slots.in_use):
-            if slots.queued or slots.in_use >= slots.count:
-                break  # the head start never waits for a slot
-            ticket = slots.ticket()
-            await slots.acquire(ticket)
-            env, credentials = launch.environment(environ, config)
-            try:
-                run = await launch.launch(
-                    config,
-                    env=env,
-                    credentials=credentials,
-                    confinement=sandbox.sandbox_for(name, config, context),
-                    marker=launch.run_marker(prefix, name),
-                )
-            except SpawnError:
-                ticket.release()
-                continue  # its watcher meets the same error and reports it
-            except Exception:  # a bug of ours must cost the head start only, never the daemon
-                ticket.release()
-                log.exception("daemon.head_start_failed", extension=name)
-                continue
-            run.ticket = ticket
-            head._runs[name] = (config, run)
+        try:
+            for name, config in first_starts(settings, slots.count - slots.in_use):
+                if slots.queued or slots.in_use >= slots.count:
+                    break  # the head start never waits for a slot
+                if (run := await _launch(name, config, environ, prefix, context, slots)) is not None:
+                    head._runs[name] = (config, run)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await head.close()
+            raise
         if head._runs:
             pids = {name: run.child.pid for name, (_, run) in head._runs.items()}
             log.info("daemon.head_start", extensions=pids)
@@ -106,6 +93,40 @@ class HeadStart:
         async with anyio.create_task_group() as ending:
             for run in runs:
                 ending.start_soon(launch.discard, run)
+
+
+async def _launch(
+    name: str,
+    config: ExtensionConfig,
+    environ: Mapping[str, str],
+    prefix: str,
+    context: sandbox.Context,
+    slots: StartSlots,
+) -> launch.Launched | None:
+    """One extension's run, in a start slot it holds; None (and no slot) when it cannot start."""
+    ticket = slots.ticket()
+    await slots.acquire(ticket)
+    env, credentials = launch.environment(environ, config)
+    try:
+        run = await launch.launch(
+            config,
+            env=env,
+            credentials=credentials,
+            confinement=sandbox.sandbox_for(name, config, context),
+            marker=launch.run_marker(prefix, name),
+        )
+    except SpawnError:
+        ticket.release()
+        return None  # its watcher meets the same error and reports it
+    except Exception:  # a bug of ours must cost the head start only, never the daemon
+        ticket.release()
+        log.exception("daemon.head_start_failed", extension=name)
+        return None
+    except BaseException:
+        ticket.release()
+        raise
+    run.ticket = ticket
+    return run
 
 
 def first_starts(settings: Settings, slots: int) -> list[tuple[str, ExtensionConfig]]:
