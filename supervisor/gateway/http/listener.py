@@ -150,6 +150,7 @@ async def serve_http(
         backlog=limits.backlog,  # asyncio accepts up to this many at once, before any is refused
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
         server_header=False,
+        proxy_headers=False,  # no proxy in front: a forwarded-for header names no client here
     )
     server = _Server(config)
     log.info(
