@@ -43,7 +43,10 @@ needs_cgroup = pytest.mark.skipif(CGROUP is None, reason="no writable cgroup v2 
 
 
 def tagged(tags: list[str]) -> dict[str, list[int]]:
-    """Live (not zombie) processes whose command line contains one of *tags*, by tag."""
+    """Live (not zombie) processes with one of *tags* as an argument of their own, by tag.
+
+    Whole arguments: as a substring, run ``<tag>-588`` would also find ``<tag>-5881``'s tree, a
+    later run of another extension (pids start low again after a wrap)."""
     found: dict[str, list[int]] = {tag: [] for tag in tags}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -53,7 +56,7 @@ def tagged(tags: list[str]) -> dict[str, list[int]]:
                 if stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
                     continue
             with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
-                argv = cmdline.read().decode(errors="replace")
+                argv = cmdline.read().decode(errors="replace").split("\0")
         except OSError:
             continue
         for tag in tags:
@@ -153,11 +156,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _server_alive(run: str) -> bool:
+    """Whether *run*'s server lives: its pid alive and still running ``tree.py --tag <tag>`` (pids
+    are reused within seconds here once they wrap, and a dead server's may name another process)."""
+    pid, tag = _pid(run), run.rsplit("-", 1)[0]
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            ours = tag in cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return ours and _alive(pid)
+
+
 def survivors(runs: dict[str, str]) -> dict[str, int]:
     """How many processes of each run are alive: tagged descendants, and the server itself."""
     left = tagged(list(runs.values()))
     return {
-        name: len(set(left[run]) | ({_pid(run)} if _alive(_pid(run)) else set()))
+        name: len(set(left[run]) | ({_pid(run)} if _server_alive(run) else set()))
         for name, run in runs.items()
     }
 
