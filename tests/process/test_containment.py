@@ -43,7 +43,8 @@ needs_cgroup = pytest.mark.skipif(CGROUP is None, reason="no writable cgroup v2 
 
 
 def tagged(tags: list[str]) -> dict[str, list[int]]:
-    """Live (not zombie) processes with one of *tags* as an argument of their own, by tag.
+    """Live (not zombie) processes with an argument that is one of *tags*, or starts with it and
+    a dash (a run's tag ``<tag>-<server pid>`` under a daemon's), by tag.
 
     Whole arguments: as a substring, run ``<tag>-588`` would also find ``<tag>-5881``'s tree, a
     later run of another extension (pids start low again after a wrap)."""
@@ -60,7 +61,7 @@ def tagged(tags: list[str]) -> dict[str, list[int]]:
         except OSError:
             continue
         for tag in tags:
-            if tag in argv:
+            if any(arg == tag or arg.startswith(f"{tag}-") for arg in argv):
                 found[tag].append(int(entry.name))
     return found
 
