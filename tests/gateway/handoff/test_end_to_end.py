@@ -139,6 +139,18 @@ def fds_of(pid: int, target: str) -> list[Path]:
     return found
 
 
+@contextmanager
+def live_session(daemon: Daemon) -> Iterator[tuple[socket.socket, Any]]:
+    """A raw connection to *daemon*'s mcp.sock, initialized: the socket and its unbuffered lines."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(WAIT)
+        sock.connect(daemon.mcp_sock)
+        replies = sock.makefile("rb", buffering=0)  # nothing read ahead: fds may follow a line
+        sock.sendall(line(INITIALIZE))
+        assert "result" in json.loads(replies.readline())
+        yield sock, replies
+
+
 def handoff_line(**params: Any) -> bytes:
     return line({"jsonrpc": "2.0", "id": 1, "method": HANDOFF_METHOD, "params": {"profile": None, **params}})
 
@@ -406,12 +418,7 @@ class TestBounds:
         """A live session asks for a switch, hears "ready", then sends a plain request instead
         of the fds (as a connect that gave up does): the request is served whole."""
         daemon = gateway({"echo": ECHO})
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(WAIT)
-            sock.connect(daemon.mcp_sock)
-            replies = sock.makefile("rb")
-            sock.sendall(line(INITIALIZE))
-            assert "result" in json.loads(replies.readline())
+        with live_session(daemon) as (sock, replies):
             sock.sendall(handoff_line(switch=True))
             assert json.loads(replies.readline())["result"] == {"ready": True}
             sock.sendall(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
@@ -421,12 +428,7 @@ class TestBounds:
         """A switch asked with more input behind it is refused with the handoff's own -32602, not
         -32601 (which tells connect that the daemon never can), and the input after it is served."""
         daemon = gateway({"echo": ECHO})
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(WAIT)
-            sock.connect(daemon.mcp_sock)
-            replies = sock.makefile("rb")
-            sock.sendall(line(INITIALIZE))
-            assert "result" in json.loads(replies.readline())
+        with live_session(daemon) as (sock, replies):
             sock.sendall(handoff_line(switch=True) + line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
             refused = json.loads(replies.readline())
             assert refused["id"] == 1 and refused["error"]["code"] == -32602, refused
@@ -440,12 +442,7 @@ class TestBounds:
         before = psutil.Process(daemon.pid).num_fds()
         read_end, write_end = os.pipe()
         out_read, out_write = os.pipe()
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.settimeout(WAIT)
-            sock.connect(daemon.mcp_sock)
-            replies = sock.makefile("rb", buffering=0)
-            sock.sendall(line(INITIALIZE))
-            assert "result" in json.loads(replies.readline())
+        with live_session(daemon) as (sock, replies):
             sock.sendall(handoff_line(switch=True))
             assert json.loads(replies.readline())["result"] == {"ready": True}
             socket.send_fds(sock, [b"F"], [read_end, out_write])
