@@ -87,8 +87,8 @@ def run(
             if handoff.eligible(stdin, stdout):
                 sock = dial(loop, socket_path)
                 memfd = handoff.offer(sock, stdin, stdout, profile)
+                owner.may_switch = True  # refused (out of fds, say): a switch asks again later
                 if memfd is not None:
-                    owner.may_switch = True  # this daemon takes handoffs: the next one will too
                     return owner.serve_handed(sock, memfd, stdin, stdout)
                 sock.close()  # an older daemon, or one out of fds: connect pumps
             sock = dial(loop, socket_path, profile)
@@ -244,7 +244,9 @@ class _Owner:
     def _switchable(self, link: Link) -> bool:
         pump = self.pump
         idle = link.downstream.idle and not link.backlog and not link.dropped and link.channel is not None
-        ready = self.may_switch and self._tries.ready()
+        # Not before a request was answered on the link: as its first message, a switch would set
+        # the session's protocol era (a 2026-07-28 client's requests are then refused).
+        ready = self.may_switch and self._tries.ready() and link.spoken
         return ready and link is pump.live and idle and pump.quiet and link.channel.buffered == 0
 
     def _switch(self, link: Link) -> tuple[socket.socket, int] | handoff.NotSwitched:

@@ -69,6 +69,7 @@ class Link:
         self.initialize_id: str | None = None
         self.initialize_answer: dict[str, Any] | None = None
         self.answered = False  # the replayed initialize was answered, or the link died
+        self.spoken = False  # the daemon answered a request on this link: its session's era is set
         self.switch_id: str | None = None  # of connect's handoff on this link, while it goes on
         self.switch_answers: list[dict[str, Any]] = []
         self.closed = False
@@ -117,6 +118,7 @@ class Link:
         if seen.kind is Kind.RESPONSE and seen.id is not None and seen.id == self.switch_id:
             self.switch_answers.append(seen.message or {})
             return False
+        self.spoken = self.spoken or seen.kind is Kind.RESPONSE
         if seen.kind is not Kind.RESPONSE or seen.id not in self.dropped:
             return True
         self.dropped.discard(seen.id)

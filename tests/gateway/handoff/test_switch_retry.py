@@ -71,13 +71,13 @@ def stays_false(predicate: Callable[[], bool], seconds: float) -> bool:
 
 
 @contextmanager
-def out_of_fds(pid: int) -> Iterator[None]:
-    """Process *pid* can open no more fd (its soft RLIMIT_NOFILE at its lowest free fd) in the
-    block: receiving fds truncates them, a memfd fails with EMFILE."""
+def out_of_fds(pid: int, spare: int = 0) -> Iterator[None]:
+    """Process *pid* can open no more fd but *spare* (its soft RLIMIT_NOFILE that far past its
+    lowest free fd) in the block: receiving fds truncates them, a memfd fails with EMFILE."""
     soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     used = {int(name) for name in os.listdir(f"/proc/{pid}/fd")}
     lowest_free = next(fd for fd in itertools.count() if fd not in used)
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free, hard))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free + spare, hard))
     try:
         yield
     finally:
@@ -179,6 +179,23 @@ class TestSwitchRetry:
         assert "the daemon refused" in after and "lost the daemon" not in after, said  # same connection
         client.send(line(call(2, "echo__echo", text="over")))
         assert client.answer(2)["result"]["content"][0]["text"] == "over"
+        assert client.close() == 0
+
+    def test_a_first_handoff_refused_for_want_of_fds_is_asked_again(self, gateway, client_of) -> None:
+        """The daemon has room for connect's connections but not for the client's two pipes when
+        connect starts: it pumps, and once the session has begun and the daemon has fds again,
+        it hands the client over."""
+        daemon = gateway({"echo": ECHO})
+        daemon.status()  # its own control connection is closed again before the limit is set
+        with out_of_fds(daemon.pid, spare=2):
+            client = client_of(daemon)
+            client.open_session()
+            pipe = client.stdin_pipe()
+            assert not holds(daemon.pid, pipe)  # refused: pumped
+        until(lambda: holds(daemon.pid, pipe), within=WAIT)  # a switch, after its backoff
+        assert HANDED in wait_note(client, HANDED)
+        client.send(line(call(1, "echo__echo", text="over")))
+        assert client.answer(1)["result"]["content"][0]["text"] == "over"
         assert client.close() == 0
 
     def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of) -> None:
