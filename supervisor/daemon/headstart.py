@@ -107,6 +107,7 @@ async def _launch(
     ticket = slots.ticket()
     await slots.acquire(ticket)
     env, credentials = launch.environment(environ, config)
+    run: launch.Launched | None = None
     try:
         run = await launch.launch(
             config,
@@ -115,17 +116,14 @@ async def _launch(
             confinement=sandbox.sandbox_for(name, config, context),
             marker=launch.run_marker(prefix, name),
         )
+        run.ticket = ticket
     except SpawnError:
-        ticket.release()
-        return None  # its watcher meets the same error and reports it
+        pass  # its watcher meets the same error and reports it
     except Exception:  # a bug of ours must cost the head start only, never the daemon
-        ticket.release()
         log.exception("daemon.head_start_failed", extension=name)
-        return None
-    except BaseException:
-        ticket.release()
-        raise
-    run.ticket = ticket
+    finally:
+        if run is None:
+            ticket.release()
     return run
 
 

@@ -14,7 +14,7 @@ from supervisor import paths
 from supervisor.config.settings import Settings
 from supervisor.process import sandbox
 
-__all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context")
+__all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context", "spool_root")
 
 _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
 
@@ -38,12 +38,16 @@ def sandbox_context(
     settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
 ) -> sandbox.Context:
     """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
-    spool = Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ)
     return sandbox.daemon_context(
         environ=environ,
         config_path=config_path,
         socket=settings.socket,
         state=str(paths.default_state_root(environ)),
-        spool=str(spool),
+        spool=str(spool_root(settings, environ)),
         instance=instance_key(settings.socket),
     )
+
+
+def spool_root(settings: Settings, environ: Mapping[str, str]) -> Path:
+    """Where the spool of a daemon on *settings* lives: ``spool.dir``, else the default."""
+    return Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ)

@@ -77,12 +77,11 @@ class Daemon(Facade, Reloading):
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
         self.hurry = anyio.Event()  # set when shutdown stops being polite
-        self.start_slots = start_slots or StartSlots(
-            settings.start_slots or default_slots()
-        )  # starts at once
+        # Starts at once: the daemon's own, shared with the head start's runs (see .run).
+        self.start_slots = start_slots or StartSlots(settings.start_slots or default_slots())
         self.containment: Containment | None = None  # prepared by run() once the socket is ours
         self.spool = Spool(
-            Path(settings.spool.dir) if settings.spool.dir else paths.default_spool_root(environ),
+            identity.spool_root(settings, environ),
             instance=self.instance,
             max_inline_bytes=settings.spool.max_inline_bytes,
             max_total_bytes=settings.spool.max_total_bytes,
