@@ -36,6 +36,7 @@ __all__ = (
     "pinned",
     "short_tmp",
     "state_directory",
+    "temporary_directory",
     "task_group",
 )
 
@@ -54,6 +55,22 @@ def state_directory() -> Iterator[Path]:
         os.environ.pop("STATE_DIRECTORY", None)
     else:
         os.environ["STATE_DIRECTORY"] = before
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_directory() -> Iterator[Path]:
+    """The daemons under test keep their temporary directories (the sandboxes' private ones among
+    them) in a directory of this session: a daemon a test SIGKILLs cannot remove its own."""
+    path = Path(tempfile.mkdtemp(prefix="mcps-tmp-", dir="/tmp"))  # short: sockets may live below
+    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(path)  # tests ask where a daemon's would be
+    yield path
+    tempfile.tempdir = cached
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
     shutil.rmtree(path, ignore_errors=True)
 
 

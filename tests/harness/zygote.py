@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -182,6 +183,7 @@ def _become(request: dict[str, Any]) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # read TMPDIR afresh, as a new interpreter would
         sys.argv = [str(ROOT / "supervisor" / "__main__.py"), *request["args"]]
         from supervisor.cli.main import main
 
