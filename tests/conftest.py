@@ -12,6 +12,6 @@ from tests.harness.fixtures import (  # noqa: F401 - fixtures are found by name
     pinned,
     short_tmp,
     state_directory,
-    temporary_directory,
     task_group,
+    temporary_directory,
 )

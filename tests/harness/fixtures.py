@@ -36,8 +36,8 @@ __all__ = (
     "pinned",
     "short_tmp",
     "state_directory",
-    "temporary_directory",
     "task_group",
+    "temporary_directory",
 )
 
 INLINE = 4096  # spool.max_inline_bytes for the gateway and hostile fixtures

@@ -260,6 +260,10 @@ def switch(
     reading stdin again: on *link* still, unless the fds went and the daemon did not say no
     (then *link* is ended, see :func:`_stay`)."""
     assert link.channel is not None
+    try:  # the pump's input again if the switch fails, taken first: fds may run out meanwhile
+        spare = os.dup(stdin)
+    except OSError as exc:
+        return NotSwitched(f"connect could not keep its input: {exc.strerror or exc}")
     pump.detach(output=False)
     link.channel.pause_reading()
     link.switch_id, link.switch_answers = request_id, []
@@ -272,14 +276,14 @@ def switch(
         sock = socket.socket(fileno=os.dup(link.channel.fd))
     except OSError as exc:
         why = NotSwitched(f"connect could not use its socket: {exc.strerror or exc}")
-        return _stay(loop, pump, link, None, fds, stdin, step, why)
+        return _stay(loop, pump, link, None, fds, spare, step, why)
     try:
         sock.settimeout(timeout)
         sock.sendall(json.dumps(request).encode() + b"\n")
         answer = _answered(sock, pump, link, fds, deadline)
         if answer.get("result") != {"ready": True}:
             link.switch_id = None  # its one answer came (or the end): none is left to drop
-            return _stay(loop, pump, link, sock, fds, stdin, step, _not_ready(answer))
+            return _stay(loop, pump, link, sock, fds, spare, step, _not_ready(answer))
         step = "handing"
         socket.send_fds(sock, [SWITCH_FDS], [stdin, stdout])
         answer = _answered(sock, pump, link, fds, deadline)
@@ -287,17 +291,18 @@ def switch(
         if "error" in answer:  # the daemon said no, and closed the fds: the session goes on here
             step = "refused"
         if answer.get("result") != {"handoff": True} or len(fds) != 1:
-            return _stay(loop, pump, link, sock, fds, stdin, step, _not_taken(answer, len(fds)))
+            return _stay(loop, pump, link, sock, fds, spare, step, _not_taken(answer, len(fds)))
         out = pump.stdout
         drained = out is None or loop.run_until(lambda: out.buffered == 0, deadline - time.monotonic())
         if not drained or pump.gone:  # the client does not read: not now
             reason = NotSwitched(f"the client did not read its output within {timeout:g} s")
-            return _stay(loop, pump, link, sock, fds, stdin, step, reason)
+            return _stay(loop, pump, link, sock, fds, spare, step, reason)
         sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(TAKEN)
     except OSError as exc:  # a timeout too
         why = NotSwitched(f"{exc.strerror or exc} while {step}")
-        return _stay(loop, pump, link, sock, fds, stdin, step, why)
+        return _stay(loop, pump, link, sock, fds, spare, step, why)
+    os.close(spare)
     pump.detach(output=True)
     link.switch_id = None
     link.channel.on_lost = None
@@ -344,14 +349,14 @@ def _stay(
     link: Link,
     sock: socket.socket | None,
     fds: list[int],
-    stdin: int,
+    spare: int,
     step: str,
     why: NotSwitched,
 ) -> NotSwitched:
-    """The switch did not happen (*why*): the pump reads stdin again. Asked but not answered,
-    the daemon may still say ready and wait for the fds: a blank line (which it skips) ends its
-    wait. Once the fds went, the daemon may take them yet, unless it said no: the link is ended,
-    and the client's lines are held for the next connection."""
+    """The switch did not happen (*why*): the pump reads stdin again, through *spare*. Asked but
+    not answered, the daemon may still say ready and wait for the fds: a blank line (which it
+    skips) ends its wait. Once the fds went, the daemon may take them yet, unless it said no: the
+    link is ended, and the client's lines are held for the next connection."""
     for fd in fds:
         os.close(fd)
     if link.switch_id is not None:  # an answer still to come is ours, not the client's (no
@@ -362,7 +367,7 @@ def _stay(
             with contextlib.suppress(OSError):
                 sock.sendall(b"\n")
         sock.close()
-    pump.attach_input(loop, os.dup(stdin))
+    pump.attach_input(loop, spare)
     if link.channel is not None:
         if step == "handing":
             link.abort()
