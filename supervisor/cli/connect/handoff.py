@@ -283,6 +283,7 @@ def switch(
         answer = _answered(sock, pump, link, fds, deadline)
         if answer.get("result") != {"ready": True}:
             link.switch_id = None  # its one answer came (or the end): none is left to drop
+            step = step if answer else "ended"
             return _stay(loop, pump, link, sock, fds, spare, step, _not_ready(answer))
         step = "handing"
         socket.send_fds(sock, [SWITCH_FDS], [stdin, stdout])
@@ -356,7 +357,8 @@ def _stay(
     """The switch did not happen (*why*): the pump reads stdin again, through *spare*. Asked but
     not answered, the daemon may still say ready and wait for the fds: a blank line (which it
     skips) ends its wait. Once the fds went, the daemon may take them yet, unless it said no: the
-    link is ended, and the client's lines are held for the next connection."""
+    link is ended, and the client's lines are held for the next connection. A link the daemon
+    ended while asked is ended here too: a failed switch, whose backoff holds (not a restart)."""
     for fd in fds:
         os.close(fd)
     if link.switch_id is not None:  # an answer still to come is ours, not the client's (no
@@ -369,7 +371,7 @@ def _stay(
         sock.close()
     pump.attach_input(loop, spare)
     if link.channel is not None:
-        if step == "handing":
+        if step in ("handing", "ended"):  # a failure either way: ended here, the backoff holds
             link.abort()
         elif not pump.daemon_paused:  # else the client's reading of its stdout resumes it
             link.channel.resume_reading()

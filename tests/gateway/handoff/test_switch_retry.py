@@ -153,6 +153,21 @@ class BrokenSwitchDaemon(OlderDaemon):
         return ready + line({"jsonrpc": "2.0", "id": request_id, "result": {"handoff": True}})
 
 
+class EndingSwitchDaemon(OlderDaemon):
+    """A gateway that ends the connection when asked to switch, before any answer: each switch
+    ends its connection while asking."""
+
+    def _serve(self, connection: socket.socket) -> None:
+        with suppress(OSError, ValueError), connection.makefile("rb") as lines:
+            for raw in lines:
+                if raw.strip() and json.loads(raw).get("method") == HANDOFF_METHOD:
+                    self.methods.append(HANDOFF_METHOD)
+                    connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if raw.strip():
+                    connection.sendall(self._answer(json.loads(raw)))
+
+
 class TestSwitchRetry:
     def test_a_daemon_out_of_fds_is_asked_again_later(self, gateway, client_of) -> None:
         """After a restart, the daemon refuses the first switch (it is out of fds): the
@@ -225,15 +240,16 @@ class TestSwitchRetry:
         assert client.answer(1)["result"]["content"][0]["text"] == "over"
         assert client.close() == 0
 
-    def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of) -> None:
-        """Each switch fails after the fds went (no journal), which ends that connection: the
+    @pytest.mark.parametrize("stand_in", [BrokenSwitchDaemon, EndingSwitchDaemon], ids=["handing", "asking"])
+    def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of, stand_in) -> None:
+        """Each switch ends its connection, after the fds went (no journal) or while asking: the
         next connection is asked after the backoff, not at once, and the client is served."""
         daemon = gateway({"echo": ECHO})
         client = client_of(daemon)
         client.open_session()
         daemon.status()  # a round trip: the daemon has noted the last answer as written
         daemon.kill()
-        broken = BrokenSwitchDaemon(daemon.mcp_sock)
+        broken = stand_in(daemon.mcp_sock)
         try:
             until(lambda: broken.switches >= 1, within=20)
             client.send(line({"jsonrpc": "2.0", "id": "p", "method": "ping"}))
