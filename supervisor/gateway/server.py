@@ -285,5 +285,7 @@ class Gateway(Handlers):
 
             self.fanout.log(params.level, params.data, logger, source, hears)
         elif isinstance(notification, types.ResourceUpdatedNotification):
+            if per_client and owner is None:
+                return  # the control socket's instance: nobody's
             uri = expose_uri(extension, notification.params.uri)
-            self.fanout.resource_updated(uri, its_own if per_client else None)
+            self.fanout.resource_updated(uri, owner if per_client else None)

@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import structlog
 from mcp.server import ServerRequestContext
-from mcp.server.subscriptions import InMemorySubscriptionBus
 from mcp.shared.subscriptions import (
     PromptsListChanged,
     ResourcesListChanged,
@@ -28,6 +27,7 @@ from mcp.shared.subscriptions import (
 )
 
 from supervisor.gateway.asks import parked
+from supervisor.gateway.notify.bus import Bus
 from supervisor.gateway.notify.downstream import MAX_LOG_DATA, MAX_SUBSCRIPTIONS, Downstream
 from supervisor.gateway.notify.requestlogs import FLUSH_SECONDS, RequestLog, asked_levels
 from supervisor.gateway.owner import TaskOwner
@@ -44,12 +44,13 @@ class Fanout(TaskOwner):
     """The gateway's clients, as one audience. :meth:`run` owns every per-client task."""
 
     def __init__(self) -> None:
-        self.bus = InMemorySubscriptionBus()  # 2026-07-28 clients: subscriptions/listen
+        self.bus = Bus()  # 2026-07-28 clients: subscriptions/listen
         self._clients: dict[Downstream, None] = {}  # each handshake-era client's, in arrival order
         self._subscribers: dict[str, int] = {}  # exposed URI -> clients and listen streams holding it
         self._held: dict[object, int] = {}  # a 2026-07-28 client -> URIs its listen streams hold
         self._request_logs: dict[int, set[RequestLog]] = {}  # id() of an Extension -> requests in it
-        self._updated: dict[str, None] = {}  # URIs updated, not yet published to the bus
+        # URIs updated, not yet published to the bus, with whose they are (None: everyone's).
+        self._updated: dict[tuple[str, object], None] = {}
         self.on_released: Callable[[str], None] | None = None  # nobody holds this URI any more (sync)
         self._updates_waiting = anyio.Event()
 
@@ -203,16 +204,15 @@ class Fanout(TaskOwner):
             finally:
                 sink.scope.cancel()
 
-    def resource_updated(self, uri: str, hears: Callable[[Downstream], bool] | None = None) -> None:
-        """*uri* changed: tell its subscribers (of them, those *hears* picks: a per-client
-        instance's owner). 2026-07-28 listen streams, which the SDK's bus serves by URI alone,
-        hear it whoever it is from."""
+    def resource_updated(self, uri: str, only: object = None) -> None:
+        """*uri* changed: tell its subscribers, handshake-era clients and 2026-07-28 listen
+        streams (with *only*, that client's alone: the owner of a per-client instance)."""
         if uri in self._subscribers:
             for client in self._clients:
-                if hears is None or hears(client):
+                if only is None or client.session is only:
                     client.resource_updated(uri)
         if len(self._updated) < MAX_SUBSCRIPTIONS:  # for 2026-07-28 listeners; they filter by URI
-            self._updated[uri] = None
+            self._updated[uri, only] = None
             self._updates_waiting.set()
 
     async def _publish_updates(self) -> None:
@@ -221,8 +221,8 @@ class Fanout(TaskOwner):
             await self._updates_waiting.wait()
             self._updates_waiting = anyio.Event()
             updated, self._updated = self._updated, {}
-            for uri in updated:
-                await self.bus.publish(ResourceUpdated(uri=uri))
+            for uri, only in updated:
+                await self.bus.publish(ResourceUpdated(uri=uri), only)
 
 
 def _bounded(data: Any) -> Any:

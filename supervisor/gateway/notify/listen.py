@@ -23,6 +23,7 @@ from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.server.subscriptions import ListenHandler
 
+from supervisor.gateway.notify.bus import LISTENER
 from supervisor.gateway.notify.downstream import MAX_SUBSCRIPTIONS
 from supervisor.gateway.notify.fanout import Fanout
 from supervisor.gateway.session import MAX_CONNECTIONS, Session, session_of
@@ -72,7 +73,7 @@ class Listen:
     ) -> types.SubscriptionsListenResult:
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
         if not uris:
-            return await self._handler(ctx, params)
+            return await self._handler(ctx, params)  # list_changed events are everyone's
         release = self._fanout.hold(client, uris)
         if release is None:
             raise MCPError(
@@ -82,6 +83,10 @@ class Listen:
         try:
             for uri in uris:  # one refused (unknown, hidden, its extension down): the stream is refused
                 await self._subscribe(ctx, uri)
-            return await self._handler(ctx, params)
+            listener = LISTENER.set(client)  # whose stream the bus subscribes: see notify.bus
+            try:
+                return await self._handler(ctx, params)
+            finally:
+                LISTENER.reset(listener)
         finally:
             release()  # the children keep theirs: nobody is routed updates nobody holds

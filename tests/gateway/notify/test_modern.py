@@ -160,6 +160,23 @@ class TestSubscriptions:
             await client.call_tool("rich__touch", {"uri": "note://a"})
             assert await next_event(on_a) == ResourceUpdated(uri=NOTE_A)  # not note://b's, before it
 
+    async def test_a_per_client_instances_update_reaches_its_own_clients_streams_only(self, gateway) -> None:
+        """Two mcp.sock clients, each with its own instance of a per-client extension, listening
+        to the same URIs: each stream hears its own instance's update alone."""
+        daemon = gateway({"rich": {**RICH, "instances": "per-client"}})
+        async with (
+            modern(daemon) as client,
+            modern(daemon) as other,
+            client.listen(resource_subscriptions=[NOTE_A, NOTE_B]) as on_client,
+            other.listen(resource_subscriptions=[NOTE_A, NOTE_B]) as on_other,
+        ):
+            await other.call_tool("rich__touch", {"uri": "note://b"})
+            assert await next_event(on_other) == ResourceUpdated(uri=NOTE_B)
+            await client.call_tool("rich__touch", {"uri": "note://a"})
+            assert await next_event(on_client) == ResourceUpdated(uri=NOTE_A)  # not the other's note://b
+            await other.call_tool("rich__touch", {"uri": "note://b"})
+            assert await next_event(on_other) == ResourceUpdated(uri=NOTE_B)  # not the client's note://a
+
     async def test_the_streams_end_releases_its_subscriptions(self, gateway) -> None:
         daemon = gateway({"rich": RICH})
         async with modern(daemon) as client:
