@@ -123,16 +123,22 @@ def parse_modern(body: bytes) -> ModernCall | None:
     capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY)
     if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(capabilities, dict):
         return None
-    params = (
-        {"name": name, "_meta": meta}
-        if arguments is None
-        else {"name": name, "arguments": arguments, "_meta": meta}
-    )
+    if not _valid_meta(version, pydantic_core.to_json(meta)):
+        return None
+    return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities)
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_meta(version: str, meta: bytes) -> bool:
+    """Whether a ``tools/call`` with this ``_meta`` (JSON) passes the SDK's validation for
+    *version*. Its name (any string) and arguments (any object) cannot fail it, so the verdict
+    is the ``_meta``'s: a client sends the same one with every call."""
+    params = {"name": "", "_meta": pydantic_core.from_json(meta)}
     try:
         methods.validate_client_request("tools/call", version, params)
     except (ValueError, KeyError):  # pydantic's ValidationError is a ValueError
-        return None
-    return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities)
+        return False
+    return True
 
 
 def _plain_call(line: bytes) -> tuple[RequestId, str, dict[str, Any] | None, dict[str, Any] | None] | None:

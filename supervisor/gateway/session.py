@@ -26,6 +26,7 @@ the one place that reads it.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Awaitable, Callable, Container
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -78,10 +79,15 @@ class Session:
         self.connection: Connection | None = None  # the SDK connection of its handshake-era requests
         self.notifications: Downstream | None = None  # once it made a handshake-era request
         self.http_id: str | None = None  # its Mcp-Session-Id, once the HTTP fast path knows it
-        self.in_flight = InFlight(MAX_IN_FLIGHT)
         self.closed = False
         self._asking: set[anyio.CancelScope] = set()
         self._on_close: list[Callable[[], None]] = []
+
+    @functools.cached_property
+    def in_flight(self) -> InFlight:
+        """Its unanswered requests (an ``mcp.sock`` client's); made on first use, as most
+        sessions (one HTTP request of a 2026-07-28 client) never need one."""
+        return InFlight(MAX_IN_FLIGHT)
 
     def __repr__(self) -> str:
         return f"<Session {self.listener}{'' if self.lasting else ' (one request)'} at {id(self):#x}>"
@@ -100,7 +106,8 @@ class Session:
         self.closed = True
         for scope in self._asking:
             scope.cancel()
-        self.in_flight.release_all()
+        if "in_flight" in self.__dict__:
+            self.in_flight.release_all()
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
             callback()

@@ -120,12 +120,14 @@ class TestParseModern:
             pytest.param({**_MODERN_META, "io.modelcontextprotocol/logLevel": "debug"}, id="log level"),
             pytest.param({**_MODERN_META, "io.modelcontextprotocol/protocolVersion": "2025-11-25"}, id="old"),
             pytest.param({**_MODERN_META, "io.modelcontextprotocol/clientCapabilities": []}, id="odd caps"),
+            pytest.param({**_MODERN_META, "io.modelcontextprotocol/clientInfo": 5}, id="odd client info"),
             pytest.param({"progressToken": 1}, id="handshake era"),
             pytest.param(None, id="no meta"),
         ],
     )
     def test_anything_else_is_left_to_the_sdk(self, meta: dict[str, Any] | None) -> None:
-        assert fastpath.parse_modern(_line(_call(name="n", _meta=meta))) is None
+        for _ in range(2):  # the verdict on a _meta is kept: the second time too
+            assert fastpath.parse_modern(_line(_call(name="n", _meta=meta))) is None
 
 
 class TestExposeLinks:

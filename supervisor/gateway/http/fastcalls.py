@@ -75,6 +75,7 @@ class FastPath:
         # per request being served (bounded by the listener's connections).
         self._running: dict[tuple[str, RequestId], anyio.CancelScope] = {}
         self._annotated: tuple[Catalog | None, frozenset[str]] = (None, frozenset())
+        self._stamped: tuple[object, dict[str, Any]] = (None, {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") != "/mcp":
@@ -210,11 +211,18 @@ class FastPath:
             shaped = methods.serialize_server_result("tools/call", version, result)
             meta = shaped.get("_meta")
             if meta is None or (isinstance(meta, dict) and meta.get(types.SERVER_INFO_META_KEY) is None):
-                stamp = self._gateway.server.server_info_stamp
-                shaped["_meta"] = {**(meta or {}), types.SERVER_INFO_META_KEY: stamp}
+                shaped["_meta"] = {**(meta or {}), types.SERVER_INFO_META_KEY: self._stamp()}
             return shaped
 
         return shape
+
+    def _stamp(self) -> dict[str, Any]:
+        """The server's stamp, as the SDK's path puts it in a result's ``_meta``. One copy, shared:
+        an answer is encoded as soon as it is shaped, and nothing changes the stamp in it."""
+        server = self._gateway.server
+        if self._stamped[0] is not server:
+            self._stamped = (server, server.server_info_stamp)
+        return self._stamped[1]
 
     def _with_param_headers(self) -> frozenset[str]:
         """The exposed tools whose input schema names ``x-mcp-header`` anywhere: the SDK checks
