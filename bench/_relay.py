@@ -7,13 +7,22 @@ under any design that puts the same processes between a client and its server.
     python bench/_relay.py hop CMD...          stdio <-> a spawned CMD's stdio (one extra process)
     python bench/_relay.py serve SOCK CMD...   a unix socket; each connection gets its own CMD
     python bench/_relay.py pump SOCK           stdio <-> SOCK (with ``serve``: two extra processes)
+    python bench/_relay.py http PORT CMD...    streamable HTTP on 127.0.0.1:PORT, a CMD per MCP session
+
+The HTTP relay does the least an HTTP gateway must: it parses each request (httptools, as the
+daemon's listener does) and each message's id, to answer a POST with its own response; one
+write per answer (JSON, never SSE), no GET stream, no checks, no bounds; on uvloop, as the
+daemon runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
+import uuid
 from collections.abc import Callable
 
 
@@ -105,11 +114,110 @@ async def pump(path: str) -> None:
     await done.wait()
 
 
+class _Session:
+    """One MCP session of the HTTP relay: its child, and the POSTs waiting for an answer, by id."""
+
+    def __init__(self) -> None:
+        self.child: asyncio.WriteTransport | None = None
+        self.starting: asyncio.Task[None] | None = None
+        self.early: list[bytes] = []  # lines sent before the child's stdin exists
+        self.waiting: dict[object, tuple[asyncio.Transport, bytes]] = {}  # id -> (client, extra headers)
+        self._partial = b""
+
+    def send(self, line: bytes) -> None:
+        if self.child is None:
+            self.early.append(line)
+        else:
+            self.child.write(line)
+
+    def from_child(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            message = json.loads(line)
+            if "method" in message:
+                continue  # a notification or a request of the child's: no GET stream to put it on
+            waiting = self.waiting.pop(message.get("id"), None)
+            if waiting is not None:
+                _answer(waiting[0], b"200 OK", line, waiting[1])
+
+
+def _answer(transport: asyncio.Transport, status: bytes, body: bytes, extra: bytes = b"") -> None:
+    head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+    transport.write(head % (status, len(body), extra) + body)
+
+
+async def http(port: int, command: list[str]) -> None:
+    import httptools
+
+    loop = asyncio.get_running_loop()
+    sessions: dict[bytes, _Session] = {}
+
+    async def start(session: _Session) -> None:
+        session.child = await _spawn(command, session.from_child, lambda: None)
+        for line in session.early:
+            session.child.write(line)
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.transport: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's
+            self.parser = httptools.HttpRequestParser(self)
+            self.session_id, self.body = b"", b""
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_message_begin(self) -> None:
+            self.session_id, self.body = b"", b""
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if name.lower() == b"mcp-session-id":
+                self.session_id = value
+
+        def on_body(self, body: bytes) -> None:
+            self.body += body
+
+        def on_message_complete(self) -> None:
+            method = self.parser.get_method()
+            if method == b"DELETE":
+                session = sessions.pop(self.session_id, None)
+                if session is not None and session.child is not None:
+                    session.child.close()
+                _answer(self.transport, b"200 OK", b"")
+            elif method != b"POST":
+                _answer(self.transport, b"405 Method Not Allowed", b"")
+            else:
+                self._post()
+
+        def _post(self) -> None:
+            message = json.loads(self.body)
+            extra = b""
+            if message.get("method") == "initialize":
+                self.session_id = uuid.uuid4().hex.encode()
+                sessions[self.session_id] = session = _Session()
+                session.starting = loop.create_task(start(session))
+                extra = b"mcp-session-id: %s\r\n" % self.session_id
+            session = sessions[self.session_id]
+            if "id" in message and "method" in message:
+                session.waiting[message["id"]] = (self.transport, extra)
+            else:
+                _answer(self.transport, b"202 Accepted", b"")
+            session.send(self.body + b"\n")
+
+    server = await loop.create_server(Client, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     if mode == "hop":
         asyncio.run(hop(rest))
     elif mode == "serve":
         asyncio.run(serve(rest[0], rest[1:]))
+    elif mode == "http":
+        import uvloop  # the daemon's loop, as its HTTP listener runs on it
+
+        uvloop.run(http(int(rest[0]), rest[1:]))
     else:
         asyncio.run(pump(rest[0]))

@@ -7,6 +7,8 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
            the least one extra process on the path costs
   floor2   the same client spawning a bare pump to a bare relay server that spawns a fixture per
            connection (``_relay.py pump`` / ``serve``): the least any ``connect`` + daemon path costs
+  floorhttp the SDK's streamable-HTTP client to a bare HTTP relay that spawns a fixture per session
+           (``_relay.py http``): the least any path through an HTTP listener costs
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
            (connect hands the client's pipes to the daemon: fd passing)
@@ -45,6 +47,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +61,7 @@ from typing import Any
 
 import anyio
 import psutil
-from _daemon import BIN, ROOT, SERVERS, daemon, fixture, wait_for
+from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
 from _peers import HTTP_PEERS, VERSIONS, fastmcp_stdio, install, serve
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
@@ -68,7 +71,7 @@ sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
-OURS = ("direct", "floor1", "floor2", "socket", "connect", "pumping", "own", "http", "modern")
+OURS = ("direct", "floor1", "floor2", "floorhttp", "socket", "connect", "pumping", "own", "http", "modern")
 PEERS = ("proxy", "hub", "fastmcp", "fastmcp-http", "supergateway")
 _PEER_TOOLS = {"hub": "echo__echo"}  # mcp-hub prefixes a tool with its server's name
 
@@ -211,6 +214,25 @@ async def _throughput(open_session: Opener, tool: str, clients: int, calls_each:
 
 
 @contextlib.contextmanager
+def _http_relay(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[str, int]]:
+    """``_relay.py http``: its URL and pid."""
+    port = free_port()
+    proc = subprocess.Popen([*command, str(port), *fixture_cmd], stderr=_QUIET)
+    try:
+        wait_for(lambda: _accepts(port) or proc.poll() is not None, "the HTTP relay to listen")
+        yield f"http://127.0.0.1:{port}/mcp", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+@contextlib.contextmanager
 def _relay_server(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[str, int]]:
     """``_relay.py serve``: its socket and pid."""
     with tempfile.TemporaryDirectory(prefix="mcps-relay-", dir="/tmp") as tmp:
@@ -296,6 +318,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         extensions = {"fx": fixture("echo.py"), "own": per_client}
         running = stack.enter_context(daemon(extensions, http=True))
         relay_sock, relay_pid = stack.enter_context(_relay_server([*relay, "serve"], fixture_cmd))
+        relay_url, http_relay_pid = stack.enter_context(_http_relay([*relay, "http"], fixture_cmd))
         served = {name: stack.enter_context(serve(name, fixture_cmd)) for name in HTTP_PEERS if name in ways}
         wait_for(lambda: running.all_running(["fx", "own"]), "the daemon's fixtures to run")
         connect = [str(BIN / "mcp-supervisor"), "connect", "--socket", running.socket]
@@ -306,6 +329,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "direct": Route("direct", lambda: _stdio(*fixture_cmd), "echo"),
             "floor1": Route("floor1", lambda: _stdio(*relay, "hop", *fixture_cmd), "echo"),
             "floor2": Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
+            "floorhttp": Route("floorhttp", lambda: _http(relay_url), "echo", http_relay_pid),
             "socket": Route("socket", lambda: _unix(sock), "fx__echo", pid),
             "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
             "pumping": Route("pumping", lambda: _stdio(*connect, env=_PUMPING), "fx__echo", pid),
