@@ -94,6 +94,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("stdio",),
         ("unix", "http.connections", "http.bodies", "http.sessions", "http.guard"),
         ("http.fastcalls",),
+        ("http.quick",),
         ("http.listener",),
         ("http",),
     ),

@@ -52,6 +52,7 @@ __all__ = (
     "answer_call",
     "answer_line",
     "cancelled_id",
+    "internal_error",
     "is_id",
     "parse",
     "parse_modern",
@@ -123,16 +124,15 @@ def parse_modern(body: bytes) -> ModernCall | None:
     capabilities = meta.get(types.CLIENT_CAPABILITIES_META_KEY)
     if version not in MODERN_PROTOCOL_VERSIONS or not isinstance(capabilities, dict):
         return None
-    if not _valid_meta(version, pydantic_core.to_json(meta)):
-        return None
-    return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities)
+    encoded = pydantic_core.to_json(meta)  # the verdict on a small one is kept (a big one's would hold it)
+    valid = (_valid_meta if len(encoded) <= 4096 else _valid_meta.__wrapped__)(version, encoded)
+    return ModernCall(FastCall(request_id, name, arguments, None), version, capabilities) if valid else None
 
 
 @functools.lru_cache(maxsize=64)
 def _valid_meta(version: str, meta: bytes) -> bool:
-    """Whether a ``tools/call`` with this ``_meta`` (JSON) passes the SDK's validation for
-    *version*. Its name (any string) and arguments (any object) cannot fail it, so the verdict
-    is the ``_meta``'s: a client sends the same one with every call."""
+    """Whether a ``tools/call`` with this ``_meta`` (JSON) passes the SDK's checks for *version*:
+    its name and arguments cannot fail them, and a client sends the same ``_meta`` every call."""
     params = {"name": "", "_meta": pydantic_core.from_json(meta)}
     try:
         methods.validate_client_request("tools/call", version, params)
@@ -253,7 +253,7 @@ class FastCalls:
                 line = answer_line(call.id, ext.name, outcome, self._spool_prefix)
             except Exception:  # a bug of ours: this call fails, the connection goes on
                 log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
-                line = _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+                line = internal_error(call.id)
             send_now(line, functools.partial(self._settled, call.id, inline))
 
         inline = ext.call_tool_inline(tool, call.arguments, answered, caller=self._caller)
@@ -324,7 +324,7 @@ async def answer_call(
         return answer_line(call.id, ext.name, exc, spool_prefix, shape)
     except Exception:  # a bug of ours: this call fails, the connection goes on
         log.exception("gateway.fast_call_crashed", extension=ext.name, tool=tool)
-        return _error(call.id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
+        return internal_error(call.id)
     return answer_line(call.id, ext.name, result, spool_prefix, shape)
 
 
@@ -360,11 +360,8 @@ def _progress_relay(token: RequestId, send: Send) -> LatestProgress:
     """Progress to the client under its own token, as the SDK path relays it."""
 
     async def notify(progress: float, total: float | None, message: str | None) -> None:
-        params: dict[str, Any] = {"progressToken": token, "progress": progress}
-        if total is not None:
-            params["total"] = total
-        if message is not None:
-            params["message"] = message
+        given = {"progressToken": token, "progress": progress, "total": total, "message": message}
+        params = {key: value for key, value in given.items() if value is not None}
         await send(encode({"jsonrpc": "2.0", "method": "notifications/progress", "params": params}))
 
     return LatestProgress(notify)
@@ -387,6 +384,10 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(item) for item in value]
     return value
+
+
+def internal_error(request_id: RequestId) -> bytes:  # the answer to a call that a bug of ours failed
+    return _error(request_id, types.INTERNAL_ERROR, "internal error in mcp-supervisor")
 
 
 def _error(request_id: RequestId, code: int, message: str, data: Any = None) -> bytes:

@@ -130,6 +130,22 @@ class TestParseModern:
             assert fastpath.parse_modern(_line(_call(name="n", _meta=meta))) is None
 
 
+class TestMetaVerdicts:
+    def test_at_most_64_are_kept_and_never_a_big_one(self) -> None:
+        """The SDK's verdict on a client's ``_meta`` is kept, as it sends the same every call;
+        a flood of different ones keeps 64, and a big one (it could be megabytes) none."""
+        for n in range(100):
+            info = {"name": f"client {n}", "version": "1"}
+            meta = {**_MODERN_META, "io.modelcontextprotocol/clientInfo": info}
+            assert fastpath.parse_modern(_line(_call(name="n", _meta=meta))) is not None
+        assert fastpath._valid_meta.cache_info().currsize == 64
+        fastpath._valid_meta.cache_clear()
+        capabilities = {"experimental": {"x": {"y": "z" * 10_000}}}
+        big = {**_MODERN_META, "io.modelcontextprotocol/clientCapabilities": capabilities}
+        assert fastpath.parse_modern(_line(_call(name="n", _meta=big))) is not None
+        assert fastpath._valid_meta.cache_info().currsize == 0
+
+
 class TestExposeLinks:
     def test_child_uris_are_exposed_and_spool_links_kept(self) -> None:
         content = [

@@ -58,6 +58,10 @@ class Bodies:
         self.refused = Throttled(log, "gateway.http_request_refused")
 
     @property
+    def max_body(self) -> int:
+        return self._limits.max_body
+
+    @property
     def receiving(self) -> int:
         """Bytes reserved by the bodies being received now."""
         return self._reserved
@@ -67,13 +71,11 @@ class Bodies:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", ()))
-        session = headers.get(_SESSION_HEADER, b"").decode("latin-1")[:_MAX_SESSION_KEY] or None
-        if session is not None and self._in_flight.get(session, 0) >= self._limits.max_in_flight:
+        session = headers.get(_SESSION_HEADER, b"").decode("latin-1")
+        if not self.take_slot(session):
             self.refused("in_flight", reason="too many requests in flight", limit=self._limits.max_in_flight)
             await _answer(send, 429, f"at most {self._limits.max_in_flight} requests of a session at once")
             return
-        if session is not None:
-            self._in_flight[session] = self._in_flight.get(session, 0) + 1
         try:
             if _has_body(scope["method"], headers):
                 body = await self._read(headers, receive, send)
@@ -82,10 +84,25 @@ class Bodies:
                 receive = replay({"type": "http.request", "body": body, "more_body": False}, receive)
             await self.app(scope, receive, send)
         finally:
-            if session is not None:
-                left = self._in_flight.pop(session) - 1
-                if left:
-                    self._in_flight[session] = left
+            self.give_slot(session)
+
+    def take_slot(self, session_id: str) -> bool:
+        """One of the ``max_in_flight`` requests of session *session_id* (none for no session);
+        False at the cap. Give it back with :meth:`give_slot`."""
+        session = session_id[:_MAX_SESSION_KEY]
+        if not session:
+            return True
+        if self._in_flight.get(session, 0) >= self._limits.max_in_flight:
+            return False
+        self._in_flight[session] = self._in_flight.get(session, 0) + 1
+        return True
+
+    def give_slot(self, session_id: str) -> None:
+        session = session_id[:_MAX_SESSION_KEY]
+        if session:
+            left = self._in_flight.pop(session) - 1
+            if left:
+                self._in_flight[session] = left
 
     async def _read(self, headers: dict[bytes, bytes], receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None once the client got its error (or left)."""

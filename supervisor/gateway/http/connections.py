@@ -21,7 +21,10 @@ connection):
 
 Each request's ASGI scope carries its connection under :data:`CONNECTION`, so that a request
 served outside the SDK (:mod:`.fastcalls`) can hear of its client going through
-:meth:`BoundedProtocol.watch_lost`, without a task waiting on ``receive()``.
+:meth:`BoundedProtocol.watch_lost`, without a task waiting on ``receive()``. A request that may
+be a plain tool call (:class:`Quick` wants it) is served once its body is whole, and then in these
+callbacks if it is one (:mod:`.quick`), answered by :meth:`BoundedProtocol.answer`; any other
+goes to its ASGI task.
 """
 
 from __future__ import annotations
@@ -30,16 +33,16 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
 
-__all__ = ("CONNECTION", "MAX_AHEAD", "MAX_HELD", "BoundedProtocol", "Connections")
+__all__ = ("CONNECTION", "MAX_AHEAD", "MAX_HELD", "BoundedProtocol", "Connections", "Quick")
 
 CONNECTION = "supervisor.connection"  # the scope key of a request's BoundedProtocol
 MAX_AHEAD = 16  # requests that may wait their turn; past it the rest is dropped, closed after the 16
@@ -59,6 +62,14 @@ def _raw_response(status: str, text: str) -> bytes:
 
 _BUSY = _raw_response("503 Service Unavailable", "too many connections, each serving a request")
 _TOO_SLOW = _raw_response("408 Request Timeout", "the request did not arrive in time")
+
+
+class Quick(Protocol):
+    """Who serves a request in the connection's callbacks (:class:`.quick.QuickCalls`)."""
+
+    def wants(self, scope: Any) -> bool: ...  # whether to hold the request until its body is whole
+
+    def serve(self, connection: BoundedProtocol, cycle: RequestResponseCycle) -> bool: ...  # taken?
 
 
 class Connections:
@@ -108,9 +119,13 @@ class _ReadAhead(FlowControl):
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol within :class:`Connections`' bounds (see the module's docstring)."""
 
-    def __init__(self, *args: Any, connections: Connections, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, connections: Connections, quick: Quick | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._bounded = connections
+        self._quick = quick
+        self._deferred: tuple[RequestResponseCycle, Any] | None = None  # held until its body is whole
         self._limits = connections.limits
         self._admitted = False
         self._receiving: str | None = None  # "headers" or "body" of the request arriving, if any
@@ -151,6 +166,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if not self._admitted:
             return
         self._bounded.open.pop(self, None)
+        self._deferred = None
         self._cancel_timer()
         if self._unread is not None:
             self._unread.cancel()
@@ -245,6 +261,8 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:  # the request's task has not run yet
             self.cycle.scope[CONNECTION] = self  # type: ignore[literal-required]
+        if self._on_lost is not None:  # a request sent ahead paused reading: its client's end must be heard
+            self.flow.resume_reading()
 
     def on_body(self, body: bytes) -> None:
         if not self._dropping:
@@ -255,10 +273,50 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         self._receiving = None
         super().on_message_complete()
+        deferred = self._deferred
+        if deferred is not None and not deferred[0].more_body:
+            self._deferred = None
+            self._serve(*deferred)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self._served = cycle
+        if self._quick is not None and self._quick.wants(cycle.scope):
+            if cycle.more_body:  # served once whole: see on_message_complete
+                self._deferred = (cycle, app)
+                return
+            self._serve(cycle, app)
+            return
         super()._start_asgi_task(cycle, app)
+
+    def _serve(self, cycle: RequestResponseCycle, app: Any) -> None:
+        assert self._quick is not None
+        try:
+            if self._quick.serve(self, cycle):
+                return
+        except Exception:  # a bug of ours: the request goes the ASGI way, the connection goes on
+            log.exception("gateway.http_quick_crashed")
+        super()._start_asgi_task(cycle, app)
+
+    def answer(
+        self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """Answer *cycle*, a request served in these callbacks (:mod:`.quick`), as uvicorn's
+        ``send`` and its ASGI task's end would: in one write, unless its client has gone."""
+        on_response, cycle.on_response = cycle.on_response, lambda: None  # once, as run_asgi leaves it
+        if cycle.disconnected or cycle.response_started:
+            return
+        content = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))):
+            content += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            content.append(b"connection: close\r\n")
+        content += (b"\r\n", body)
+        self.transport.write(b"".join(content))
+        cycle.response_started = cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        on_response()
 
     # ---- deadlines -----------------------------------------------------------------------
 

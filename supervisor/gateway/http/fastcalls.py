@@ -26,7 +26,8 @@ connection closing (heard through the connection's ``watch_lost``, without a tas
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import mcp_types as types
@@ -43,16 +44,19 @@ from supervisor.errors import first_line
 from supervisor.gateway import fastpath
 from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
 from supervisor.gateway.catalog import Catalog
-from supervisor.gateway.fastpath import MARK, RequestId, Shape, answer_call
+from supervisor.gateway.fastpath import MARK, FastCall, RequestId, Shape, answer_call
 from supervisor.gateway.http.bodies import replay
-from supervisor.gateway.http.connections import CONNECTION
+from supervisor.gateway.http.connections import CONNECTION, BoundedProtocol
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import Session
 from supervisor.gateway.toolerrors import raw_tool_error
 from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
 
-__all__ = ("FastPath",)
+__all__ = ("Cancellable", "FastPath", "Taken", "media_types_taken", "modern_status")
+
+if TYPE_CHECKING:
+    from supervisor.extension.supervised import Extension
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +68,23 @@ _MEDIA_HEADERS = frozenset({b"content-type", b"accept"})
 _X_MCP_HEADER = f'"{X_MCP_HEADER_KEY}"'.encode()
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A call the fast path takes: what serving it needs."""
+
+    call: FastCall
+    ext: Extension
+    tool: str  # the child's name for it
+    session: Session
+    connection: BoundedProtocol
+    key: tuple[str, RequestId] | None  # a handshake-era call's (session id, request id)
+    shape: Shape | None = None  # a 2026-07-28 call's result, as its version has it
+
+
 class FastPath:
     """ASGI middleware in front of the SDK's app (see the module's docstring)."""
 
@@ -73,9 +94,13 @@ class FastPath:
         self._sessions = sessions
         # Fast calls running, by (session id, request id): what a later cancel names. At most one
         # per request being served (bounded by the listener's connections).
-        self._running: dict[tuple[str, RequestId], anyio.CancelScope] = {}
+        self._running: dict[tuple[str, RequestId], Cancellable] = {}
         self._annotated: tuple[Catalog | None, frozenset[str]] = (None, frozenset())
         self._stamped: tuple[object, dict[str, Any]] = (None, {})
+
+    @property
+    def spool_prefix(self) -> str:
+        return self._gateway.spool_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") != "/mcp":
@@ -90,7 +115,7 @@ class FastPath:
         first = await receive()  # the whole body (.bodies read it first)
         body = first.get("body", b"") if first["type"] == "http.request" else b""
         replayed = replay(first, receive)
-        if MARK in body and _media_types_taken(scope):
+        if MARK in body and media_types_taken(scope):
             if modern and await self._serve_modern(scope, headers, body, send):
                 return
             if not modern and await self._serve(scope, body, session_id, send):
@@ -100,30 +125,48 @@ class FastPath:
             running.cancel()  # and on to the SDK, which answers the notification (202)
         await self.app(scope, replayed, send)
 
-    async def _serve(self, scope: Scope, body: bytes, session_id: str, send: Send) -> bool:
-        """Answer *body* here if the fast path can; False to let the SDK's path serve it."""
+    def take(self, scope: Scope, body: bytes, session_id: str, profile: str | None) -> Taken | None:
+        """A handshake-era call in *body* that the fast path can serve, routed in *profile*;
+        None to let the SDK's path serve it (and say what is wrong). Sync."""
         session = self._gateway.http_sessions.get(session_id)
         call = fastpath.parse(body)
         if session is None or session.closed or call is None or call.progress_token is not None:
-            return False
+            return None
         if not self._sessions.live(session_id):
-            return False  # expired or ended: the SDK answers 404, the client opens a new one
-        profile = scope.get(SCOPE_KEY)
+            return None  # expired or ended: the SDK answers 404, the client opens a new one
         route = self._gateway.router.route_tool(call.name, Chosen(profile) if profile else None, session)
         if route is None:
-            return False  # hidden, unknown, a meta-tool, an instance refused: the SDK's path says why
+            return None  # hidden, unknown, a meta-tool, an instance refused: the SDK's path says why
         key = (session_id, call.id)
         if key in self._running:
-            return False  # a duplicate id in flight: the SDK's path answers as it does
+            return None  # a duplicate id in flight: the SDK's path answers as it does
         connection = scope.get(CONNECTION)
         if connection is None or connection.transport.is_closing():
-            return False  # not our listener's, or the client has gone: the SDK's path notices
+            return None  # not our listener's, or the client has gone: the SDK's path notices
+        return Taken(call, route[0], route[1], session, connection, key)
+
+    def running(self, key: tuple[str, RequestId], cancel: Cancellable | None) -> None:
+        """Note the fast call *key* (session id, request id) as running, to be cancelled by
+        the client's ``notifications/cancelled`` (None: no longer running)."""
+        if cancel is None:
+            self._running.pop(key, None)
+        else:
+            self._running[key] = cancel
+
+    async def _serve(self, scope: Scope, body: bytes, session_id: str, send: Send) -> bool:
+        """Answer *body* here if the fast path can; False to let the SDK's path serve it."""
+        taken = self.take(scope, body, session_id, scope.get(SCOPE_KEY))
+        if taken is None:
+            return False
+        call, connection, key = taken.call, taken.connection, taken.key
         answer: bytes | None = None
         with anyio.CancelScope() as cancelled, self._sessions.serving(session_id):
             self._running[key] = cancelled
             connection.watch_lost(cancelled.cancel)  # the client going cancels the call
             try:
-                answer = await answer_call(call, *route, session, self._gateway.spool_prefix)
+                answer = await answer_call(
+                    call, taken.ext, taken.tool, taken.session, self._gateway.spool_prefix
+                )
             finally:
                 connection.watch_lost(None)
                 self._running.pop(key, None)
@@ -144,6 +187,38 @@ class FastPath:
         the SDK's path gives one (a per-client extension refuses it there). Cancellation is the
         client closing its connection.
         """
+        taken = self.take_modern(scope, headers, body, scope.get(SCOPE_KEY))
+        if taken is None:
+            return False
+        session, connection = taken.session, taken.connection
+        try:
+            answer: bytes | None = None
+            with anyio.CancelScope() as gone:
+                connection.watch_lost(gone.cancel)
+                try:
+                    answer = await answer_call(
+                        taken.call,
+                        taken.ext,
+                        taken.tool,
+                        session,
+                        self._gateway.spool_prefix,
+                        caller=UnaskableCaller(session),
+                        shape=taken.shape,
+                    )
+                finally:
+                    connection.watch_lost(None)
+        finally:
+            session.close()
+        if answer is not None:  # else the client went: nobody to answer
+            await _respond(send, modern_status(answer, taken.call.id), answer, _JSON)
+        return True
+
+    def take_modern(
+        self, scope: Scope, headers: dict[bytes, bytes], body: bytes, profile: str | None
+    ) -> Taken | None:
+        """A 2026-07-28 call in *body* that the fast path can serve (see :meth:`_serve_modern`),
+        routed in *profile*, with a Session for this request only (the caller closes it); None to
+        let the SDK's path serve it. Sync."""
         modern = fastpath.parse_modern(body)
         if (
             modern is None
@@ -153,37 +228,19 @@ class FastPath:
             or not _plain_headers(scope["headers"])
             or modern.call.name in self._with_param_headers()
         ):
-            return False
+            return None
         connection = scope.get(CONNECTION)
         if connection is None or connection.transport.is_closing():
-            return False
-        profile = scope.get(SCOPE_KEY)
+            return None
         session = Session("http", lasting=False)
-        try:
-            route = self._gateway.router.route_tool(
-                modern.call.name, Chosen(profile) if profile else None, session
-            )
-            if route is None:
-                return False
-            answer: bytes | None = None
-            with anyio.CancelScope() as gone:
-                connection.watch_lost(gone.cancel)
-                try:
-                    answer = await answer_call(
-                        modern.call,
-                        *route,
-                        session,
-                        self._gateway.spool_prefix,
-                        caller=UnaskableCaller(session),
-                        shape=self._modern_shape(modern.version, route[0].name, route[1]),
-                    )
-                finally:
-                    connection.watch_lost(None)
-        finally:
+        route = self._gateway.router.route_tool(
+            modern.call.name, Chosen(profile) if profile else None, session
+        )
+        if route is None:
             session.close()
-        if answer is not None:  # else the client went: nobody to answer
-            await _respond(send, _modern_status(answer, modern.call.id), answer, _JSON)
-        return True
+            return None
+        shape = self._modern_shape(modern.version, route[0].name, route[1])
+        return Taken(modern.call, route[0], route[1], session, connection, None, shape)
 
     def _modern_shape(self, version: str, extension: str, tool: str) -> Shape:
         """A result of *tool* as the SDK's path gives it to a client of *version*: the version's
@@ -239,7 +296,7 @@ class FastPath:
         return self._annotated[1]
 
 
-def _media_types_taken(scope: Scope) -> bool:
+def media_types_taken(scope: Scope) -> bool:
     """The SDK's transport would take this request's media types as they are: a JSON body, and
     both JSON and an event stream acceptable (it serves streams); each header once."""
     raw = scope["headers"]
@@ -261,7 +318,7 @@ def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> bool:
     return True
 
 
-def _modern_status(answer: bytes, request_id: RequestId) -> int:
+def modern_status(answer: bytes, request_id: RequestId) -> int:
     """The HTTP status the SDK's modern path gives *answer*: an error's, by its code."""
     if not answer.startswith(b'{"jsonrpc":"2.0","id":' + encode(request_id).rstrip() + b',"error":'):
         return 200

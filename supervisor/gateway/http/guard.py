@@ -48,8 +48,7 @@ class Guard:
             return
         if scope["type"] != "http":  # websockets and whatever comes next: not ours to serve
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        refusal = self._refusal(scope.get("path", ""), headers)
+        refusal = self._refusal(scope.get("path", ""), _headers(scope))
         if refusal is None:
             await self.app(scope, receive, send)
             return
@@ -59,6 +58,10 @@ class Guard:
         if status == 401:
             answer["WWW-Authenticate"] = "Bearer"
         await PlainTextResponse(text, status_code=status, headers=answer)(scope, receive, send)
+
+    def admits(self, scope: Scope) -> bool:
+        """Whether the request of *scope* passes (the middleware answers the ones that do not). Sync."""
+        return self._refusal(scope.get("path", ""), _headers(scope)) is None
 
     def _refusal(self, path: str, headers: dict[str, str]) -> tuple[int, str] | None:
         if self._check_host and headers.get("host") not in self._hosts:
@@ -79,6 +82,19 @@ class ProfilePaths:
     def __init__(self, app: ASGIApp, views: Views) -> None:
         self.app, self._views = app, views
 
+    def profile(self, path: str) -> str | None:
+        """The profile *path* names (None: ``/mcp`` itself, or no profile path).
+
+        Raises:
+            LookupError: an unknown profile name.
+        """
+        if not path.startswith("/mcp/"):
+            return None
+        name = path.removeprefix("/mcp/").rstrip("/")
+        if self._views.get(name) is None or not name:
+            raise LookupError(name)
+        return name
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if path.startswith("/mcp/"):
@@ -89,3 +105,7 @@ class ProfilePaths:
                 return
             scope = {**scope, "path": "/mcp", "raw_path": b"/mcp", SCOPE_KEY: name}
         await self.app(scope, receive, send)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -9,7 +9,9 @@ rather than wait out uvicorn's graceful period and get cancelled.
 A request passes, in order: the connection's bounds (:mod:`.connections`), :class:`.Guard`,
 :class:`.ProfilePaths`, the body budget (:mod:`.bodies`), the fast path (:mod:`.fastcalls`: a
 plain tool call of a known session, answered without the SDK), then Starlette's routes, ``/mcp``
-being the SDK's streamable-HTTP transport under :class:`.Sessions`.
+being the SDK's streamable-HTTP transport under :class:`.Sessions`. A plain tool call to a
+running child skips all of it but the connection's bounds, asking the others' decisions
+(:mod:`.quick`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from supervisor.gateway.http.connections import BoundedProtocol, Connections
 from supervisor.gateway.http.fastcalls import FastPath
 from supervisor.gateway.http.guard import Guard, ProfilePaths
 from supervisor.gateway.http.limits import HttpLimits
+from supervisor.gateway.http.quick import QuickCalls
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
 
@@ -53,8 +56,8 @@ SHUTDOWN_GRACE = 3  # seconds for requests still being served to end once the da
 class HttpApp:
     """The ASGI app of one listener and the parts a shutdown or a test reaches for."""
 
-    def __init__(self, app: ASGIApp, sessions: Sessions, bodies: Bodies) -> None:
-        self.app, self.sessions, self.bodies = app, sessions, bodies
+    def __init__(self, app: ASGIApp, sessions: Sessions, bodies: Bodies, quick: QuickCalls) -> None:
+        self.app, self.sessions, self.bodies, self.quick = app, sessions, bodies, quick
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +96,11 @@ def build_app(
         Route("/healthz", healthz_route),
     ]
     starlette = Starlette(routes=routes, lifespan=lambda app: sessions.run())
-    bodies = Bodies(FastPath(starlette, gateway, sessions), limits)
-    guarded = Guard(ProfilePaths(bodies, gateway.views), host=host, port=port, token=token)
-    return HttpApp(guarded, sessions, bodies)
+    fast = FastPath(starlette, gateway, sessions)
+    bodies = Bodies(fast, limits)
+    paths = ProfilePaths(bodies, gateway.views)
+    guarded = Guard(paths, host=host, port=port, token=token)
+    return HttpApp(guarded, sessions, bodies, QuickCalls(fast, guarded, paths, bodies, sessions))
 
 
 class _Server(uvicorn.Server):
@@ -142,7 +147,7 @@ async def serve_http(
     connections = Connections(limits)
     config = uvicorn.Config(
         http.app,
-        http=functools.partial(BoundedProtocol, connections=connections),  # type: ignore[arg-type]
+        http=functools.partial(BoundedProtocol, connections=connections, quick=http.quick),  # type: ignore[arg-type]
         log_config=None,  # our logging is configured once, by the daemon
         access_log=False,
         lifespan="on",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -97,19 +97,28 @@ class Sessions(StreamableHTTPSessionManager):
     def serving(self, session_id: str) -> Iterator[None]:
         """A request of *session_id* served outside the SDK's transport (the fast path): it holds
         the session as one of the SDK's requests would, and its end restarts the idle countdown."""
-        transport = self._server_instances.get(session_id)
-        scope = transport.idle_scope if transport is not None else None
-        if transport is None or scope is None or self.session_idle_timeout is None:
-            yield
-            return
-        transport._requests_in_flight += 1  # the SDK's own count (2.3): handle_request does the same
-        scope.deadline = math.inf
+        release = self.hold(session_id)
         try:
             yield
         finally:
+            release()
+
+    def hold(self, session_id: str) -> Callable[[], None]:
+        """:meth:`serving`, sync: the session is held until the returned callable is called (once)."""
+        transport = self._server_instances.get(session_id)
+        scope = transport.idle_scope if transport is not None else None
+        timeout = self.session_idle_timeout
+        if transport is None or scope is None or timeout is None:
+            return _nothing
+        transport._requests_in_flight += 1  # the SDK's own count (2.3): handle_request does the same
+        scope.deadline = math.inf
+
+        def release() -> None:
             transport._requests_in_flight -= 1
             if not transport._requests_in_flight:
-                scope.deadline = anyio.current_time() + self.session_idle_timeout
+                scope.deadline = anyio.current_time() + timeout
+
+        return release
 
     async def end_all(self) -> None:
         """End every session now, closing its streams (a shutdown)."""
@@ -119,3 +128,7 @@ class Sessions(StreamableHTTPSessionManager):
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
             for _, transport in sessions:
                 await transport.terminate()
+
+
+def _nothing() -> None:
+    pass

@@ -18,7 +18,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, MCPError
 
-from supervisor.gateway.http.fastcalls import _modern_status
+from supervisor.gateway.http.fastcalls import modern_status
 from tests.harness import RICH, Daemon, eventually, extension_settings, first_text
 
 pytestmark = [
@@ -313,7 +313,7 @@ class TestModern:
         invalid = b'{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"no"}}\n'
         internal = b'{"jsonrpc":"2.0","id":"a","error":{"code":-32603,"message":"no"}}\n'
         result = b'{"jsonrpc":"2.0","id":"a","result":{"error":{"code":-32602}}}\n'
-        assert [_modern_status(line, "a") for line in (invalid, internal, result)] == [400, 200, 200]
+        assert [modern_status(line, "a") for line in (invalid, internal, result)] == [400, 200, 200]
 
     async def test_the_sdk_client_gets_its_answers(self, http_gateway: Callable[..., Daemon]) -> None:
         http = http_gateway({"rich": RICH})

@@ -1,0 +1,183 @@
+"""Plain tool calls over HTTP answered in the connection's callbacks: no ASGI task, no middleware.
+
+The fast path (:mod:`.fastcalls`) skips the SDK but still runs in the request's ASGI task,
+behind the Guard, the profile paths and the body budget: a task, its cancel scopes and its
+wake-ups cost about as much as the rest of the call. :class:`QuickCalls` takes a request before
+all of that when callbacks alone can answer it:
+
+- at its headers, it wants a POST to ``/mcp`` or ``/mcp/NAME`` with a body of known length, at
+  most :data:`MAX_BODY`, that the Guard admits (:meth:`.Guard.admits`): such a request is held
+  until its body is whole (:mod:`.connections`), under the connection's body deadline;
+- with its body, it takes a call the fast path takes (:meth:`.FastPath.take`,
+  :meth:`.FastPath.take_modern`) in the profile its path names (:meth:`.ProfilePaths.profile`),
+  with a slot of its session's requests in flight (:meth:`.Bodies.take_slot`), that a running
+  child accepts at once (:meth:`Extension.call_tool_inline`).
+
+Anything else, refusals included, goes the ASGI way as it would have, so each decision stays
+where it is made. What the fast path gives a call, this one keeps: its session held busy
+(:meth:`.Sessions.hold`), cancellation by ``notifications/cancelled`` (the fast path's table of
+running calls) or by its client going (:meth:`.BoundedProtocol.watch_lost`), the child's
+questions to its client, and the same answer, written in one go (:meth:`.BoundedProtocol.answer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from starlette.types import Scope
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from supervisor.errors import CallFailed
+from supervisor.gateway.asks.callers import FastCaller, UnaskableCaller
+from supervisor.gateway.fastpath import MARK, answer_line, internal_error
+from supervisor.gateway.http.bodies import Bodies
+from supervisor.gateway.http.connections import BoundedProtocol
+from supervisor.gateway.http.fastcalls import FastPath, Taken, media_types_taken, modern_status
+from supervisor.gateway.http.guard import Guard, ProfilePaths
+from supervisor.gateway.http.sessions import Sessions
+
+__all__ = ("MAX_BODY", "QuickCalls")
+
+log = structlog.get_logger(__name__)
+
+MAX_BODY = 64 << 10  # a body held until whole: uvicorn's own high-water mark, past which it pauses
+_JSON = (b"content-type", b"application/json")
+_NOT_SIMPLE = frozenset({b"transfer-encoding", b"expect"})  # chunks, or a 100 Continue to send first
+
+
+class QuickCalls:
+    """The listener's quick calls (see the module's docstring); one per listener."""
+
+    def __init__(
+        self, fast: FastPath, guard: Guard, paths: ProfilePaths, bodies: Bodies, sessions: Sessions
+    ) -> None:
+        self._fast, self._guard, self._paths = fast, guard, paths
+        self._bodies, self._sessions = bodies, sessions
+        self._max_body = min(MAX_BODY, bodies.max_body)  # a longer one is the budget's to refuse
+
+    def wants(self, scope: Scope) -> bool:
+        if scope["method"] != "POST" or not scope["path"].startswith("/mcp"):
+            return False
+        length = b""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name in _NOT_SIMPLE:
+                return False
+        return length.isdigit() and int(length) <= self._max_body and self._guard.admits(scope)
+
+    def serve(self, connection: BoundedProtocol, cycle: RequestResponseCycle) -> bool:
+        """Whether the request of *cycle* (its body whole) was taken; if so it is answered later."""
+        scope, body = cycle.scope, bytes(cycle.body)
+        if MARK not in body or not media_types_taken(scope):
+            return False
+        try:
+            profile = self._paths.profile(scope["path"])
+        except LookupError:
+            return False
+        if scope["path"] != "/mcp" and profile is None:
+            return False
+        headers = dict(scope["headers"])
+        session_id = headers.get(b"mcp-session-id", b"").decode("latin-1")
+        if session_id:
+            taken = self._fast.take(scope, body, session_id, profile)
+        elif headers.get(b"mcp-method") == b"tools/call":
+            taken = self._fast.take_modern(scope, headers, body, profile)
+        else:
+            return False
+        if taken is None:
+            return False
+        if not self._bodies.take_slot(session_id):  # the ASGI way answers 429
+            _release(taken)
+            return False
+        call = _Call(self, connection, cycle, taken, session_id)
+        if not call.start():
+            self._bodies.give_slot(session_id)
+            _release(taken)
+            return False
+        return True
+
+
+class _Call:
+    """One quick call, from its start to its answer (or its end without one)."""
+
+    __slots__ = ("_connection", "_cycle", "_ended", "_inline", "_owner", "_release", "_session_id", "_taken")
+
+    def __init__(
+        self,
+        owner: QuickCalls,
+        connection: BoundedProtocol,
+        cycle: RequestResponseCycle,
+        taken: Taken,
+        session_id: str,
+    ) -> None:
+        self._owner, self._connection, self._cycle, self._taken = owner, connection, cycle, taken
+        self._session_id = session_id
+        self._ended = False
+        self._inline: Any = None
+        self._release = _nothing
+
+    def start(self) -> bool:
+        """Send the call; False when only the awaited path can (nothing was sent)."""
+        taken = self._taken
+        caller = FastCaller(taken.session) if taken.key is not None else UnaskableCaller(taken.session)
+        inline = taken.ext.call_tool_inline(taken.tool, taken.call.arguments, self._answered, caller=caller)
+        if inline is None:
+            return False
+        self._inline = inline
+        if self._ended:
+            return True  # answered at once: nothing left to hold
+        if taken.key is not None:
+            self._release = self._owner._sessions.hold(self._session_id)
+            self._owner._fast.running(taken.key, self)
+        self._connection.watch_lost(self._lost)
+        return True
+
+    def cancel(self) -> None:
+        """The client cancelled it (``notifications/cancelled``): no answer but 202, as on the fast path."""
+        if not self._ended:
+            self._inline.cancel()
+            self._end(202, b"")
+
+    def _lost(self) -> None:
+        self._inline.cancel()
+        self._end(None, b"")
+
+    def _answered(self, outcome: dict[str, Any] | CallFailed) -> None:
+        taken = self._taken
+        try:
+            line = answer_line(
+                taken.call.id, taken.ext.name, outcome, self._owner._fast.spool_prefix, taken.shape
+            )
+        except Exception:  # a bug of ours: this call fails, the connection goes on
+            log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
+            line = internal_error(taken.call.id)
+        self._end(200 if taken.key is not None else modern_status(line, taken.call.id), line)
+
+    def _end(self, status: int | None, body: bytes) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        taken = self._taken
+        self._connection.watch_lost(None)
+        if taken.key is not None:
+            self._owner._fast.running(taken.key, None)
+        self._release()
+        self._owner._bodies.give_slot(self._session_id)
+        _release(taken)
+        if status is None:
+            return  # its client went: nobody to answer
+        headers = [_JSON] if body else []
+        if taken.key is not None and status == 200:
+            headers.append((b"mcp-session-id", self._session_id.encode("latin-1")))
+        self._connection.answer(self._cycle, status, headers, body)
+
+
+def _release(taken: Taken) -> None:
+    if taken.key is None:
+        taken.session.close()  # a 2026-07-28 call's session is this request's alone
+
+
+def _nothing() -> None:
+    pass

@@ -1,0 +1,130 @@
+"""Quick calls: plain tool calls answered in the HTTP connection's callbacks (:mod:`..quick`).
+
+Which requests are held until their body is whole is decided at their headers, on the real
+app's parts (no extensions needed); the calls that are not held, or that a child cannot take at
+once, go the ASGI way and are answered as JSON all the same, by a real daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.gateway.http import HttpLimits
+from supervisor.gateway.http.listener import build_app
+from supervisor.gateway.http.quick import MAX_BODY
+from supervisor.gateway.server import Gateway
+from tests.gateway.http.test_connections import _echo, _requests, _session
+from tests.gateway.http.test_limits import _NoExtensions
+from tests.harness import RICH, Daemon
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+PORT = 8765
+
+
+def _scope(method: str = "POST", path: str = "/mcp", **headers: str) -> dict[str, object]:
+    given = {"host": f"127.0.0.1:{PORT}", "content-length": "100"}
+    given.update({name.replace("_", "-"): value for name, value in headers.items()})
+    raw = [(name.encode(), value.encode()) for name, value in given.items() if value]
+    return {"type": "http", "method": method, "path": path, "headers": raw}
+
+
+class TestWhatIsHeld:
+    @pytest.fixture
+    def wants(self, tmp_path: Path) -> Callable[..., bool]:
+        def wants(scope: dict[str, object], token: str | None = None, max_body: int = 64 << 20) -> bool:
+            app = build_app(
+                Gateway(_NoExtensions(), spool_dir=tmp_path),
+                host="127.0.0.1",
+                port=PORT,
+                token=token,
+                metrics=str,
+                health=dict,
+                limits=HttpLimits(max_body=max_body),
+            )
+            return app.quick.wants(scope)
+
+        return wants
+
+    def test_a_post_to_mcp_or_a_profile_with_a_small_body_of_known_length(self, wants) -> None:
+        assert wants(_scope())
+        assert wants(_scope(path="/mcp/coding"))  # the profile's name is checked with the body
+        assert wants(_scope(content_length=str(MAX_BODY)))
+
+    @pytest.mark.parametrize(
+        "scope",
+        [
+            pytest.param(_scope(method="GET"), id="a GET"),
+            pytest.param(_scope(path="/metrics"), id="another path"),
+            pytest.param(_scope(content_length=""), id="no length"),
+            pytest.param(_scope(content_length=str(MAX_BODY + 1)), id="a big body"),
+            pytest.param(_scope(transfer_encoding="chunked"), id="chunks"),
+            pytest.param(_scope(expect="100-continue"), id="a 100 Continue to send first"),
+            pytest.param(_scope(host="evil.example:8765"), id="a Host the Guard refuses"),
+            pytest.param(_scope(origin="http://evil.example"), id="an Origin the Guard refuses"),
+        ],
+    )
+    def test_anything_else_goes_the_asgi_way_at_once(self, wants, scope: dict[str, object]) -> None:
+        assert not wants(scope)
+
+    def test_nor_a_request_without_the_token_or_over_the_body_limit(self, wants) -> None:
+        assert not wants(_scope(), token="secret")
+        assert wants(_scope(authorization="Bearer secret"), token="secret")
+        assert not wants(_scope(), max_body=99)  # the budget answers 413 before reading it
+
+
+class TestTheAsgiWay:
+    async def test_calls_not_held_are_answered_as_json_all_the_same(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """A call with a body over the limit of held ones, and one sent in chunks: the fast path
+        in the request's task answers them, as it did before quick calls."""
+        http = http_gateway({"rich": RICH})
+        session = await _session(http)
+        text = "x" * (MAX_BODY + 1000)
+        big = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "tools/call",
+                "params": {"name": "rich__echo", "arguments": {"text": text}},
+            }
+        ).encode()
+        chunked = _echo(8)
+        host, port = http.url.removeprefix("http://").split(":")
+        common = "".join(f"{name}: {value}\r\n" for name, value in session.headers.items())
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(_requests(http.url, session.headers, [big]))
+            first = _answer(sock)
+            head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ntransfer-encoding: chunked\r\n{common}\r\n"
+            sock.sendall(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked))
+            second = _answer(sock)
+        assert first["id"] == 7 and first["result"]["content"][0]["text"] == text
+        assert second["id"] == 8 and second["result"]["content"][0]["text"] == "8"
+
+    async def test_calls_sent_ahead_are_answered_in_order(self, http_gateway: Callable[..., Daemon]) -> None:
+        http = http_gateway({"rich": RICH})
+        session = await _session(http)
+        host, port = http.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(_requests(http.url, session.headers, [_echo(n) for n in range(1, 6)]))
+            assert [_answer(sock)["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
+def _answer(sock: socket.socket) -> dict[str, object]:
+    """The next answer on *sock*: a JSON body of known length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, data = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"content-type: application/json" in head, head
+    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(data) < length:
+        data += sock.recv(65536)
+    assert len(data) == length  # nothing of the next answer read here: sent one by one
+    return json.loads(data)
