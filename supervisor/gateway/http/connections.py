@@ -126,6 +126,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._bounded = connections
         self._quick = quick
         self._deferred: tuple[RequestResponseCycle, Any] | None = None  # held until its body is whole
+        self._unsent: tuple[Any, ...] | None = None  # a quick answer waiting for the client to read
         self._limits = connections.limits
         self._admitted = False
         self._receiving: str | None = None  # "headers" or "body" of the request arriving, if any
@@ -166,7 +167,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if not self._admitted:
             return
         self._bounded.open.pop(self, None)
-        self._deferred = None
+        self._deferred = self._unsent = None
         self._cancel_timer()
         if self._unread is not None:
             self._unread.cancel()
@@ -231,6 +232,9 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._unread is not None:
             self._unread.cancel()
             self._unread = None
+        if self._unsent is not None:
+            unsent, self._unsent = self._unsent, None
+            self.answer(*unsent)
 
     # ---- the parser's callbacks, within data_received -----------------------------------
 
@@ -301,10 +305,15 @@ class BoundedProtocol(HttpToolsProtocol):
         self, cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> None:
         """Answer *cycle*, a request served in these callbacks (:mod:`.quick`), as uvicorn's
-        ``send`` and its ASGI task's end would: in one write, unless its client has gone."""
-        on_response, cycle.on_response = cycle.on_response, lambda: None  # once, as run_asgi leaves it
+        ``send`` and its ASGI task's end would: in one write, unless its client has gone; and
+        once the client reads again, if it does not now (so that no next request is served)."""
         if cycle.disconnected or cycle.response_started:
+            cycle.on_response = lambda: None
             return
+        if self.flow.write_paused:  # as send's drain: the answer (one at most) and what follows wait
+            self._unsent = (cycle, status, headers, body)
+            return
+        on_response, cycle.on_response = cycle.on_response, lambda: None  # once, as run_asgi leaves it
         content = [STATUS_LINE[status]]
         for name, value in (*cycle.default_headers, *headers, (b"content-length", b"%d" % len(body))):
             content += (name, b": ", value, b"\r\n")

@@ -7,7 +7,8 @@ all of that when callbacks alone can answer it:
 
 - at its headers, it wants a POST to ``/mcp`` or ``/mcp/NAME`` with a body of known length, at
   most :data:`MAX_BODY`, that the Guard admits (:meth:`.Guard.admits`): such a request is held
-  until its body is whole (:mod:`.connections`), under the connection's body deadline;
+  until its body is whole (:mod:`.connections`), under the connection's body deadline (outside
+  the body budget: uvicorn reads as much of any body before its task runs);
 - with its body, it takes a call the fast path takes (:meth:`.FastPath.take`,
   :meth:`.FastPath.take_modern`) in the profile its path names (:meth:`.ProfilePaths.profile`),
   with a slot of its session's requests in flight (:meth:`.Bodies.take_slot`), that a running
@@ -92,11 +93,16 @@ class QuickCalls:
             _release(taken)
             return False
         call = _Call(self, connection, cycle, taken, session_id)
-        if not call.start():
+        try:
+            started = call.start()
+        except Exception:  # a bug of ours: it may have reached the child, so it is answered here
+            log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
+            call.fail()
+            return True
+        if not started:
             self._bodies.give_slot(session_id)
             _release(taken)
-            return False
-        return True
+        return started
 
 
 class _Call:
@@ -140,6 +146,12 @@ class _Call:
             self._inline.cancel()
             self._end(202, b"")
 
+    def fail(self) -> None:
+        """End it with the internal error the fast path answers for a bug of ours."""
+        if self._inline is not None:
+            self._inline.cancel()
+        self._reply(internal_error(self._taken.call.id))
+
     def _lost(self) -> None:
         self._inline.cancel()
         self._end(None, b"")
@@ -153,6 +165,10 @@ class _Call:
         except Exception:  # a bug of ours: this call fails, the connection goes on
             log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
             line = internal_error(taken.call.id)
+        self._reply(line)
+
+    def _reply(self, line: bytes) -> None:
+        taken = self._taken
         self._end(200 if taken.key is not None else modern_status(line, taken.call.id), line)
 
     def _end(self, status: int | None, body: bytes) -> None:

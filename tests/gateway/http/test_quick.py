@@ -7,8 +7,11 @@ once, go the ASGI way and are answered as JSON all the same, by a real daemon.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,6 +117,42 @@ class TestTheAsgiWay:
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(_requests(http.url, session.headers, [_echo(n) for n in range(1, 6)]))
             assert [_answer(sock)["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
+class TestBackPressure:
+    async def test_a_client_that_does_not_read_gets_no_answers_ahead(
+        self, http_gateway: Callable[..., Daemon]
+    ) -> None:
+        """A client sends calls of 50 KB answers and reads none: once the socket takes no more,
+        the daemon serves no further request (its answer waits, as the ASGI way's send does),
+        so neither the calls served nor the daemon's memory keep growing."""
+        http = http_gateway({"rich": RICH})
+        session = await _session(http)
+        call = {"name": "rich__echo", "arguments": {"text": "x" * 50_000}}
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}).encode()
+        request = _requests(http.url, session.headers, [body])
+        host, port = http.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.connect((host, int(port)))
+        sock.settimeout(0.5)
+
+        def flood() -> None:  # until the daemon stops reading (a send blocks) or 4 s went
+            deadline = time.monotonic() + 4
+            with contextlib.suppress(OSError):
+                while time.monotonic() < deadline:
+                    sock.sendall(request)
+
+        calls = lambda: next(e["calls"] for e in http.request("health")["extensions"] if e["name"] == "rich")  # noqa: E731
+        before = calls()
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        flooding.join()
+        served = calls() - before
+        assert served < 400, served  # socket buffers hold some dozens; unbounded it was thousands
+        time.sleep(0.5)  # noqa: ASYNC251 - nothing to wait for: that nothing more happens is the point
+        assert calls() - before == served
+        sock.close()
 
 
 def _answer(sock: socket.socket) -> dict[str, object]:
