@@ -8,6 +8,7 @@ under any design that puts the same processes between a client and its server.
     python bench/_relay.py serve SOCK CMD...   a unix socket; each connection gets its own CMD
     python bench/_relay.py pump SOCK           stdio <-> SOCK (with ``serve``: two extra processes)
     python bench/_relay.py http PORT CMD...    streamable HTTP on 127.0.0.1:PORT, a CMD per MCP session
+                                               (2026-07-28, sessionless: per connection)
 
 The HTTP relay does the least an HTTP gateway must: it parses each request (httptools, as the
 daemon's listener does) and each message's id, to answer a POST with its own response; one
@@ -163,9 +164,14 @@ async def http(port: int, command: list[str]) -> None:
             self.transport: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's
             self.parser = httptools.HttpRequestParser(self)
             self.session_id, self.body = b"", b""
+            self.own: _Session | None = None  # a 2026-07-28 client's (no session): this connection's
 
         def data_received(self, data: bytes) -> None:
             self.parser.feed_data(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.own is not None and self.own.child is not None:
+                self.own.child.close()
 
         def on_message_begin(self) -> None:
             self.session_id, self.body = b"", b""
@@ -197,7 +203,13 @@ async def http(port: int, command: list[str]) -> None:
                 sessions[self.session_id] = session = _Session()
                 session.starting = loop.create_task(start(session))
                 extra = b"mcp-session-id: %s\r\n" % self.session_id
-            session = sessions[self.session_id]
+            if self.session_id:
+                session = sessions[self.session_id]
+            else:
+                if self.own is None:
+                    self.own = _Session()
+                    self.own.starting = loop.create_task(start(self.own))
+                session = self.own
             if "id" in message and "method" in message:
                 session.waiting[message["id"]] = (self.transport, extra)
             else:

@@ -9,6 +9,7 @@ Ways to call the ``echo`` tool of ``tests/servers/echo.py``, in one run:
            connection (``_relay.py pump`` / ``serve``): the least any ``connect`` + daemon path costs
   floorhttp the SDK's streamable-HTTP client to a bare HTTP relay that spawns a fixture per session
            (``_relay.py http``): the least any path through an HTTP listener costs
+  floormodern the SDK's ``mcp.Client`` to the same relay (2026-07-28: a fixture per connection)
   socket   the same ClientSession on the daemon's ``mcp.sock`` itself: the daemon's share alone
   connect  the same client code spawning ``mcp-supervisor connect`` to a daemon supervising it
            (connect hands the client's pipes to the daemon: fd passing)
@@ -71,7 +72,19 @@ sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.harness.gateway_client import unix_transport
 
 FIXTURE = str(SERVERS / "echo.py")
-OURS = ("direct", "floor1", "floor2", "floorhttp", "socket", "connect", "pumping", "own", "http", "modern")
+OURS = (
+    "direct",
+    "floor1",
+    "floor2",
+    "floorhttp",
+    "floormodern",
+    "socket",
+    "connect",
+    "pumping",
+    "own",
+    "http",
+    "modern",
+)
 PEERS = ("proxy", "hub", "fastmcp", "fastmcp-http", "supergateway")
 _PEER_TOOLS = {"hub": "echo__echo"}  # mcp-hub prefixes a tool with its server's name
 
@@ -330,6 +343,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "floor1": Route("floor1", lambda: _stdio(*relay, "hop", *fixture_cmd), "echo"),
             "floor2": Route("floor2", lambda: _stdio(*relay, "pump", relay_sock), "echo", relay_pid),
             "floorhttp": Route("floorhttp", lambda: _http(relay_url), "echo", http_relay_pid),
+            "floormodern": Route("floormodern", lambda: _modern(relay_url), "echo", http_relay_pid),
             "socket": Route("socket", lambda: _unix(sock), "fx__echo", pid),
             "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
             "pumping": Route("pumping", lambda: _stdio(*connect, env=_PUMPING), "fx__echo", pid),
