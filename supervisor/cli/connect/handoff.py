@@ -302,6 +302,8 @@ def switch(
         sock.sendall(TAKEN)
     except OSError as exc:  # a timeout too
         why = NotSwitched(f"{exc.strerror or exc} while {step}")
+        if isinstance(exc, ConnectionError) and step == "asking":
+            step = "ended"  # reset, as by a daemon that ended it before reading the switch
         return _stay(loop, pump, link, sock, fds, spare, step, why)
     os.close(spare)
     pump.detach(output=True)

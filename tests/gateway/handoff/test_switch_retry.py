@@ -168,6 +168,24 @@ class EndingSwitchDaemon(OlderDaemon):
                     connection.sendall(self._answer(json.loads(raw)))
 
 
+class DyingSwitchDaemon(OlderDaemon):
+    """A gateway that dies as a switch reaches it, before reading it: the connection is reset."""
+
+    def _serve(self, connection: socket.socket) -> None:
+        with suppress(OSError, ValueError):
+            pending = b""
+            while True:
+                if HANDOFF_METHOD.encode() in connection.recv(1 << 16, socket.MSG_PEEK):
+                    self.methods.append(HANDOFF_METHOD)
+                    connection.close()  # with the switch unread: the peer's next read fails (reset)
+                    return
+                pending += connection.recv(1 << 16)
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    if raw.strip():
+                        connection.sendall(self._answer(json.loads(raw)))
+
+
 class TestSwitchRetry:
     @pytest.mark.parametrize(
         ("short", "why"), [("daemon", "the daemon refused"), ("connect", "could not keep its input")]
@@ -219,7 +237,11 @@ class TestSwitchRetry:
         assert client.answer(1)["result"]["content"][0]["text"] == "over"
         assert client.close() == 0
 
-    @pytest.mark.parametrize("stand_in", [BrokenSwitchDaemon, EndingSwitchDaemon], ids=["handing", "asking"])
+    @pytest.mark.parametrize(
+        "stand_in",
+        [BrokenSwitchDaemon, EndingSwitchDaemon, DyingSwitchDaemon],
+        ids=["handing", "asking", "reset while asking"],
+    )
     def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of, stand_in) -> None:
         """Each switch ends its connection, after the fds went (no journal) or while asking: the
         next connection is asked after the backoff, not at once, and the client is served."""
