@@ -32,13 +32,14 @@ Latency: N sequential calls per way on one session each, in interleaved rounds (
 per round, in a rotating order), so that the machine's slow spells fall on every way alike:
 the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
-Throughput: 8 clients calling at once, once per round (direct, floor* and own: 8 sessions, 8
+Throughput: 8 clients calling at once, 100 calls each, once per round (direct, floor* and own: 8 sessions, 8
 fixture processes; socket, connect, pumping, http and modern: 8 sessions sharing one supervised fixture;
 proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture per session).
 Also the resident memory of each process on the path (``rss_mib``) and the machine's load
 average before and after. Prints JSON.
 
-    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--skip-peers] [--skip WAY ...]
+    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--throughput-calls 100]
+                            [--skip-peers] [--skip WAY ...]
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ async def _run(paths: list[Route], args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
             path.throughput.append(
-                await _throughput(path.open_session, path.tool, args.clients, per_round // args.clients)
+                await _throughput(path.open_session, path.tool, args.clients, args.throughput_calls)
             )
         print(f"bench: round {round_ + 1} of {args.rounds} done", file=sys.stderr)
 
@@ -367,6 +368,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "calls": per_path_calls,
         "rounds": args.rounds,
         "clients": args.clients,
+        "throughput_calls": args.throughput_calls,
         "python": sys.version.split()[0],
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -379,6 +381,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--throughput-calls", type=int, default=100, help="calls per client per round (fewer never settle)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratios: their median)")
     parser.add_argument("--skip-peers", action="store_true", help="measure only our ways: install no peer")
     parser.add_argument(
