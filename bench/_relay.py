@@ -7,8 +7,8 @@ under any design that puts the same processes between a client and its server.
     python bench/_relay.py hop CMD...          stdio <-> a spawned CMD's stdio (one extra process)
     python bench/_relay.py serve SOCK CMD...   a unix socket; each connection gets its own CMD
     python bench/_relay.py pump SOCK           stdio <-> SOCK (with ``serve``: two extra processes)
-    python bench/_relay.py http PORT CMD...    streamable HTTP on 127.0.0.1:PORT, a CMD per MCP session
-                                               (2026-07-28, sessionless: per connection)
+    python bench/_relay.py http PORT CMD...    streamable HTTP on 127.0.0.1:PORT (0: any, printed), a
+                                               CMD per MCP session (2026-07-28: per connection)
 
 The HTTP relay does the least an HTTP gateway must: it parses each request (httptools, as the
 daemon's listener does) and each message's id, to answer a POST with its own response; one
@@ -217,6 +217,7 @@ async def http(port: int, command: list[str]) -> None:
             session.send(self.body + b"\n")
 
     server = await loop.create_server(Client, "127.0.0.1", port)
+    print(server.sockets[0].getsockname()[1], flush=True)  # the port, for a caller that asked for any (0)
     async with server:
         await server.serve_forever()
 

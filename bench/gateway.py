@@ -63,7 +63,7 @@ from typing import Any
 
 import anyio
 import psutil
-from _daemon import BIN, ROOT, SERVERS, daemon, fixture, free_port, wait_for
+from _daemon import BIN, ROOT, SERVERS, daemon, fixture, wait_for
 from _peers import HTTP_PEERS, VERSIONS, fastmcp_stdio, install, serve
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
@@ -229,19 +229,23 @@ async def _throughput(open_session: Opener, tool: str, clients: int, calls_each:
 
 @contextlib.contextmanager
 def _http_relay(command: list[str], fixture_cmd: list[str]) -> Iterator[tuple[str, int]]:
-    """``_relay.py http``: its URL and pid."""
-    port = free_port()
-    proc = subprocess.Popen([*command, str(port), *fixture_cmd], stderr=_QUIET)
+    """``_relay.py http`` on a port of its choosing (a free one picked here may be the daemon's,
+    which binds its own a moment later): its URL and pid."""
+    proc = subprocess.Popen([*command, "0", *fixture_cmd], stdout=subprocess.PIPE, stderr=_QUIET)
     try:
-        wait_for(lambda: _accepts(port) or proc.poll() is not None, "the HTTP relay to listen")
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline() or 0)
+        if not port:
+            raise RuntimeError("the HTTP relay did not start")
         yield f"http://127.0.0.1:{port}/mcp", proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)
 
 
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+def _accepts(url: str) -> bool:
+    host, _, port = url.removeprefix("http://").partition("/")[0].partition(":")
+    with contextlib.suppress(OSError, ValueError), socket.create_connection((host, int(port)), timeout=1):
         return True
     return False
 
@@ -331,6 +335,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         per_client = fixture("echo.py", instances="per-client", max_instances=4 * args.clients)
         extensions = {"fx": fixture("echo.py"), "own": per_client}
         running = stack.enter_context(daemon(extensions, http=True))
+        # Its port was picked free and is bound a moment later: nothing else picks one before.
+        wait_for(lambda: _accepts(running.http_url or ""), "the daemon's HTTP listener")
         relay_sock, relay_pid = stack.enter_context(_relay_server([*relay, "serve"], fixture_cmd))
         relay_url, http_relay_pid = stack.enter_context(_http_relay([*relay, "http"], fixture_cmd))
         served = {name: stack.enter_context(serve(name, fixture_cmd)) for name in HTTP_PEERS if name in ways}
