@@ -53,8 +53,8 @@ class QuickCalls:
     def __init__(
         self, fast: FastPath, guard: Guard, paths: ProfilePaths, bodies: Bodies, sessions: Sessions
     ) -> None:
-        self._fast, self._guard, self._paths = fast, guard, paths
-        self._bodies, self._sessions = bodies, sessions
+        self._guard, self._paths = guard, paths
+        self.fast, self.bodies, self.sessions = fast, bodies, sessions  # what each call uses too
         self._max_body = min(MAX_BODY, bodies.max_body)  # a longer one is the budget's to refuse
 
     def wants(self, scope: Scope) -> bool:
@@ -82,14 +82,14 @@ class QuickCalls:
         headers = dict(scope["headers"])
         session_id = headers.get(b"mcp-session-id", b"").decode("latin-1")
         if session_id:
-            taken = self._fast.take(scope, body, session_id, profile)
+            taken = self.fast.take(scope, body, session_id, profile)
         elif headers.get(b"mcp-method") == b"tools/call":
-            taken = self._fast.take_modern(scope, headers, body, profile)
+            taken = self.fast.take_modern(scope, headers, body, profile)
         else:
             return False
         if taken is None:
             return False
-        if not self._bodies.take_slot(session_id):  # the ASGI way answers 429
+        if not self.bodies.take_slot(session_id):  # the ASGI way answers 429
             _release(taken)
             return False
         call = _Call(self, connection, cycle, taken, session_id)
@@ -100,7 +100,7 @@ class QuickCalls:
             call.fail()
             return True
         if not started:
-            self._bodies.give_slot(session_id)
+            self.bodies.give_slot(session_id)
             _release(taken)
         return started
 
@@ -135,8 +135,8 @@ class _Call:
         if self._ended:
             return True  # answered at once: nothing left to hold
         if taken.key is not None:
-            self._release = self._owner._sessions.hold(self._session_id)
-            self._owner._fast.running(taken.key, self)
+            self._release = self._owner.sessions.hold(self._session_id)
+            self._owner.fast.running(taken.key, self)
         self._connection.watch_lost(self._lost)
         return True
 
@@ -160,7 +160,7 @@ class _Call:
         taken = self._taken
         try:
             line = answer_line(
-                taken.call.id, taken.ext.name, outcome, self._owner._fast.spool_prefix, taken.shape
+                taken.call.id, taken.ext.name, outcome, self._owner.fast.spool_prefix, taken.shape
             )
         except Exception:  # a bug of ours: this call fails, the connection goes on
             log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
@@ -178,9 +178,9 @@ class _Call:
         taken = self._taken
         self._connection.watch_lost(None)
         if taken.key is not None:
-            self._owner._fast.running(taken.key, None)
+            self._owner.fast.running(taken.key, None)
         self._release()
-        self._owner._bodies.give_slot(self._session_id)
+        self._owner.bodies.give_slot(self._session_id)
         _release(taken)
         if status is None:
             return  # its client went: nobody to answer

@@ -30,9 +30,6 @@ class Bus:
         # A token per subscription: the same callable may be registered twice.
         self._listeners: dict[object, tuple[object, Callable[[ServerEvent], None]]] = {}
 
-    def __len__(self) -> int:
-        return len(self._listeners)
-
     async def publish(self, event: ServerEvent, only: object = None) -> None:
         """*event* to every listener (with *only*, to the listen streams of that client alone)."""
         for client, listener in list(self._listeners.values()):
