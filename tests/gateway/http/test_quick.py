@@ -102,11 +102,13 @@ class TestTheAsgiWay:
         host, port = http.url.removeprefix("http://").split(":")
         common = "".join(f"{name}: {value}\r\n" for name, value in session.headers.items())
         with socket.create_connection((host, int(port)), timeout=10) as sock:
+            answers = _Answers(sock)
             sock.sendall(_requests(http.url, session.headers, [big]))
-            first = _answer(sock)
+            first = answers.next()
             head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ntransfer-encoding: chunked\r\n{common}\r\n"
             sock.sendall(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunked), chunked))
-            second = _answer(sock)
+            second = answers.next()
+            assert not answers.left  # nothing but the two answers
         assert first["id"] == 7 and first["result"]["content"][0]["text"] == text
         assert second["id"] == 8 and second["result"]["content"][0]["text"] == "8"
 
@@ -116,7 +118,9 @@ class TestTheAsgiWay:
         host, port = http.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(_requests(http.url, session.headers, [_echo(n) for n in range(1, 6)]))
-            assert [_answer(sock)["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
+            answers = _Answers(sock)
+            assert [answers.next()["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
+            assert not answers.left  # each answered once
 
 
 class TestBackPressure:
@@ -156,15 +160,29 @@ class TestBackPressure:
         sock.close()
 
 
-def _answer(sock: socket.socket) -> dict[str, object]:
-    """The next answer on *sock*: a JSON body of known length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, data = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200") and b"content-type: application/json" in head, head
-    length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
-    while len(data) < length:
-        data += sock.recv(65536)
-    assert len(data) == length  # nothing of the next answer read here: sent one by one
-    return json.loads(data)
+class _Answers:
+    """The answers on a socket, one by one: each a JSON body of known length (answers sent ahead
+    may arrive together, in one read)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock, self._data = sock, b""
+
+    def next(self) -> dict[str, object]:
+        while b"\r\n\r\n" not in self._data:
+            self._read()
+        head, _, self._data = self._data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"content-type: application/json" in head, head
+        length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+        while len(self._data) < length:
+            self._read()
+        body, self._data = self._data[:length], self._data[length:]
+        return json.loads(body)
+
+    @property
+    def left(self) -> bytes:
+        return self._data
+
+    def _read(self) -> None:
+        data = self._sock.recv(65536)
+        assert data, "the connection ended"
+        self._data += data
