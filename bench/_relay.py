@@ -4,6 +4,10 @@ Each relay forwards bytes the moment they arrive, in asyncio protocol callbacks,
 nothing else: no parsing, no ids, no bounds, no flow control. A path through them is the floor
 under any design that puts the same processes between a client and its server.
 
+The stdio and unix-socket relays run on asyncio's own loop, as the floors of issue 19's goals
+were measured; ``RELAY_LOOP=uvloop`` runs them on uvloop, the daemon's loop, where a relay
+costs less than half as much. The HTTP relay always runs on uvloop.
+
     python bench/_relay.py hop CMD...          stdio <-> a spawned CMD's stdio (one extra process)
     python bench/_relay.py serve SOCK CMD...   a unix socket; each connection gets its own CMD
     python bench/_relay.py pump SOCK           stdio <-> SOCK (with ``serve``: two extra processes)
@@ -12,8 +16,7 @@ under any design that puts the same processes between a client and its server.
 
 The HTTP relay does the least an HTTP gateway must: it parses each request (httptools, as the
 daemon's listener does) and each message's id, to answer a POST with its own response; one
-write per answer (JSON, never SSE), no GET stream, no checks, no bounds; on uvloop, as the
-daemon runs.
+write per answer (JSON, never SSE), no GET stream, no checks, no bounds.
 """
 
 from __future__ import annotations
@@ -78,8 +81,7 @@ async def serve(path: str, command: list[str]) -> None:
 
     class Client(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            self.transport = transport
+            self.transport: asyncio.Transport = transport  # type: ignore[assignment]  # uvloop's
             self.early: list[bytes] = []  # what arrives before the child's stdin exists
             self.child: asyncio.WriteTransport | None = None
             self.starting = loop.create_task(self._start())
@@ -223,14 +225,15 @@ async def http(port: int, command: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    mode, rest = sys.argv[1], sys.argv[2:]
-    if mode == "hop":
-        asyncio.run(hop(rest))
-    elif mode == "serve":
-        asyncio.run(serve(rest[0], rest[1:]))
-    elif mode == "http":
-        import uvloop  # the daemon's loop, as its HTTP listener runs on it
+    import uvloop
 
-        uvloop.run(http(int(rest[0]), rest[1:]))
+    mode, rest = sys.argv[1], sys.argv[2:]
+    run = uvloop.run if os.environ.get("RELAY_LOOP") == "uvloop" else asyncio.run
+    if mode == "hop":
+        run(hop(rest))
+    elif mode == "serve":
+        run(serve(rest[0], rest[1:]))
+    elif mode == "http":
+        uvloop.run(http(int(rest[0]), rest[1:]))  # the daemon's loop, as its HTTP listener runs on it
     else:
-        asyncio.run(pump(rest[0]))
+        run(pump(rest[0]))

@@ -38,8 +38,11 @@ proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture p
 Also the resident memory of each process on the path (``rss_mib``) and the machine's load
 average before and after. Prints JSON.
 
+``--uvloop-floors`` runs floor1 and floor2's relays on uvloop, the daemon's loop, instead of
+asyncio's (the loop issue 19's goals were set on): a relay costs less than half as much there.
+
     python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--throughput-calls 100]
-                            [--skip-peers] [--skip WAY ...]
+                            [--skip-peers] [--skip WAY ...] [--uvloop-floors]
 """
 
 from __future__ import annotations
@@ -327,6 +330,8 @@ def _ways(args: argparse.Namespace) -> list[str]:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     ways = _ways(args)
+    if args.uvloop_floors:
+        os.environ["RELAY_LOOP"] = "uvloop"  # the relays inherit it
     install([name for name in ways if name in PEERS])
     load_before = os.getloadavg()
     fixture_cmd = [sys.executable, FIXTURE]
@@ -375,6 +380,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "clients": args.clients,
         "throughput_calls": args.throughput_calls,
+        "floors_loop": "uvloop" if args.uvloop_floors else "asyncio",
         "python": sys.version.split()[0],
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -401,6 +407,7 @@ if __name__ == "__main__":
         help="leave a way out",
     )
     parser.add_argument("--skip-proxy", action="store_true", help="the same as --skip proxy")
+    parser.add_argument("--uvloop-floors", action="store_true", help="floor1 and floor2's relays on uvloop")
     report = anyio.run(main, parser.parse_args())
     print(json.dumps(report, indent=2))
     shutil.rmtree(ROOT / "bench" / "__pycache__", ignore_errors=True)
