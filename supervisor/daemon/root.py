@@ -183,7 +183,7 @@ class Daemon(Facade, Reloading):
             )
             return instance
 
-        return Instances(name, make, config.max_instances)
+        return Instances(name, make, config.max_instances, reclaim=self.gateway.reclaim)
 
     async def _start_instance(self, ext: Extension) -> None:
         await ext.start(self._tg)
@@ -191,6 +191,10 @@ class Daemon(Facade, Reloading):
     def instance_of(self, name: str, client: Client) -> Extension:
         """*client*'s own instance of per-client extension *name* (:mod:`supervisor.extension.instances`)."""
         return self._instances[name].of(client)
+
+    async def instance_when_room(self, name: str, client: Client) -> Extension:
+        """:meth:`instance_of`, waiting for room while an instance is on its way out."""
+        return await self._instances[name].of_when_room(client)
 
     def existing_instance(self, name: str, client: Client) -> Extension | None:
         """*client*'s instance of per-client *name* if it has one; never makes one."""

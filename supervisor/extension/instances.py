@@ -13,6 +13,14 @@ session (``Mcp-Session-Id``; its DELETE or idle expiry closes it). A 2026-07-28 
 has no session, so no client to give an instance to: it is refused rather than given a child
 that would live for one request (a stateful server would forget everything between calls).
 
+At ``max_instances`` a new client's instance needs room. The daemon asks the gateway to
+*reclaim* one: an HTTP session with no request and no stream open for a while ends (its client
+sees 404 and opens a new session, as the protocol says), and its instance stops; a client on
+``mcp.sock`` is never reclaimed, as its open connection shows it is there.
+:meth:`Instances.of_when_room` waits for an instance on its way out (reclaimed, or its client
+left) to be gone, up to the call's timeout; with nothing on its way out the answer is a
+retryable "busy" at once.
+
 Operations act on every instance: :meth:`Instances.stop_all` (``stop NAME``) also *holds* them,
 so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
 :meth:`Instances.restart_all` restarts the running ones, each with the usual restart semantics.
@@ -20,7 +28,7 @@ so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 import anyio
@@ -48,17 +56,29 @@ class Client(Protocol):
     def on_close(self, callback: Callable[[], None]) -> None: ...
 
 
+Reclaim = Callable[[Collection[Client]], bool]  # end one of these clients to make room; whether it did
+
+
 class Instances:
     """The per-client instances of extension *name*: at most *limit* at once, retiring ones included.
 
-    *make* builds the instance of the client it is given (its log messages are that client's).
+    *make* builds the instance of the client it is given (its log messages are that client's);
+    *reclaim*, given the clients holding an instance, may end one of them at the cap (closing
+    it at once, so that its instance is retiring when it returns True).
     """
 
-    def __init__(self, name: str, make: Callable[[Client], Extension], limit: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        make: Callable[[Client], Extension],
+        limit: int,
+        reclaim: Reclaim | None = None,
+    ) -> None:
         self.name = name
         self.limit = limit
         self.held = False  # stopped by hand: no client gets an instance until resume()
         self._make = make
+        self._reclaim = reclaim
         self._by_client: dict[Client, Extension] = {}
         self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
         self._hooked: set[Client] = set()  # clients whose close we hear of (once each)
@@ -80,6 +100,8 @@ class Instances:
             raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
         self._prune()
         if len(self._by_client) + len(self._retiring) >= self.limit:
+            if not self._retiring and self._reclaim is not None:
+                self._reclaim(list(self._by_client))  # room comes once its instance is gone
             detail = f"all {self.limit} per-client instances are in use (max_instances)"
             raise ExtensionUnavailable(self.name, "busy", retryable=True, detail=detail)
         ext = self._by_client[client] = self._make(client)
@@ -87,6 +109,18 @@ class Instances:
             self._hooked.add(client)
             client.on_close(lambda: self._closed(client))
         return ext
+
+    async def of_when_room(self, client: Client) -> Extension:
+        """:meth:`of`, waiting for room while an instance is on its way out (its client left, or
+        it was reclaimed); the caller bounds the wait. Errors as :meth:`of`, at once when
+        nothing is on its way out."""
+        while True:
+            try:
+                return self.of(client)
+            except ExtensionUnavailable as exc:
+                if not exc.retryable or not self._retiring:
+                    raise
+            await self._retiring[0].wait_for(lambda snapshot: not snapshot.state.is_live)
 
     def existing(self, client: object) -> Extension | None:
         """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""

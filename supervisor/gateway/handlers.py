@@ -22,6 +22,7 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
 from supervisor.extension.state import State
+from supervisor.extension.supervised import Extension
 from supervisor.gateway import spoollinks
 from supervisor.gateway.asks import parked
 from supervisor.gateway.links import expose_models
@@ -85,7 +86,7 @@ class Handlers:
         if ext is None:
             return _tool_error(f"extension {extension!r} was removed from the config")
         try:
-            ext = self.router.serving(ext, session_of(ctx))
+            ext = await self._serving(ext, ctx)
             caller = parked.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 result = await ext.call_tool(
@@ -238,6 +239,12 @@ class Handlers:
 
     # ---- forwarding ----------------------------------------------------------------------
 
+    async def _serving(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension:
+        """The Extension that serves this request's client (:meth:`.Router.serving_when_room`).
+        An HTTP session is noted by its id first: at the cap, a long idle one may be reclaimed."""
+        self.note_http_session(ctx)
+        return await self.router.serving_when_room(ext, session_of(ctx))
+
     def _check_sees(self, ctx: ServerRequestContext[Any], extension: str) -> None:
         view = self._view(ctx)
         if not view.sees(extension):
@@ -250,7 +257,7 @@ class Handlers:
         if ext is None:
             raise MCPError(UNAVAILABLE, f"extension {extension!r} was removed from the config")
         try:
-            ext = self.router.serving(ext, session_of(ctx))
+            ext = await self._serving(ext, ctx)
             caller = parked.caller(ctx)
             async with self.fanout.request_logs(ctx, ext):
                 return await ext.request(request, result_type, progress=_progress_relay(ctx), caller=caller)

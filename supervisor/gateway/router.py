@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import anyio
+
 from supervisor.child.listing import Listing
 from supervisor.errors import ExtensionUnavailable
 from supervisor.extension.pins import held_message
@@ -37,6 +39,8 @@ class Extensions(Protocol):
     def extensions(self) -> Sequence[Extension]: ...
 
     def instance_of(self, name: str, client: Any) -> Extension: ...
+
+    async def instance_when_room(self, name: str, client: Any) -> Extension: ...
 
     def existing_instance(self, name: str, client: Any) -> Extension | None: ...
 
@@ -130,6 +134,15 @@ class Router:
         if ext.config.instances != "per-client":
             return ext
         return self._backend.instance_of(ext.name, session)
+
+    async def serving_when_room(self, ext: Extension, session: Session) -> Extension:
+        """:meth:`serving` for a request that can wait: at ``max_instances``, while an instance is
+        on its way out, up to the extension's ``call_timeout`` for its room. Errors as :meth:`serving`."""
+        if ext.config.instances != "per-client":
+            return ext
+        with anyio.move_on_after(ext.config.call_timeout):
+            return await self._backend.instance_when_room(ext.name, session)
+        return self.serving(ext, session)  # out of time: room now, or why there is none
 
     def existing(self, ext: Extension, session: Session) -> Extension | None:
         """:meth:`serving` without making an instance: None when *session* has none."""

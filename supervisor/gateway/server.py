@@ -9,7 +9,7 @@ one. Its own task (:meth:`Gateway.run`) owns the change announcer and the
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,8 @@ class Gateway(Handlers):
         # HTTP sessions by Mcp-Session-Id, once they listed tools: the HTTP fast path's clients.
         # One per live session (at most the session cap): each leaves with its Session.
         self.http_sessions: dict[str, Session] = {}
+        # The HTTP listener's: ends the session idle longest of these ids, if idle long enough.
+        self.end_idle_http: Callable[[Collection[str]], str | None] | None = None
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -213,6 +215,23 @@ class Gateway(Handlers):
             session.http_id = session_id
             self.http_sessions[session_id] = session
             session.on_close(lambda: self.http_sessions.pop(session_id, None))
+
+    def reclaim(self, holders: Collection[object]) -> bool:
+        """At a per-client extension's ``max_instances``: end the HTTP session idle longest among
+        *holders* (the clients holding an instance), if it has been idle long enough, and close
+        its client now, so that its instances are on their way out. Whether one ended. Sync.
+
+        A session that made tasks is left alone: their results would be lost with it."""
+        by_id = {
+            s.http_id: s
+            for s in holders
+            if isinstance(s, Session) and s.http_id is not None and not self.tasks.owners.of(s)
+        }
+        ended = self.end_idle_http(by_id) if self.end_idle_http is not None and by_id else None
+        if ended is None:
+            return False
+        by_id[ended].close()
+        return True
 
     def holds(self, extension: str) -> bool:
         """Whether some client is subscribed to a resource of *extension* (it must not idle-stop)."""

@@ -99,6 +99,28 @@ def test_max_instances_bounds_the_children(
     assert len(spawns(pids)) == 2  # the learning run, and the first client's
 
 
+def test_at_the_cap_a_new_client_waits_for_the_room_a_leaving_one_makes(
+    ondemand: Callable[..., Daemon],
+) -> None:
+    """A client that left: its tree takes a while to go (stubborn: killed after stop_timeout).
+    The next client's call waits for that room, within its call_timeout, instead of "busy"."""
+    stubborn = extension_settings("stubborn.py", instances="per-client", max_instances=1, stop_timeout=0.5)
+    daemon = ondemand({"fx": {**stubborn, "on_demand": True}})
+    until(lambda: daemon.status()["fx"]["detail"] == "on demand")
+
+    async def one() -> int:
+        async with gateway_session(daemon.mcp_sock) as session:
+            return int(first_text(await session.call_tool("fx__pid", {})))
+
+    async def two() -> tuple[int, int]:
+        left = await one()
+        assert alive(left)  # on its way out: the room is not there yet
+        return left, await one()
+
+    left, came = anyio.run(two)
+    assert came != left and not alive(left)
+
+
 def test_a_closed_connection_takes_its_whole_tree(
     ondemand: Callable[..., Daemon],
 ) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -18,7 +21,17 @@ from supervisor.config.settings import Settings
 from supervisor.daemon import root as daemon_module
 from supervisor.gateway.http import HttpLimits, serve_http
 from supervisor.process import children as process
-from tests.harness import Daemon, Streams, alive, counted, eventually, first_text, spawns, until
+from tests.harness import (
+    Daemon,
+    Streams,
+    alive,
+    counted,
+    eventually,
+    extension_settings,
+    first_text,
+    spawns,
+    until,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -156,46 +169,169 @@ async def _health(http: Daemon) -> dict:
     return next(e for e in json.loads(result.stdout)["extensions"] if e["name"] == "fx")
 
 
+@contextlib.asynccontextmanager
+async def _in_process(
+    short_tmp: Path, extensions: dict[str, Any], limits: HttpLimits
+) -> AsyncIterator[tuple[daemon_module.Daemon, str]]:
+    """A daemon in this process with the HTTP listener under *limits*: the daemon and its /mcp URL."""
+    settings = Settings.model_validate(
+        {
+            "socket": str(short_tmp / "control.sock"),
+            "spool": {"dir": str(short_tmp / "spool")},
+            "extensions": extensions,
+        }
+    )
+    async with anyio.create_task_group() as tg:
+        daemon = daemon_module.Daemon(settings, tg=tg, environ=os.environ)
+        await tg.start(daemon.gateway.run)
+        serve = functools.partial(
+            serve_http,
+            daemon.gateway,
+            host="127.0.0.1",
+            port=0,
+            token=None,
+            metrics=str,
+            health=dict,
+            limits=limits,
+        )
+        port = (await tg.start(serve)).port
+        try:
+            for name in extensions:
+                assert (await daemon.start(name)).state.value == "running"
+            yield daemon, f"http://127.0.0.1:{port}/mcp"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await daemon.stop_all()
+            tg.cancel_scope.cancel()
+    assert not process.find_marked(daemon.marker_prefix)
+
+
 class TestExpiry:
     async def test_a_session_left_unused_expires_and_takes_its_instance(self, short_tmp: Path) -> None:
         """A client that vanishes without DELETE: its session expires, and its child goes with it."""
-        settings = Settings.model_validate(
-            {
-                "socket": str(short_tmp / "control.sock"),
-                "spool": {"dir": str(short_tmp / "spool")},
-                "extensions": {"fx": counted(short_tmp / "pids", instances="per-client")},
-            }
-        )
-        async with anyio.create_task_group() as tg:
-            daemon = daemon_module.Daemon(settings, tg=tg, environ=os.environ)
-            await tg.start(daemon.gateway.run)
-            serve = functools.partial(
-                serve_http,
-                daemon.gateway,
-                host="127.0.0.1",
-                port=0,
-                token=None,
-                metrics=str,
-                health=dict,
-                limits=HttpLimits(session_idle=0.5),
-            )
-            port = (await tg.start(serve)).port
-            try:
-                assert (await daemon.start("fx")).state.value == "running"
-                async with (
-                    streamable_http_client(
-                        f"http://127.0.0.1:{port}/mcp", terminate_on_close=False
-                    ) as streams,
-                    Client(Streams(streams), mode="legacy") as client,
-                ):
-                    pid = await _pid(client)
-                assert alive(pid) and _pids_in(daemon) == [pid]  # no DELETE: the session is still open
-                await eventually(lambda: not alive(pid) and _pids_in(daemon) == [], within=10)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await daemon.stop_all()
-                tg.cancel_scope.cancel()
-        assert not process.find_marked(daemon.marker_prefix)
+        extensions = {"fx": counted(short_tmp / "pids", instances="per-client")}
+        async with _in_process(short_tmp, extensions, HttpLimits(session_idle=0.5)) as (daemon, url):
+            async with (
+                streamable_http_client(url, terminate_on_close=False) as streams,
+                Client(Streams(streams), mode="legacy") as client,
+            ):
+                pid = await _pid(client)
+            assert alive(pid) and _pids_in(daemon) == [pid]  # no DELETE: the session is still open
+            await eventually(lambda: not alive(pid) and _pids_in(daemon) == [], within=10)
+
+
+STUBBORN = extension_settings("stubborn.py", instances="per-client", max_instances=1, stop_timeout=0.5)
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+CALL_PID = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fx__pid","arguments":{}}}'
+
+
+class _Gone:
+    """A handshake-era HTTP session made of plain requests, that keeps no stream open: as a
+    client that went away without DELETE looks to the daemon."""
+
+    def __init__(self, client: httpx2.AsyncClient, url: str) -> None:
+        self.client, self.url, self.headers = client, url, dict(HEADERS)
+
+    async def open(self) -> None:
+        answer = await self.client.post(self.url, json=INITIALIZE, headers=self.headers)
+        self.headers |= {
+            "mcp-session-id": answer.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-11-25",
+        }
+        await self.post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+
+    async def post(self, body: bytes) -> httpx2.Response:
+        return await self.client.post(self.url, content=body, headers=self.headers)
+
+    async def pid(self) -> int:
+        answer = await self.post(CALL_PID)
+        assert answer.status_code == 200, answer.text
+        data = answer.text if answer.headers["content-type"] == "application/json" else _sse_data(answer.text)
+        return int(json.loads(data)["result"]["content"][0]["text"])
+
+
+def _sse_data(text: str) -> str:
+    return next(line.removeprefix("data:").strip() for line in text.splitlines() if line.startswith("data:"))
+
+
+class TestReclaim:
+    """At max_instances, an HTTP session with nothing open for reclaim_idle gives up its instance."""
+
+    async def test_a_new_client_gets_the_instance_of_a_session_gone_idle(self, short_tmp: Path) -> None:
+        async with (
+            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            httpx2.AsyncClient(timeout=20) as http,
+        ):
+            gone = _Gone(http, url)
+            await gone.open()
+            theirs = await gone.pid()
+            async with Client(url, mode="legacy") as comes:
+                mine = await _pid(comes)  # waits while the idle session's stubborn tree is killed
+                assert mine != theirs and not alive(theirs)
+                assert _pids_in(daemon) == [mine]
+                # The session it was is ended: its client hears 404 and may open a new one.
+                assert (await gone.post(CALL_PID)).status_code == 404
+                assert await _pid(comes) == mine
+
+    async def test_a_session_idle_for_less_than_reclaim_idle_keeps_it(self, short_tmp: Path) -> None:
+        async with (
+            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=60)) as (daemon, url),
+            httpx2.AsyncClient(timeout=20) as http,
+        ):
+            stays = _Gone(http, url)
+            await stays.open()
+            theirs = await stays.pid()
+            async with Client(url, mode="legacy") as comes:
+                refused = await comes.call_tool("fx__pid", {})
+                assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+            assert await stays.pid() == theirs and _pids_in(daemon) == [theirs]
+
+    async def test_a_session_with_a_stream_open_keeps_it(self, short_tmp: Path) -> None:
+        """An open GET stream shows its client is there, however long it has been since a call."""
+        async with (
+            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            httpx2.AsyncClient(timeout=20) as http,
+        ):
+            listens = _Gone(http, url)
+            await listens.open()
+            theirs = await listens.pid()
+            headers = {**listens.headers, "accept": "text/event-stream"}
+            async with http.stream("GET", url, headers=headers) as stream:
+                assert stream.status_code == 200
+                async with Client(url, mode="legacy") as comes:
+                    refused = await comes.call_tool("fx__pid", {})
+                    assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+                assert await listens.pid() == theirs and _pids_in(daemon) == [theirs]
+
+    async def test_a_session_that_made_a_task_keeps_it(self, short_tmp: Path) -> None:
+        """Its task's result would go with it: it is left alone, idle or not."""
+        tasks = extension_settings("tasks.py", instances="per-client", max_instances=1)
+        async with (
+            _in_process(short_tmp, {"tasks": tasks}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            httpx2.AsyncClient(timeout=20) as http,
+        ):
+            waits = _Gone(http, url)
+            await waits.open()
+            params = {"name": "tasks__slow", "arguments": {"seconds": 0}, "task": {"ttl": 60000}}
+            body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
+            made = await waits.post(body.encode())
+            assert made.status_code == 200 and "taskId" in made.text, made.text
+            quick = b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"tasks__quick"}}'
+            assert "quick: " in (await waits.post(quick)).text  # a plain call too
+            async with Client(url, mode="legacy") as comes:
+                refused = await comes.call_tool("tasks__quick", {"text": "b"})
+                assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+            assert len(daemon.status("tasks")[0].instances) == 1
 
 
 def _pids_in(daemon: daemon_module.Daemon) -> list[int | None]:

@@ -28,3 +28,4 @@ class HttpLimits:
     max_sessions: int = 256  # at the cap the session idle longest is ended
     session_idle: float = 600.0  # a session with no request in flight this long is ended
     fresh_session: float = 10.0  # ... and one that made no request after its initialize, this long
+    reclaim_idle: float = 60.0  # at max_instances, a session idle this long gives up its per-client instance

@@ -90,6 +90,7 @@ def build_app(
         limits,
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),  # Guard does it
     )
+    gateway.end_idle_http = sessions.end_idle
     routes = [
         Route("/mcp", endpoint=StreamableHTTPASGIApp(sessions)),
         Route("/metrics", metrics_route),

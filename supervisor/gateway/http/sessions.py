@@ -7,6 +7,9 @@ per-client instances live as long as it does). :class:`Sessions` instead:
 
 - at the cap, ends the session idle longest (none of its requests being served) to admit the
   new one, as the control socket does with its idlest connection;
+- at a per-client extension's ``max_instances``, ends the session idle longest among those
+  holding an instance, if it has been idle ``reclaim_idle`` seconds (:meth:`end_idle`): a
+  client gone without DELETE would otherwise hold a child for the whole idle timeout;
 - gives a session that made no request after its ``initialize`` ``fresh_session`` seconds,
   not the full idle timeout: a client that means to use its session follows up at once
   (``notifications/initialized``);
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import anyio
@@ -51,6 +54,7 @@ class Sessions(StreamableHTTPSessionManager):
             **kwargs,
         )
         self._fresh = limits.fresh_session
+        self._reclaim_idle = limits.reclaim_idle
         self.ended = Throttled(log, "gateway.http_session_ended", level="info")
 
     def __len__(self) -> int:
@@ -62,16 +66,42 @@ class Sessions(StreamableHTTPSessionManager):
         return super()._admit_session(requestor)
 
     def _end_idlest(self) -> None:
+        idlest = self._idlest(self._server_instances, before=math.inf)
+        if idlest is None:
+            return  # every session is being served: the SDK answers 503
+        self._end(*idlest)
+        self.ended("evicted", reason="made room for a new session (it was idle the longest)")
+
+    def end_idle(self, among: Collection[str]) -> str | None:
+        """End the session idle longest of *among* (ids), if none of its requests is served and
+        no stream of it has been open for ``reclaim_idle`` seconds: its id, or None."""
+        timeout = self.session_idle_timeout
+        if timeout is None:
+            return None
+        # A session's idle deadline is its last request's end plus the idle timeout.
+        idlest = self._idlest(among, before=anyio.current_time() - self._reclaim_idle + timeout)
+        if idlest is None:
+            return None
+        self._end(*idlest)
+        self.ended("reclaimed", reason="made room for another client's per-client instance (idle)")
+        return idlest[0]
+
+    def _idlest(
+        self, among: Collection[str], before: float
+    ) -> tuple[str, StreamableHTTPServerTransport] | None:
+        """The session of *among* whose idle deadline comes first, if it comes before *before*
+        (none of its requests served, no stream open); None if there is none."""
         idle = [
             (scope.deadline, session_id, transport)
-            for session_id, transport in self._server_instances.items()
-            if (scope := transport.idle_scope) is not None and math.isfinite(scope.deadline)
+            for session_id in among
+            if (transport := self._server_instances.get(session_id)) is not None
+            and (scope := transport.idle_scope) is not None
+            and scope.deadline < before
         ]
         if not idle:
-            return  # every session is being served: the SDK answers 503
+            return None
         _, session_id, transport = min(idle, key=lambda entry: entry[0])
-        self._end(session_id, transport)
-        self.ended("evicted", reason="made room for a new session (it was idle the longest)")
+        return session_id, transport
 
     def _end(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
         """Forget *session_id* now (its id answers 404) and end its server task (and what it holds)."""

@@ -129,7 +129,7 @@ class TaskRouter:
         if arguments is not None:
             forwarded["arguments"] = arguments
         try:
-            ext = self._router.serving(ext, session_of(ctx))
+            ext = await self._router.serving_when_room(ext, session_of(ctx))
             result, marker = await ext.request_raw(
                 "tools/call", forwarded, progress=_relay(ctx), caller=SessionCaller(ctx)
             )
