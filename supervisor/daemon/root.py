@@ -28,7 +28,7 @@ from supervisor.daemon.headstart import HeadStart
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
-from supervisor.errors import UnknownExtension
+from supervisor.errors import ExtensionUnavailable, UnknownExtension
 from supervisor.extension import launch
 from supervisor.extension.demand import Demand
 from supervisor.extension.instances import Client, Instances
@@ -189,12 +189,30 @@ class Daemon(Facade, Reloading):
         await ext.start(self._tg)
 
     def instance_of(self, name: str, client: Client) -> Extension:
-        """*client*'s own instance of per-client extension *name* (:mod:`supervisor.extension.instances`)."""
-        return self._instances[name].of(client)
+        """*client*'s own instance of per-client extension *name* (:mod:`supervisor.extension.instances`).
+
+        Error handling: :class:`ExtensionUnavailable` as :meth:`Instances.of`, and retryable
+        while a reload replaces the extension.
+        """
+        return self._current_instances(name).of(client)
 
     async def instance_when_room(self, name: str, client: Client) -> Extension:
-        """:meth:`instance_of`, waiting for room while an instance is on its way out."""
-        return await self._instances[name].of_when_room(client)
+        """:meth:`instance_of`, waiting for room while an instance is on its way out (the caller
+        bounds the wait). Each round asks the extension's instances of now: a reload replaces them."""
+        while True:
+            instances = self._current_instances(name)
+            try:
+                return instances.of(client)
+            except ExtensionUnavailable as exc:
+                if not exc.retryable or not instances.room_coming():
+                    raise
+            await instances.one_gone()
+
+    def _current_instances(self, name: str) -> Instances:
+        instances = self._instances.get(name)
+        if instances is None:  # between a reload's stop and its start
+            raise ExtensionUnavailable(name, "reloading", retryable=True)
+        return instances
 
     def existing_instance(self, name: str, client: Client) -> Extension | None:
         """*client*'s instance of per-client *name* if it has one; never makes one."""

@@ -17,9 +17,9 @@ At ``max_instances`` a new client's instance needs room. The daemon asks the gat
 *reclaim* one: an HTTP session with no request and no stream open for a while ends (its client
 sees 404 and opens a new session, as the protocol says), and its instance stops; a client on
 ``mcp.sock`` is never reclaimed, as its open connection shows it is there.
-:meth:`Instances.of_when_room` waits for an instance on its way out (reclaimed, or its client
-left) to be gone, up to the call's timeout; with nothing on its way out the answer is a
-retryable "busy" at once.
+A call at the cap waits, up to its timeout, for an instance on its way out (reclaimed, or its
+client left) to be gone (:meth:`Instances.room_coming`, :meth:`Instances.one_gone`); with
+nothing on its way out the answer is a retryable "busy" at once.
 
 Operations act on every instance: :meth:`Instances.stop_all` (``stop NAME``) also *holds* them,
 so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
@@ -53,6 +53,9 @@ class Client(Protocol):
     @property
     def lasting(self) -> bool: ...  # False: the connection serves a single request
 
+    @property
+    def closed(self) -> bool: ...  # it is gone: nothing is made for it
+
     def on_close(self, callback: Callable[[], None]) -> None: ...
 
 
@@ -79,6 +82,7 @@ class Instances:
         self.held = False  # stopped by hand: no client gets an instance until resume()
         self._make = make
         self._reclaim = reclaim
+        self._waiters = 0  # callers waiting for one of the retiring ones to go (one_gone)
         self._by_client: dict[Client, Extension] = {}
         self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
         self._hooked: set[Client] = set()  # clients whose close we hear of (once each)
@@ -95,13 +99,13 @@ class Instances:
             return ext
         if not client.lasting:
             raise ExtensionUnavailable(self.name, "per-client", retryable=False, detail=SESSIONLESS)
+        if client.closed:  # a request outliving its client (it waited for room): no child, no reclaim
+            raise ExtensionUnavailable(self.name, "per-client", retryable=False, detail="its client is gone")
         if self.held:
             advice = f"start it with `mcp-supervisor start {self.name}`"  # as the shared one says
             raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
         self._prune()
         if len(self._by_client) + len(self._retiring) >= self.limit:
-            if not self._retiring and self._reclaim is not None:
-                self._reclaim(list(self._by_client))  # room comes once its instance is gone
             detail = f"all {self.limit} per-client instances are in use (max_instances)"
             raise ExtensionUnavailable(self.name, "busy", retryable=True, detail=detail)
         ext = self._by_client[client] = self._make(client)
@@ -110,17 +114,35 @@ class Instances:
             client.on_close(lambda: self._closed(client))
         return ext
 
-    async def of_when_room(self, client: Client) -> Extension:
-        """:meth:`of`, waiting for room while an instance is on its way out (its client left, or
-        it was reclaimed); the caller bounds the wait. Errors as :meth:`of`, at once when
-        nothing is on its way out."""
-        while True:
-            try:
-                return self.of(client)
-            except ExtensionUnavailable as exc:
-                if not exc.retryable or not self._retiring:
-                    raise
-            await self._retiring[0].wait_for(lambda snapshot: not snapshot.state.is_live)
+    @property
+    def waiting(self) -> int:
+        """Calls waiting at the cap for an instance on its way out to go."""
+        return self._waiters
+
+    def room_coming(self) -> bool:
+        """At the cap: whether room is on its way for one more caller. It is when more instances
+        are stopping than callers wait for them, or when one more is reclaimed now; else,
+        if any is stopping, the caller may still win it."""
+        if len(self._retiring) > self._waiters:
+            return True
+        if self._reclaim is not None and self._reclaim(list(self._by_client)):
+            return True
+        return bool(self._retiring)
+
+    async def one_gone(self) -> None:
+        """Return once one of the instances on their way out is gone (at once if none is)."""
+
+        async def gone(ext: Extension, scope: anyio.CancelScope) -> None:
+            await ext.wait_for(lambda snapshot: not snapshot.state.is_live)
+            scope.cancel()
+
+        self._waiters += 1
+        try:
+            async with anyio.create_task_group() as tg:
+                for ext in self._retiring:  # at most limit
+                    tg.start_soon(gone, ext, tg.cancel_scope)
+        finally:
+            self._waiters -= 1
 
     def existing(self, client: object) -> Extension | None:
         """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""
@@ -167,6 +189,7 @@ class Instances:
             "count": len(each),
             "max": self.limit,
             "held": self.held,
+            "waiting": self.waiting,
             "totals": self.totals(),
             "each": each,
         }

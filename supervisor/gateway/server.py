@@ -98,7 +98,8 @@ class Gateway(Handlers):
         self._spool_readers = anyio.CapacityLimiter(2)
         self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
         self.inputs = inputrequired.InputRequired()  # 2026-07-28 clients' calls that wait for input
-        # HTTP sessions by Mcp-Session-Id, once they listed tools: the HTTP fast path's clients.
+        # HTTP sessions by Mcp-Session-Id, once they listed tools or made a call: the HTTP fast
+        # path's clients, and the ones a per-client extension may reclaim an instance from.
         # One per live session (at most the session cap): each leaves with its Session.
         self.http_sessions: dict[str, Session] = {}
         # The HTTP listener's: ends the session idle longest of these ids, if idle long enough.
@@ -205,7 +206,8 @@ class Gateway(Handlers):
 
     def note_http_session(self, ctx: ServerRequestContext[Any]) -> None:
         """Record the client of a handshake-era HTTP session under its ``Mcp-Session-Id``, for the
-        HTTP fast path (:mod:`.http.fastcalls`); it is forgotten when the session closes. Sync."""
+        HTTP fast path (:mod:`.http.fastcalls`) and :meth:`reclaim`; it is forgotten when the
+        session closes. Sync."""
         session = session_of(ctx)
         headers = getattr(ctx.request, "headers", None)
         session_id = headers.get("mcp-session-id") if headers is not None else None

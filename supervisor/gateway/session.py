@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
+import structlog
 from mcp import MCPError
 from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
@@ -56,6 +57,8 @@ __all__ = (
     "connection_of",
     "session_of",
 )
+
+log = structlog.get_logger(__name__)
 
 MAX_CONNECTIONS = 256  # clients at once on mcp.sock (and HTTP sessions); one more is turned away
 MAX_IN_FLIGHT = 64  # unanswered requests per mcp.sock connection before the listener stops reading it
@@ -110,7 +113,10 @@ class Session:
             self.in_flight.release_all()
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # a bug of ours: the other tables must still hear of the close
+                log.exception("gateway.session_close_crashed")
 
     def attach(self, connection: Connection) -> None:
         """Note the SDK connection its handshake-era requests come on (its notifications and fast

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import pytest
 
 from supervisor.errors import ExtensionUnavailable
 from supervisor.extension.instances import Instances
+from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from tests.harness import (
     Daemon,
@@ -209,12 +212,14 @@ class _Client:
 
     def __init__(self, *, lasting: bool = True) -> None:
         self.lasting = lasting
+        self.closed = False
         self.callbacks: list[Callable[[], None]] = []
 
     def on_close(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)
 
     def close(self) -> None:
+        self.closed = True
         for callback in self.callbacks:
             callback()
 
@@ -247,6 +252,76 @@ class TestBookkeeping:
         """A sessionless client (2026-07-28 over HTTP) is refused, not given a one-call child."""
         with pytest.raises(ExtensionUnavailable, match="has no session") as refused:
             instances.of(_Client(lasting=False))
+        assert not refused.value.retryable and instances.all() == []
+
+
+class _Stopping:
+    """An instance as Instances sees one, whose tree goes when the test says (:meth:`gone`)."""
+
+    def __init__(self) -> None:
+        self.state, self.calls, self.errors = State.RUNNING, 0, 0
+        self._changed = anyio.Event()
+
+    def snapshot(self) -> SimpleNamespace:
+        return SimpleNamespace(state=self.state, restarts=0, unresponsive=0, memory_exceeded=0)
+
+    def request_stop(self) -> None:
+        pass  # on its way out until gone()
+
+    def gone(self) -> None:
+        self.state = State.STOPPED
+        self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[Any], bool]) -> Any:
+        while not predicate(self.snapshot()):
+            await self._changed.wait()
+        return self.snapshot()
+
+
+class TestRoom:
+    @pytest.mark.anyio
+    async def test_a_waiting_call_takes_the_room_of_whichever_instance_goes_first(self) -> None:
+        made: list[_Stopping] = []
+
+        def make(client: object) -> Extension:
+            made.append(_Stopping())
+            return made[-1]  # type: ignore[return-value]
+
+        instances = Instances("fx", make, limit=2)
+        slow, fast, waits = _Client(), _Client(), _Client()
+        instances.of(slow)
+        instances.of(fast)
+        slow.close()
+        fast.close()  # both on their way out: slow's first in line
+        with pytest.raises(ExtensionUnavailable, match="all 2 per-client instances are in use"):
+            instances.of(waits)
+        assert instances.room_coming()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(instances.one_gone)
+                while instances.waiting != 1:  # within fail_after
+                    await anyio.lowlevel.checkpoint()
+                made[1].gone()  # the second goes first
+        assert instances.of(waits) is made[2] and instances.waiting == 0
+
+    def test_nothing_on_its_way_out_and_nothing_to_reclaim_is_busy_at_once(self) -> None:
+        asked: list[list[object]] = []
+
+        def reclaim(holders: Collection[object]) -> bool:
+            asked.append(list(holders))
+            return False
+
+        instances = Instances("fx", lambda client: _Stopping(), limit=1, reclaim=reclaim)  # type: ignore[arg-type,return-value]
+        holder = _Client()
+        instances.of(holder)
+        assert not instances.room_coming() and asked == [[holder]]
+
+    def test_a_client_that_went_gets_nothing(self) -> None:
+        instances = Instances("fx", lambda client: _Stopping(), limit=1)  # type: ignore[arg-type,return-value]
+        gone = _Client()
+        gone.close()
+        with pytest.raises(ExtensionUnavailable, match="its client is gone") as refused:
+            instances.of(gone)
         assert not refused.value.retryable and instances.all() == []
 
 

@@ -171,18 +171,22 @@ async def _health(http: Daemon) -> dict:
 
 @contextlib.asynccontextmanager
 async def _in_process(
-    short_tmp: Path, extensions: dict[str, Any], limits: HttpLimits
+    short_tmp: Path, extensions: dict[str, Any], limits: HttpLimits, config: Path | None = None
 ) -> AsyncIterator[tuple[daemon_module.Daemon, str]]:
-    """A daemon in this process with the HTTP listener under *limits*: the daemon and its /mcp URL."""
-    settings = Settings.model_validate(
-        {
-            "socket": str(short_tmp / "control.sock"),
-            "spool": {"dir": str(short_tmp / "spool")},
-            "extensions": extensions,
-        }
-    )
+    """A daemon in this process with the HTTP listener under *limits*: the daemon and its /mcp
+    URL. With *config*, its settings are written there first (a reload reads them again)."""
+    data = {
+        "socket": str(short_tmp / "control.sock"),
+        "spool": {"dir": str(short_tmp / "spool")},
+        "extensions": extensions,
+    }
+    if config is not None:
+        await anyio.Path(config).write_text(json.dumps(data))
+    settings = Settings.model_validate(data)
     async with anyio.create_task_group() as tg:
-        daemon = daemon_module.Daemon(settings, tg=tg, environ=os.environ)
+        daemon = daemon_module.Daemon(
+            settings, tg=tg, environ=os.environ, config_path=str(config) if config else None
+        )
         await tg.start(daemon.gateway.run)
         serve = functools.partial(
             serve_http,
@@ -332,6 +336,42 @@ class TestReclaim:
                 refused = await comes.call_tool("tasks__quick", {"text": "b"})
                 assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
             assert len(daemon.status("tasks")[0].instances) == 1
+
+    async def test_a_call_waiting_for_room_across_a_reload_gets_no_child_of_the_old_config(
+        self, short_tmp: Path
+    ) -> None:
+        """The wait ends after the reload replaced the instances: the call gets an instance the
+        daemon tracks, or a retryable error; never a child of the instances the reload retired."""
+        config = short_tmp / "config.json"
+        fx = {**STUBBORN, "stop_timeout": 1}  # a client's tree takes about 2 s to go
+        async with _in_process(short_tmp, {"fx": fx}, HttpLimits(), config) as (daemon, url):
+            async with Client(url, mode="legacy") as leaves:
+                left = await _pid(leaves)
+            outcome: list[Any] = []
+
+            async def call() -> None:
+                async with Client(url, mode="legacy") as waits:
+                    outcome.append(await waits.call_tool("fx__pid", {}))
+                    if not outcome[0].is_error:  # while its session is open
+                        outcome.append(_pids_in(daemon))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await eventually(lambda: _waiting(daemon) == 1)  # for the tree of the client that left
+                changed = json.loads(await anyio.Path(config).read_text())
+                changed["extensions"]["fx"]["stop_timeout"] = 0.9
+                await anyio.Path(config).write_text(json.dumps(changed))
+                assert (await daemon.reload())["restarted"] == ["fx"]
+            assert not alive(left)
+            result = outcome[0]
+            if result.is_error:
+                assert "reloading; try again shortly" in first_text(result), first_text(result)
+            else:
+                assert outcome[1] == [int(first_text(result))]  # tracked: status and stop reach it
+
+
+def _waiting(daemon: daemon_module.Daemon) -> int:
+    return next(e for e in daemon.health()["extensions"] if e["name"] == "fx")["instances"]["waiting"]
 
 
 def _pids_in(daemon: daemon_module.Daemon) -> list[int | None]:

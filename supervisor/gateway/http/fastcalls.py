@@ -7,8 +7,9 @@ to ``/mcp`` (or ``/mcp/NAME``) whose body is one plain ``tools/call`` from a cli
 answers with one JSON body, as the specification allows. Anything else goes on to the SDK,
 which stays the reference for behaviour. Two kinds of call are taken:
 
-- of a handshake-era session that has listed tools (:meth:`~..server.Gateway.note_http_session`),
-  with no ``_meta`` but a progress token (the same test as on ``mcp.sock``);
+- of a handshake-era session that has listed tools or made a call before
+  (:meth:`~..server.Gateway.note_http_session`), with no ``_meta`` but a progress token (the
+  same test as on ``mcp.sock``);
 - of a 2026-07-28 client (no session; the protocol version, client info and capabilities in
   ``_meta``), whose routing headers the SDK would pass as they are, and which declared none of
   sampling, elicitation and roots: its child's questions are refused as the SDK refuses them

@@ -38,6 +38,9 @@ class _NoExtensions:
     def instance_of(self, name: str, client: Any) -> Extension:
         raise AssertionError("no per-client extension here")
 
+    async def instance_when_room(self, name: str, client: Any) -> Extension:
+        raise AssertionError("no per-client extension here")
+
     def existing_instance(self, name: str, client: Any) -> Extension | None:
         return None
 
