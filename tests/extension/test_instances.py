@@ -118,10 +118,15 @@ def test_at_the_cap_a_new_client_waits_for_the_room_a_leaving_one_makes(
     async def two() -> tuple[int, int]:
         left = await one()
         assert alive(left)  # on its way out: the room is not there yet
+        await anyio.to_thread.run_sync(lambda: until(lambda: _states(daemon) == ["stopping"]))  # seen to go
         return left, await one()
 
     left, came = anyio.run(two)
     assert came != left and not alive(left)
+
+
+def _states(daemon: Daemon) -> list[str]:
+    return [instance["state"] for instance in daemon.status()["fx"]["instances"]]
 
 
 def test_a_closed_connection_takes_its_whole_tree(
