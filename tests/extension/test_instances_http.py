@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +15,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from supervisor.config.settings import Settings
 from supervisor.daemon import root as daemon_module
-from supervisor.gateway.http import HttpLimits, serve_http
-from supervisor.process import children as process
+from supervisor.gateway.http import HttpLimits
 from tests.harness import (
     Daemon,
     Streams,
@@ -32,6 +28,7 @@ from tests.harness import (
     spawns,
     until,
 )
+from tests.harness.inprocess import in_process_daemon
 
 pytestmark = [
     pytest.mark.anyio,
@@ -169,52 +166,11 @@ async def _health(http: Daemon) -> dict:
     return next(e for e in json.loads(result.stdout)["extensions"] if e["name"] == "fx")
 
 
-@contextlib.asynccontextmanager
-async def _in_process(
-    short_tmp: Path, extensions: dict[str, Any], limits: HttpLimits, config: Path | None = None
-) -> AsyncIterator[tuple[daemon_module.Daemon, str]]:
-    """A daemon in this process with the HTTP listener under *limits*: the daemon and its /mcp
-    URL. With *config*, its settings are written there first (a reload reads them again)."""
-    data = {
-        "socket": str(short_tmp / "control.sock"),
-        "spool": {"dir": str(short_tmp / "spool")},
-        "extensions": extensions,
-    }
-    if config is not None:
-        await anyio.Path(config).write_text(json.dumps(data))
-    settings = Settings.model_validate(data)
-    async with anyio.create_task_group() as tg:
-        daemon = daemon_module.Daemon(
-            settings, tg=tg, environ=os.environ, config_path=str(config) if config else None
-        )
-        await tg.start(daemon.gateway.run)
-        serve = functools.partial(
-            serve_http,
-            daemon.gateway,
-            host="127.0.0.1",
-            port=0,
-            token=None,
-            metrics=str,
-            health=dict,
-            limits=limits,
-        )
-        port = (await tg.start(serve)).port
-        try:
-            for name in extensions:
-                assert (await daemon.start(name)).state.value == "running"
-            yield daemon, f"http://127.0.0.1:{port}/mcp"
-        finally:
-            with anyio.CancelScope(shield=True):
-                await daemon.stop_all()
-            tg.cancel_scope.cancel()
-    assert not process.find_marked(daemon.marker_prefix)
-
-
 class TestExpiry:
     async def test_a_session_left_unused_expires_and_takes_its_instance(self, short_tmp: Path) -> None:
         """A client that vanishes without DELETE: its session expires, and its child goes with it."""
         extensions = {"fx": counted(short_tmp / "pids", instances="per-client")}
-        async with _in_process(short_tmp, extensions, HttpLimits(session_idle=0.5)) as (daemon, url):
+        async with in_process_daemon(short_tmp, extensions, HttpLimits(session_idle=0.5)) as (daemon, url):
             async with (
                 streamable_http_client(url, terminate_on_close=False) as streams,
                 Client(Streams(streams), mode="legacy") as client,
@@ -273,7 +229,7 @@ class TestReclaim:
 
     async def test_a_new_client_gets_the_instance_of_a_session_gone_idle(self, short_tmp: Path) -> None:
         async with (
-            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
             httpx2.AsyncClient(timeout=20) as http,
         ):
             gone = _Gone(http, url)
@@ -289,7 +245,7 @@ class TestReclaim:
 
     async def test_a_session_idle_for_less_than_reclaim_idle_keeps_it(self, short_tmp: Path) -> None:
         async with (
-            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=60)) as (daemon, url),
+            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=60)) as (daemon, url),
             httpx2.AsyncClient(timeout=20) as http,
         ):
             stays = _Gone(http, url)
@@ -303,7 +259,7 @@ class TestReclaim:
     async def test_a_session_with_a_stream_open_keeps_it(self, short_tmp: Path) -> None:
         """An open GET stream shows its client is there, however long it has been since a call."""
         async with (
-            _in_process(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
             httpx2.AsyncClient(timeout=20) as http,
         ):
             listens = _Gone(http, url)
@@ -321,7 +277,7 @@ class TestReclaim:
         """Its task's result would go with it: it is left alone, idle or not."""
         tasks = extension_settings("tasks.py", instances="per-client", max_instances=1)
         async with (
-            _in_process(short_tmp, {"tasks": tasks}, HttpLimits(reclaim_idle=0)) as (daemon, url),
+            in_process_daemon(short_tmp, {"tasks": tasks}, HttpLimits(reclaim_idle=0)) as (daemon, url),
             httpx2.AsyncClient(timeout=20) as http,
         ):
             waits = _Gone(http, url)
@@ -344,7 +300,7 @@ class TestReclaim:
         daemon tracks, or a retryable error; never a child of the instances the reload retired."""
         config = short_tmp / "config.json"
         fx = {**STUBBORN, "stop_timeout": 1}  # a client's tree takes about 2 s to go
-        async with _in_process(short_tmp, {"fx": fx}, HttpLimits(), config) as (daemon, url):
+        async with in_process_daemon(short_tmp, {"fx": fx}, HttpLimits(), config) as (daemon, url):
             async with Client(url, mode="legacy") as leaves:
                 left = await _pid(leaves)
             outcome: list[Any] = []

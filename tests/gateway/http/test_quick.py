@@ -7,6 +7,7 @@ once, go the ASGI way and are answered as JSON all the same, by a real daemon.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -14,7 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import anyio
 import pytest
 
 from supervisor.gateway.http import HttpLimits
@@ -24,6 +28,7 @@ from supervisor.gateway.server import Gateway
 from tests.gateway.http.test_connections import _echo, _requests, _session
 from tests.gateway.http.test_limits import _NoExtensions
 from tests.harness import RICH, Daemon
+from tests.harness.inprocess import in_process_daemon
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -121,6 +126,57 @@ class TestTheAsgiWay:
             answers = _Answers(sock)
             assert [answers.next()["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
             assert not answers.left  # each answered once
+
+
+class TestTaken:
+    async def test_a_quick_call_starts_no_task_where_the_asgi_way_starts_one_a_call(
+        self, short_tmp: Path
+    ) -> None:
+        """What tells a quick call from the ASGI way (they answer alike): 12 plain calls on one
+        connection start no task in the daemon; the same calls with chunked bodies, which the
+        ASGI way serves, start at least one each."""
+        async with in_process_daemon(short_tmp, {"rich": RICH}, HttpLimits()) as (_, url):
+            base = url.removesuffix("/mcp")
+            session = await _session(SimpleNamespace(url=base))  # type: ignore[arg-type]
+            calls = range(1, 13)  # fewer than a connection may send ahead (16)
+            quick = await _tasks_started(base, session.headers, [_echo(n) for n in calls], chunked=False)
+            asgi = await _tasks_started(base, session.headers, [_echo(n) for n in calls], chunked=True)
+        assert quick <= 2 and asgi >= len(calls), (quick, asgi)
+
+
+async def _tasks_started(base: str, headers: dict[str, str], bodies: list[bytes], *, chunked: bool) -> int:
+    """Tasks the event loop started while *bodies* were POSTed on one connection and answered."""
+    host, port = base.removeprefix("http://").split(":")
+    common = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+    def exchange() -> list[object]:
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            answers = _Answers(sock)
+            if chunked:
+                head = (
+                    f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ntransfer-encoding: chunked\r\n{common}\r\n"
+                )
+                for body in bodies:
+                    sock.sendall(head.encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            else:
+                sock.sendall(_requests(base, headers, bodies))
+            return [answers.next()["id"] for _ in bodies]
+
+    loop = asyncio.get_running_loop()
+    started = 0
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **options: Any) -> asyncio.Task[Any]:
+        nonlocal started
+        started += 1
+        return asyncio.Task(coro, loop=loop, **options)
+
+    loop.set_task_factory(counting)
+    try:
+        ids = await anyio.to_thread.run_sync(exchange)
+    finally:
+        loop.set_task_factory(None)
+    assert ids == list(range(1, len(bodies) + 1))
+    return started
 
 
 class TestBackPressure:
