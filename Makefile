@@ -34,6 +34,7 @@ bench: venv
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/restart.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/media.py --repeat 6
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/gateway.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/throughput.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/hop.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/connect.py
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python bench/coldstart.py
