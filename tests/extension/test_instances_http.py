@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from supervisor.daemon import root as daemon_module
 from supervisor.gateway.http import HttpLimits
 from tests.harness import (
+    INITIALIZE,
     Daemon,
     Streams,
     alive,
@@ -182,16 +184,6 @@ class TestExpiry:
 
 STUBBORN = extension_settings("stubborn.py", instances="per-client", max_instances=1, stop_timeout=0.5)
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
 CALL_PID = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fx__pid","arguments":{}}}'
 
 
@@ -224,53 +216,56 @@ def _sse_data(text: str) -> str:
     return next(line.removeprefix("data:").strip() for line in text.splitlines() if line.startswith("data:"))
 
 
+@contextlib.asynccontextmanager
+async def _one_held(
+    short_tmp: Path, *, reclaim_idle: float
+) -> AsyncIterator[tuple[daemon_module.Daemon, str, _Gone, int]]:
+    """A daemon whose one per-client instance (stubborn: slow to go) is held by a session of
+    plain requests: the daemon, its URL, that session and its instance's pid."""
+    limits = HttpLimits(reclaim_idle=reclaim_idle)
+    async with (
+        in_process_daemon(short_tmp, {"fx": STUBBORN}, limits) as (daemon, url),
+        httpx2.AsyncClient(timeout=20) as http,
+    ):
+        holder = _Gone(http, url)
+        await holder.open()
+        yield daemon, url, holder, await holder.pid()
+
+
+async def _refused(url: str, tool: str = "fx__pid") -> None:
+    """A new client's call is refused at once: every instance is in use."""
+    async with Client(url, mode="legacy") as comes:
+        refused = await comes.call_tool(tool, {})
+        assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+
+
 class TestReclaim:
     """At max_instances, an HTTP session with nothing open for reclaim_idle gives up its instance."""
 
     async def test_a_new_client_gets_the_instance_of_a_session_gone_idle(self, short_tmp: Path) -> None:
         async with (
-            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
-            httpx2.AsyncClient(timeout=20) as http,
+            _one_held(short_tmp, reclaim_idle=0) as (daemon, url, gone, theirs),
+            Client(url, mode="legacy") as comes,
         ):
-            gone = _Gone(http, url)
-            await gone.open()
-            theirs = await gone.pid()
-            async with Client(url, mode="legacy") as comes:
-                mine = await _pid(comes)  # waits while the idle session's stubborn tree is killed
-                assert mine != theirs and not alive(theirs)
-                assert _pids_in(daemon) == [mine]
-                # The session it was is ended: its client hears 404 and may open a new one.
-                assert (await gone.post(CALL_PID)).status_code == 404
-                assert await _pid(comes) == mine
+            mine = await _pid(comes)  # waits while the idle session's stubborn tree is killed
+            assert mine != theirs and not alive(theirs)
+            assert _pids_in(daemon) == [mine]
+            # The session it was is ended: its client hears 404 and may open a new one.
+            assert (await gone.post(CALL_PID)).status_code == 404
+            assert await _pid(comes) == mine
 
     async def test_a_session_idle_for_less_than_reclaim_idle_keeps_it(self, short_tmp: Path) -> None:
-        async with (
-            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=60)) as (daemon, url),
-            httpx2.AsyncClient(timeout=20) as http,
-        ):
-            stays = _Gone(http, url)
-            await stays.open()
-            theirs = await stays.pid()
-            async with Client(url, mode="legacy") as comes:
-                refused = await comes.call_tool("fx__pid", {})
-                assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+        async with _one_held(short_tmp, reclaim_idle=60) as (daemon, url, stays, theirs):
+            await _refused(url)
             assert await stays.pid() == theirs and _pids_in(daemon) == [theirs]
 
     async def test_a_session_with_a_stream_open_keeps_it(self, short_tmp: Path) -> None:
         """An open GET stream shows its client is there, however long it has been since a call."""
-        async with (
-            in_process_daemon(short_tmp, {"fx": STUBBORN}, HttpLimits(reclaim_idle=0)) as (daemon, url),
-            httpx2.AsyncClient(timeout=20) as http,
-        ):
-            listens = _Gone(http, url)
-            await listens.open()
-            theirs = await listens.pid()
+        async with _one_held(short_tmp, reclaim_idle=0) as (daemon, url, listens, theirs):
             headers = {**listens.headers, "accept": "text/event-stream"}
-            async with http.stream("GET", url, headers=headers) as stream:
+            async with listens.client.stream("GET", url, headers=headers) as stream:
                 assert stream.status_code == 200
-                async with Client(url, mode="legacy") as comes:
-                    refused = await comes.call_tool("fx__pid", {})
-                    assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+                await _refused(url)
                 assert await listens.pid() == theirs and _pids_in(daemon) == [theirs]
 
     async def test_a_session_that_made_a_task_keeps_it(self, short_tmp: Path) -> None:
@@ -288,9 +283,7 @@ class TestReclaim:
             assert made.status_code == 200 and "taskId" in made.text, made.text
             quick = b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"tasks__quick"}}'
             assert "quick: " in (await waits.post(quick)).text  # a plain call too
-            async with Client(url, mode="legacy") as comes:
-                refused = await comes.call_tool("tasks__quick", {"text": "b"})
-                assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
+            await _refused(url, "tasks__quick")
             assert len(daemon.status("tasks")[0].instances) == 1
 
     async def test_a_call_waiting_for_room_across_a_reload_gets_no_child_of_the_old_config(

@@ -21,7 +21,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.harness import ECHO, Daemon, extension_settings, first_text, gateway_session
+from tests.harness import ECHO, INITIALIZE, Daemon, extension_settings, first_text, gateway_session
 
 pytestmark = [
     pytest.mark.anyio,
@@ -180,16 +180,6 @@ class TestDaemonRestart:
         extension is still starting then (for 3 s), and the call waits for it rather than fail."""
         slow = extension_settings("slow_start.py", env={"SLOW_START_SECONDS": "3"}, call_timeout=30)
         daemon = gateway({"echo": slow})
-        initialize = {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "1"},
-            },
-        }
         call = {
             "jsonrpc": "2.0",
             "id": 1,
@@ -198,7 +188,7 @@ class TestDaemonRestart:
         }
         async with connect_process(daemon) as process:
             lines = Lines(process)
-            await lines.send(initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+            await lines.send(INITIALIZE, {"jsonrpc": "2.0", "method": "notifications/initialized"})
             assert "result" in await lines.answer(0)
             assert daemon.terminate() == 0
             await lines.send(call)  # held: nobody listens

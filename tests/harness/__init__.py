@@ -9,6 +9,7 @@ from .daemon import CLI, Daemon, accepts, alive, rpc, until
 from .fixtures import INLINE
 from .gateway_client import (
     ANSWERING,
+    INITIALIZE,
     MAX_LINE,
     Streams,
     elicit_yes,
@@ -39,6 +40,7 @@ __all__ = (
     "CLI",
     "DATA",
     "ECHO",
+    "INITIALIZE",
     "INLINE",
     "MAX_LINE",
     "RICH",

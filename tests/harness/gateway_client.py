@@ -17,6 +17,7 @@ from supervisor import sockets
 
 __all__ = (
     "ANSWERING",
+    "INITIALIZE",
     "MAX_LINE",
     "Streams",
     "elicit_yes",
@@ -28,6 +29,16 @@ __all__ = (
 )
 
 MAX_LINE = 256 << 20
+INITIALIZE = {  # a handshake-era client's first request, for tests that speak plain JSON-RPC
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
 
 
 @asynccontextmanager

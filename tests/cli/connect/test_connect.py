@@ -31,21 +31,11 @@ from mcp.shared.subscriptions import ToolsListChanged
 from supervisor import cli
 from supervisor.cli.connect.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
 from supervisor.process.children import MARKER_ENV
-from tests.harness import SERVERS
+from tests.harness import INITIALIZE, SERVERS
 
 pytestmark = pytest.mark.anyio
 WAIT = 10  # seconds any single step may take
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
