@@ -32,16 +32,17 @@ Latency: N sequential calls per way on one session each, in interleaved rounds (
 per round, in a rotating order), so that the machine's slow spells fall on every way alike:
 the median and p99 of all calls, the median over rounds of each round's ratio to ``direct``
 (and their range), and the CPU time each process on the path spent per call (``cpu_us``).
-Throughput: 8 clients calling at once, 100 calls each, once per round (direct, floor* and own: 8 sessions, 8
-fixture processes; socket, connect, pumping, http and modern: 8 sessions sharing one supervised fixture;
-proxy, hub, fastmcp-http: one fixture shared; fastmcp, supergateway: a fixture per session).
+Throughput: 8 clients calling at once, counted for 3 s once all call, once per round (direct,
+floor* and own: 8 sessions, 8 fixture processes; socket, connect, pumping, http and modern: 8
+sessions sharing one supervised fixture; proxy, hub, fastmcp-http: one fixture shared; fastmcp,
+supergateway: a fixture per session). ``bench/throughput.py`` says where the CPU goes.
 Also the resident memory of each process on the path (``rss_mib``) and the machine's load
 average before and after. Prints JSON.
 
 ``--uvloop-floors`` runs floor1 and floor2's relays on uvloop, the daemon's loop, instead of
 asyncio's (the loop issue 19's goals were set on): a relay costs less than half as much there.
 
-    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--throughput-calls 100]
+    python bench/gateway.py [--calls 2000] [--rounds 5] [--clients 8] [--throughput-seconds 3]
                             [--skip-peers] [--skip WAY ...] [--uvloop-floors]
 """
 
@@ -210,24 +211,30 @@ async def _latency_round(path: Route, session: ClientSession, calls: int) -> Non
         path.cpu[label] = path.cpu.get(label, 0.0) + seconds - before[label]
 
 
-async def _throughput(open_session: Opener, tool: str, clients: int, calls_each: int) -> float:
+async def _throughput(open_session: Opener, tool: str, clients: int, seconds: float) -> float:
+    """Calls a second of *clients* sessions calling at once, counted for *seconds* once all call."""
     sessions: list[ClientSession] = []
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(clients):
             sessions.append(await stack.enter_async_context(open_session()))
         for session in sessions:
             await session.call_tool(tool, {"text": "warm"})
+        counted, state = [0], {"counting": False, "stop": False}
 
         async def client(session: ClientSession) -> None:
-            for _ in range(calls_each):
+            while not state["stop"]:
                 await session.call_tool(tool, {"text": "ping"})
+                counted[0] += state["counting"]
 
-        started = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for session in sessions:
                 tg.start_soon(client, session)
-        elapsed = time.perf_counter() - started
-    return round(clients * calls_each / elapsed, 1)
+            await anyio.sleep(0.3)  # every client calling
+            state["counting"], started = True, time.perf_counter()
+            await anyio.sleep(seconds)
+            state["counting"], state["stop"] = False, True
+            elapsed = time.perf_counter() - started
+    return round(counted[0] / elapsed, 1)
 
 
 @contextlib.contextmanager
@@ -314,7 +321,7 @@ async def _run(paths: list[Route], args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):
         for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
             path.throughput.append(
-                await _throughput(path.open_session, path.tool, args.clients, args.throughput_calls)
+                await _throughput(path.open_session, path.tool, args.clients, args.throughput_seconds)
             )
         print(f"bench: round {round_ + 1} of {args.rounds} done", file=sys.stderr)
 
@@ -379,7 +386,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "calls": per_path_calls,
         "rounds": args.rounds,
         "clients": args.clients,
-        "throughput_calls": args.throughput_calls,
+        "throughput_seconds": args.throughput_seconds,
         "floors_loop": "uvloop" if args.uvloop_floors else "asyncio",
         "python": sys.version.split()[0],
         "load_before": [round(x, 2) for x in load_before],
@@ -394,7 +401,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument(
-        "--throughput-calls", type=int, default=100, help="calls per client per round (fewer never settle)"
+        "--throughput-seconds", type=float, default=3.0, help="counted seconds of 8 clients per way per round"
     )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (ratios: their median)")
     parser.add_argument("--skip-peers", action="store_true", help="measure only our ways: install no peer")
