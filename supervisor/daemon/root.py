@@ -204,13 +204,15 @@ class Daemon(Facade, Reloading):
             try:
                 return instances.of(client)
             except ExtensionUnavailable as exc:
-                if not exc.retryable or not instances.room_coming():
+                if not exc.retryable or not instances.room_coming(client):
                     raise
-            await instances.one_gone()
+            await instances.one_gone(client)
 
     def _current_instances(self, name: str) -> Instances:
         instances = self._instances.get(name)
-        if instances is None:  # between a reload's stop and its start
+        ext = self._extensions.get(name)
+        # Between a reload's stop and its start, or reloaded to shared: the caller routes again.
+        if instances is None or ext is None or ext.config.instances != "per-client":
             raise ExtensionUnavailable(name, "reloading", retryable=True)
         return instances
 

@@ -82,7 +82,8 @@ class Instances:
         self.held = False  # stopped by hand: no client gets an instance until resume()
         self._make = make
         self._reclaim = reclaim
-        self._waiters = 0  # callers waiting for one of the retiring ones to go (one_gone)
+        self._waiting: dict[Client, int] = {}  # clients waiting for room (one_gone): their calls
+        self._changed: anyio.Event | None = None  # set (and dropped) when an instance begins to go
         self._by_client: dict[Client, Extension] = {}
         self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
         self._hooked: set[Client] = set()  # clients whose close we hear of (once each)
@@ -117,32 +118,42 @@ class Instances:
     @property
     def waiting(self) -> int:
         """Calls waiting at the cap for an instance on its way out to go."""
-        return self._waiters
+        return sum(self._waiting.values())
 
-    def room_coming(self) -> bool:
-        """At the cap: whether room is on its way for one more caller. It is when more instances
-        are stopping than callers wait for them, or when one more is reclaimed now; else,
-        if any is stopping, the caller may still win it."""
-        if len(self._retiring) > self._waiters:
+    def room_coming(self, client: Client) -> bool:
+        """At the cap: whether room is on its way for *client*. It is when as many instances are
+        stopping as clients wait for room (this one counted once, however many of its calls
+        wait), or when one more is reclaimed now; else, if any is stopping, it may still win it."""
+        if len(self._retiring) >= len(self._waiting.keys() | {client}):
             return True
         if self._reclaim is not None and self._reclaim(list(self._by_client)):
             return True
         return bool(self._retiring)
 
-    async def one_gone(self) -> None:
-        """Return once one of the instances on their way out is gone (at once if none is)."""
+    async def one_gone(self, client: Client) -> None:
+        """Return once one of the instances on their way out is gone, or the instances changed
+        (another one began to go, maybe gone already: a dormant one); at once if none is going."""
 
         async def gone(ext: Extension, scope: anyio.CancelScope) -> None:
             await ext.wait_for(lambda snapshot: not snapshot.state.is_live)
             scope.cancel()
 
-        self._waiters += 1
+        async def changed(event: anyio.Event, scope: anyio.CancelScope) -> None:
+            await event.wait()
+            scope.cancel()
+
+        self._waiting[client] = self._waiting.get(client, 0) + 1
         try:
             async with anyio.create_task_group() as tg:
+                if self._retiring:
+                    self._changed = self._changed or anyio.Event()
+                    tg.start_soon(changed, self._changed, tg.cancel_scope)
                 for ext in self._retiring:  # at most limit
                     tg.start_soon(gone, ext, tg.cancel_scope)
         finally:
-            self._waiters -= 1
+            self._waiting[client] -= 1
+            if not self._waiting[client]:
+                del self._waiting[client]
 
     def existing(self, client: object) -> Extension | None:
         """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""
@@ -157,6 +168,9 @@ class Instances:
         if ext is not None:
             ext.request_stop()  # the watcher, in the daemon's task group, tears the tree down
             self._retiring.append(ext)
+            if self._changed is not None:  # a waiter looks again: this one may be gone already (dormant)
+                self._changed.set()
+                self._changed = None
 
     def _prune(self) -> None:
         """Forget retiring instances whose trees are gone, keeping their counts in the totals."""

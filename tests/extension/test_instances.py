@@ -300,14 +300,62 @@ class TestRoom:
         fast.close()  # both on their way out: slow's first in line
         with pytest.raises(ExtensionUnavailable, match="all 2 per-client instances are in use"):
             instances.of(waits)
-        assert instances.room_coming()
+        assert instances.room_coming(waits)
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(instances.one_gone)
+                tg.start_soon(instances.one_gone, waits)
                 while instances.waiting != 1:  # within fail_after
                     await anyio.lowlevel.checkpoint()
                 made[1].gone()  # the second goes first
         assert instances.of(waits) is made[2] and instances.waiting == 0
+
+    @pytest.mark.anyio
+    async def test_a_client_whose_call_waits_already_reclaims_no_more_for_its_next(self) -> None:
+        holders = [_Client(), _Client()]
+        reclaimed: list[object] = []
+
+        def reclaim(clients: Collection[object]) -> bool:
+            reclaimed.append(holders[len(reclaimed)])
+            holders[len(reclaimed) - 1].close()
+            return True
+
+        instances = Instances("fx", lambda client: _Stopping(), limit=2, reclaim=reclaim)  # type: ignore[arg-type,return-value]
+        for holder in holders:
+            instances.of(holder)
+        comes = _Client()
+        assert instances.room_coming(comes) and len(reclaimed) == 1
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(instances.one_gone, comes)
+                while instances.waiting != 1:
+                    await anyio.lowlevel.checkpoint()
+                assert instances.room_coming(comes)  # its second call: the same room is coming
+                assert len(reclaimed) == 1
+                tg.cancel_scope.cancel()
+
+    @pytest.mark.anyio
+    async def test_a_waiting_call_hears_of_an_instance_that_goes_at_once(self) -> None:
+        """A dormant instance (idle-stopped, never started) is gone as its client leaves: the
+        call waiting for a slow one's room takes that room instead."""
+        made: list[_Stopping] = []
+
+        def make(client: object) -> Extension:
+            made.append(_Stopping())
+            return made[-1]  # type: ignore[return-value]
+
+        instances = Instances("fx", make, limit=2)
+        slow, dormant, waits = _Client(), _Client(), _Client()
+        instances.of(slow)
+        instances.of(dormant)
+        made[1].gone()  # idle-stopped
+        slow.close()
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(instances.one_gone, waits)
+                while instances.waiting != 1:
+                    await anyio.lowlevel.checkpoint()
+                dormant.close()
+        assert instances.of(waits) is made[2]
 
     def test_nothing_on_its_way_out_and_nothing_to_reclaim_is_busy_at_once(self) -> None:
         asked: list[list[object]] = []
@@ -319,7 +367,7 @@ class TestRoom:
         instances = Instances("fx", lambda client: _Stopping(), limit=1, reclaim=reclaim)  # type: ignore[arg-type,return-value]
         holder = _Client()
         instances.of(holder)
-        assert not instances.room_coming() and asked == [[holder]]
+        assert not instances.room_coming(_Client()) and asked == [[holder]]
 
     def test_a_client_that_went_gets_nothing(self) -> None:
         instances = Instances("fx", lambda client: _Stopping(), limit=1)  # type: ignore[arg-type,return-value]

@@ -115,7 +115,7 @@ class FastCaller:
         return self._session
 
     def refusal(self, method: str) -> str | None:
-        if self._session.connection is None:  # cannot happen: the fast path opens after a listing
+        if self._session.connection is None:  # cannot happen: the fast path opens once it is noted
             return "the calling client is not known to the gateway"
         return _refusal(self._session.connection, method)
 
