@@ -201,12 +201,14 @@ class Daemon(Facade, Reloading):
         bounds the wait). Each round asks the extension's instances of now: a reload replaces them."""
         while True:
             instances = self._current_instances(name)
-            try:
-                return instances.of(client)
-            except ExtensionUnavailable as exc:
-                if not exc.retryable or not instances.room_coming(client):
-                    raise
-            await instances.one_gone(client)
+            with instances.queued(client):
+                while instances is self._current_instances(name):  # a reload replaces them
+                    try:
+                        return instances.of(client)
+                    except ExtensionUnavailable as exc:
+                        if not exc.retryable or not instances.room_coming(client):
+                            raise
+                    await instances.one_gone()
 
     def _current_instances(self, name: str) -> Instances:
         instances = self._instances.get(name)

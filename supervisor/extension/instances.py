@@ -28,7 +28,8 @@ so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import contextlib
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol
 
 import anyio
@@ -82,7 +83,7 @@ class Instances:
         self.held = False  # stopped by hand: no client gets an instance until resume()
         self._make = make
         self._reclaim = reclaim
-        self._waiting: dict[Client, int] = {}  # clients waiting for room (one_gone): their calls
+        self._queue: dict[Client, int] = {}  # clients waiting for room, first first: their calls
         self._changed: anyio.Event | None = None  # set (and dropped) when an instance begins to go
         self._by_client: dict[Client, Extension] = {}
         self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
@@ -106,7 +107,8 @@ class Instances:
             advice = f"start it with `mcp-supervisor start {self.name}`"  # as the shared one says
             raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
         self._prune()
-        if len(self._by_client) + len(self._retiring) >= self.limit:
+        # A client waiting for room (queued) is served before any that came after it.
+        if len(self._by_client) + len(self._retiring) + self._ahead_of(client) >= self.limit:
             detail = f"all {self.limit} per-client instances are in use (max_instances)"
             raise ExtensionUnavailable(self.name, "busy", retryable=True, detail=detail)
         ext = self._by_client[client] = self._make(client)
@@ -117,20 +119,39 @@ class Instances:
 
     @property
     def waiting(self) -> int:
-        """Calls waiting at the cap for an instance on its way out to go."""
-        return sum(self._waiting.values())
+        """Calls waiting at the cap for room."""
+        return sum(self._queue.values())
+
+    @contextlib.contextmanager
+    def queued(self, client: Client) -> Iterator[None]:
+        """While in it, *client* waits for room in line: first come, first served (its calls
+        share its place)."""
+        self._queue[client] = self._queue.get(client, 0) + 1
+        try:
+            yield
+        finally:
+            self._queue[client] -= 1
+            if not self._queue[client]:
+                del self._queue[client]
+
+    def _ahead_of(self, client: Client) -> int:
+        """Clients waiting for room before *client* (all of them, if it is not in line)."""
+        for place, waiting in enumerate(self._queue):
+            if waiting is client:
+                return place
+        return len(self._queue)
 
     def room_coming(self, client: Client) -> bool:
         """At the cap: whether room is on its way for *client*. It is when as many instances are
-        stopping as clients wait for room (this one counted once, however many of its calls
-        wait), or when one more is reclaimed now; else, if any is stopping, it may still win it."""
-        if len(self._retiring) >= len(self._waiting.keys() | {client}):
+        stopping as it needs (one, and one for each client before it in line), or when one more
+        is reclaimed now; else, if any is stopping, it may still come."""
+        if len(self._retiring) > self._ahead_of(client):
             return True
         if self._reclaim is not None and self._reclaim(list(self._by_client)):
             return True
         return bool(self._retiring)
 
-    async def one_gone(self, client: Client) -> None:
+    async def one_gone(self) -> None:
         """Return once one of the instances on their way out is gone, or the instances changed
         (another one began to go, maybe gone already: a dormant one); at once if none is going."""
 
@@ -142,18 +163,12 @@ class Instances:
             await event.wait()
             scope.cancel()
 
-        self._waiting[client] = self._waiting.get(client, 0) + 1
-        try:
-            async with anyio.create_task_group() as tg:
-                if self._retiring:
-                    self._changed = self._changed or anyio.Event()
-                    tg.start_soon(changed, self._changed, tg.cancel_scope)
-                for ext in self._retiring:  # at most limit
-                    tg.start_soon(gone, ext, tg.cancel_scope)
-        finally:
-            self._waiting[client] -= 1
-            if not self._waiting[client]:
-                del self._waiting[client]
+        async with anyio.create_task_group() as tg:
+            if self._retiring:
+                self._changed = self._changed or anyio.Event()
+                tg.start_soon(changed, self._changed, tg.cancel_scope)
+            for ext in self._retiring:  # at most limit
+                tg.start_soon(gone, ext, tg.cancel_scope)
 
     def existing(self, client: object) -> Extension | None:
         """*client*'s instance if it has one now; never makes one (a lookup: ``tasks/*``)."""

@@ -283,16 +283,19 @@ class _Stopping:
         return self.snapshot()
 
 
+def _made(made: list[_Stopping]) -> Callable[[object], Extension]:
+    def make(client: object) -> Extension:
+        made.append(_Stopping())
+        return made[-1]  # type: ignore[return-value]
+
+    return make
+
+
 class TestRoom:
     @pytest.mark.anyio
     async def test_a_waiting_call_takes_the_room_of_whichever_instance_goes_first(self) -> None:
         made: list[_Stopping] = []
-
-        def make(client: object) -> Extension:
-            made.append(_Stopping())
-            return made[-1]  # type: ignore[return-value]
-
-        instances = Instances("fx", make, limit=2)
+        instances = Instances("fx", _made(made), limit=2)
         slow, fast, waits = _Client(), _Client(), _Client()
         instances.of(slow)
         instances.of(fast)
@@ -300,14 +303,14 @@ class TestRoom:
         fast.close()  # both on their way out: slow's first in line
         with pytest.raises(ExtensionUnavailable, match="all 2 per-client instances are in use"):
             instances.of(waits)
-        assert instances.room_coming(waits)
-        with anyio.fail_after(5):
+        with instances.queued(waits), anyio.fail_after(5):
+            assert instances.room_coming(waits) and instances.waiting == 1
             async with anyio.create_task_group() as tg:
-                tg.start_soon(instances.one_gone, waits)
-                while instances.waiting != 1:  # within fail_after
-                    await anyio.lowlevel.checkpoint()
+                tg.start_soon(instances.one_gone)
+                await anyio.lowlevel.checkpoint()
                 made[1].gone()  # the second goes first
-        assert instances.of(waits) is made[2] and instances.waiting == 0
+            assert instances.of(waits) is made[2]
+        assert instances.waiting == 0
 
     @pytest.mark.anyio
     async def test_a_client_whose_call_waits_already_reclaims_no_more_for_its_next(self) -> None:
@@ -323,39 +326,40 @@ class TestRoom:
         for holder in holders:
             instances.of(holder)
         comes = _Client()
-        assert instances.room_coming(comes) and len(reclaimed) == 1
-        with anyio.fail_after(5):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(instances.one_gone, comes)
-                while instances.waiting != 1:
-                    await anyio.lowlevel.checkpoint()
-                assert instances.room_coming(comes)  # its second call: the same room is coming
-                assert len(reclaimed) == 1
-                tg.cancel_scope.cancel()
+        with instances.queued(comes):
+            assert instances.room_coming(comes) and len(reclaimed) == 1
+            with instances.queued(comes):  # its second call, while the first waits
+                assert instances.room_coming(comes) and len(reclaimed) == 1  # the same room
 
     @pytest.mark.anyio
     async def test_a_waiting_call_hears_of_an_instance_that_goes_at_once(self) -> None:
         """A dormant instance (idle-stopped, never started) is gone as its client leaves: the
         call waiting for a slow one's room takes that room instead."""
         made: list[_Stopping] = []
-
-        def make(client: object) -> Extension:
-            made.append(_Stopping())
-            return made[-1]  # type: ignore[return-value]
-
-        instances = Instances("fx", make, limit=2)
+        instances = Instances("fx", _made(made), limit=2)
         slow, dormant, waits = _Client(), _Client(), _Client()
         instances.of(slow)
         instances.of(dormant)
         made[1].gone()  # idle-stopped
         slow.close()
-        with anyio.fail_after(5):
+        with instances.queued(waits), anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(instances.one_gone, waits)
-                while instances.waiting != 1:
-                    await anyio.lowlevel.checkpoint()
+                tg.start_soon(instances.one_gone)
+                await anyio.lowlevel.checkpoint()
                 dormant.close()
-        assert instances.of(waits) is made[2]
+            assert instances.of(waits) is made[2]
+
+    def test_a_client_in_line_is_served_before_one_that_comes_after(self) -> None:
+        made: list[_Stopping] = []
+        instances = Instances("fx", _made(made), limit=1)
+        leaves, first, later = _Client(), _Client(), _Client()
+        instances.of(leaves)
+        leaves.close()
+        with instances.queued(first):
+            made[0].gone()  # room: first's, though later asks before it looks again
+            with pytest.raises(ExtensionUnavailable, match="all 1 per-client instances are in use"):
+                instances.of(later)
+            assert instances.of(first) is made[1]
 
     def test_nothing_on_its_way_out_and_nothing_to_reclaim_is_busy_at_once(self) -> None:
         asked: list[list[object]] = []
