@@ -202,7 +202,7 @@ class Daemon(Facade, Reloading):
         while True:
             instances = self._current_instances(name)
             with instances.queued(client):
-                while instances is self._current_instances(name):  # a reload replaces them
+                while instances is self._current_instances(name):  # a reload replaces them (and the line)
                     try:
                         return instances.of(client)
                     except ExtensionUnavailable as exc:

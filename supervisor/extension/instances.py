@@ -84,7 +84,7 @@ class Instances:
         self._make = make
         self._reclaim = reclaim
         self._queue: dict[Client, int] = {}  # clients waiting for room, first first: their calls
-        self._changed: anyio.Event | None = None  # set (and dropped) when an instance begins to go
+        self._changed: anyio.Event | None = None  # set (and dropped): an instance began to go, the line moved
         self._by_client: dict[Client, Extension] = {}
         self._retiring: list[Extension] = []  # asked to stop; their trees may still be going
         self._hooked: set[Client] = set()  # clients whose close we hear of (once each)
@@ -133,13 +133,18 @@ class Instances:
             self._queue[client] -= 1
             if not self._queue[client]:
                 del self._queue[client]
+                self._wake()  # the line moved: those behind it look again
 
     def _ahead_of(self, client: Client) -> int:
-        """Clients waiting for room before *client* (all of them, if it is not in line)."""
-        for place, waiting in enumerate(self._queue):
+        """Clients still waiting for room before *client* (all of them, if it is not in line):
+        not those served meanwhile (another call of theirs may still be in line) or gone."""
+        ahead = 0
+        for waiting in self._queue:
             if waiting is client:
-                return place
-        return len(self._queue)
+                break
+            if waiting not in self._by_client and not waiting.closed:
+                ahead += 1
+        return ahead
 
     def room_coming(self, client: Client) -> bool:
         """At the cap: whether room is on its way for *client*. It is when as many instances are
@@ -152,8 +157,8 @@ class Instances:
         return bool(self._retiring)
 
     async def one_gone(self) -> None:
-        """Return once one of the instances on their way out is gone, or the instances changed
-        (another one began to go, maybe gone already: a dormant one); at once if none is going."""
+        """Return once one of the instances on their way out is gone, another begins to go (maybe
+        gone already: a dormant one), or a client leaves the line; at once if none of it can be."""
 
         async def gone(ext: Extension, scope: anyio.CancelScope) -> None:
             await ext.wait_for(lambda snapshot: not snapshot.state.is_live)
@@ -164,7 +169,7 @@ class Instances:
             scope.cancel()
 
         async with anyio.create_task_group() as tg:
-            if self._retiring:
+            if self._retiring or self._queue:
                 self._changed = self._changed or anyio.Event()
                 tg.start_soon(changed, self._changed, tg.cancel_scope)
             for ext in self._retiring:  # at most limit
@@ -183,9 +188,13 @@ class Instances:
         if ext is not None:
             ext.request_stop()  # the watcher, in the daemon's task group, tears the tree down
             self._retiring.append(ext)
-            if self._changed is not None:  # a waiter looks again: this one may be gone already (dormant)
-                self._changed.set()
-                self._changed = None
+            self._wake()  # a waiter looks again: this one may be gone already (dormant)
+
+    def _wake(self) -> None:
+        """Every call waiting in :meth:`one_gone` returns and looks again."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def _prune(self) -> None:
         """Forget retiring instances whose trees are gone, keeping their counts in the totals."""

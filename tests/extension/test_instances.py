@@ -361,6 +361,21 @@ class TestRoom:
                 instances.of(later)
             assert instances.of(first) is made[1]
 
+    def test_a_client_served_is_no_longer_ahead_though_its_next_call_waits(self) -> None:
+        """Two calls of one client in line, and another client's behind them: once the first
+        client has its instance, the room left is the other's (and a client gone is no longer
+        in the way either)."""
+        made: list[_Stopping] = []
+        instances = Instances("fx", _made(made), limit=4)
+        stays, twice, gone, between = (_Client() for _ in range(4))
+        instances.of(stays)
+        with instances.queued(twice), instances.queued(twice), instances.queued(gone):
+            with instances.queued(between):
+                assert instances.of(twice) is made[1]  # its first call; its second still in line
+                gone.close()
+                assert instances.of(between) is made[2]
+            assert instances.waiting == 3
+
     def test_nothing_on_its_way_out_and_nothing_to_reclaim_is_busy_at_once(self) -> None:
         asked: list[list[object]] = []
 
