@@ -211,8 +211,15 @@ async def _latency_round(path: Route, session: ClientSession, calls: int) -> Non
         path.cpu[label] = path.cpu.get(label, 0.0) + seconds - before[label]
 
 
-async def _throughput(open_session: Opener, tool: str, clients: int, seconds: float) -> float:
-    """Calls a second of *clients* sessions calling at once, counted for *seconds* once all call."""
+async def _throughput(
+    open_session: Opener,
+    tool: str,
+    clients: int,
+    seconds: float,
+    window: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+) -> tuple[int, float]:
+    """*clients* sessions calling at once: the calls counted for *seconds* once all call, and
+    the seconds they took. *window* is entered around the counted seconds (a measurement)."""
     sessions: list[ClientSession] = []
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(clients):
@@ -230,11 +237,12 @@ async def _throughput(open_session: Opener, tool: str, clients: int, seconds: fl
             for session in sessions:
                 tg.start_soon(client, session)
             await anyio.sleep(0.3)  # every client calling
-            state["counting"], started = True, time.perf_counter()
-            await anyio.sleep(seconds)
-            state["counting"], state["stop"] = False, True
-            elapsed = time.perf_counter() - started
-    return round(counted[0] / elapsed, 1)
+            with window():
+                state["counting"], started = True, time.perf_counter()
+                await anyio.sleep(seconds)
+                state["counting"], state["stop"] = False, True
+                elapsed = time.perf_counter() - started
+    return counted[0], elapsed
 
 
 @contextlib.contextmanager
@@ -320,9 +328,10 @@ async def _run(paths: list[Route], args: argparse.Namespace) -> None:
             path.rss = path.rss_now()
     for round_ in range(args.rounds):
         for path in paths[round_ % len(paths) :] + paths[: round_ % len(paths)]:
-            path.throughput.append(
-                await _throughput(path.open_session, path.tool, args.clients, args.throughput_seconds)
+            calls, elapsed = await _throughput(
+                path.open_session, path.tool, args.clients, args.throughput_seconds
             )
+            path.throughput.append(round(calls / elapsed, 1))
         print(f"bench: round {round_ + 1} of {args.rounds} done", file=sys.stderr)
 
 

@@ -22,22 +22,22 @@ left idle. Prints JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import psutil
 from _daemon import BIN, ROOT, daemon, fixture, wait_for
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from gateway import _stdio, _throughput
 
 FIXTURE = str(ROOT / "tests" / "servers" / "echo.py")
 RELAY = str(ROOT / "bench" / "_relay.py")
 WAYS = ("direct", "floor1", "floor1uv", "own", "shared")
-_QUIET = open(os.devnull, "w")  # noqa: SIM115 - the children's stderr, for the whole run
 
 
 def _kind(proc: psutil.Process, daemon_pid: int) -> str:
@@ -60,52 +60,41 @@ def _cpu(procs: list[psutil.Process]) -> dict[int, float]:
     return seconds
 
 
+class _Window:
+    """The CPU time of this process and its children, and the cores' idle time, across the
+    counted seconds (entered around them by :func:`gateway._throughput`)."""
+
+    def __init__(self, daemon_pid: int) -> None:
+        self._daemon_pid = daemon_pid
+        self.cpu: dict[str, float] = {}
+        self.idle = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        me = psutil.Process()
+        procs = [me, *me.children(recursive=True)]
+        kinds = {p.pid: "client" if p is me else _kind(p, self._daemon_pid) for p in procs}
+        before, idle_before = _cpu(procs), psutil.cpu_times().idle
+        yield
+        after, self.idle = _cpu(procs), psutil.cpu_times().idle - idle_before
+        for pid, seconds in after.items():
+            kind = kinds[pid]
+            self.cpu[kind] = self.cpu.get(kind, 0.0) + seconds - before.get(pid, seconds)
+
+
 async def _run(
     command: list[str], tool: str, env: dict[str, str], args: argparse.Namespace, daemon_pid: int
 ) -> dict[str, Any]:
-    state = {"ready": 0, "counting": False, "stop": False}
-    counts = [0] * args.clients
-    all_ready = anyio.Event()
-
-    async def client(index: int) -> None:
-        params = StdioServerParameters(command=command[0], args=command[1:], env=env)
-        async with (
-            stdio_client(params, errlog=_QUIET) as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            await session.call_tool(tool, {"text": "warm"})
-            state["ready"] += 1
-            if state["ready"] == args.clients:
-                all_ready.set()
-            while not state["stop"]:
-                await session.call_tool(tool, {"text": "ping"})
-                counts[index] += state["counting"]
-
-    async with anyio.create_task_group() as tg:
-        for index in range(args.clients):
-            tg.start_soon(client, index)
-        with anyio.fail_after(60):
-            await all_ready.wait()
-        await anyio.sleep(0.5)  # every client calling
-        me = psutil.Process()
-        procs = [me, *me.children(recursive=True)]
-        kinds = {p.pid: "client" if p is me else _kind(p, daemon_pid) for p in procs}
-        before, idle_before, started = _cpu(procs), psutil.cpu_times().idle, time.monotonic()
-        state["counting"] = True
-        await anyio.sleep(args.seconds)
-        state["counting"] = False
-        after, idle_after, elapsed = _cpu(procs), psutil.cpu_times().idle, time.monotonic() - started
-        state["stop"] = True
-    calls = sum(counts)
-    cpu: dict[str, float] = {}
-    for pid, seconds in after.items():
-        kind = kinds[pid]
-        cpu[kind] = cpu.get(kind, 0.0) + seconds - before.get(pid, seconds)
+    window = _Window(daemon_pid)
+    calls, elapsed = await _throughput(
+        lambda: _stdio(*command, env=env), tool, args.clients, args.seconds, window
+    )
     return {
         "calls_per_s": round(calls / elapsed, 1),
-        "cpu_us": {kind: round(seconds / calls * 1e6) for kind, seconds in sorted(cpu.items()) if seconds},
-        "idle": round((idle_after - idle_before) / elapsed / psutil.cpu_count(), 3),
+        "cpu_us": {
+            kind: round(seconds / calls * 1e6) for kind, seconds in sorted(window.cpu.items()) if seconds
+        },
+        "idle": round(window.idle / elapsed / psutil.cpu_count(), 3),
     }
 
 

@@ -18,8 +18,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from supervisor.daemon import root as daemon_module
 from supervisor.gateway.http import HttpLimits
+from tests.gateway.http.test_fastcalls import Raw, _message
 from tests.harness import (
-    INITIALIZE,
     Daemon,
     Streams,
     alive,
@@ -183,43 +183,25 @@ class TestExpiry:
 
 
 STUBBORN = extension_settings("stubborn.py", instances="per-client", max_instances=1, stop_timeout=0.5)
-HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 CALL_PID = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"fx__pid","arguments":{}}}'
 
 
-class _Gone:
+async def _gone(http: httpx2.AsyncClient, url: str) -> Raw:
     """A handshake-era HTTP session made of plain requests, that keeps no stream open: as a
     client that went away without DELETE looks to the daemon."""
-
-    def __init__(self, client: httpx2.AsyncClient, url: str) -> None:
-        self.client, self.url, self.headers = client, url, dict(HEADERS)
-
-    async def open(self) -> None:
-        answer = await self.client.post(self.url, json=INITIALIZE, headers=self.headers)
-        self.headers |= {
-            "mcp-session-id": answer.headers["mcp-session-id"],
-            "mcp-protocol-version": "2025-11-25",
-        }
-        await self.post(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
-
-    async def post(self, body: bytes) -> httpx2.Response:
-        return await self.client.post(self.url, content=body, headers=self.headers)
-
-    async def pid(self) -> int:
-        answer = await self.post(CALL_PID)
-        assert answer.status_code == 200, answer.text
-        data = answer.text if answer.headers["content-type"] == "application/json" else _sse_data(answer.text)
-        return int(json.loads(data)["result"]["content"][0]["text"])
+    session = Raw(http, url)
+    await session.open(list_tools=False)
+    return session
 
 
-def _sse_data(text: str) -> str:
-    return next(line.removeprefix("data:").strip() for line in text.splitlines() if line.startswith("data:"))
+async def _raw_pid(session: Raw) -> int:
+    return int(_message(await session.post(CALL_PID))["result"]["content"][0]["text"])
 
 
 @contextlib.asynccontextmanager
 async def _one_held(
     short_tmp: Path, *, reclaim_idle: float
-) -> AsyncIterator[tuple[daemon_module.Daemon, str, _Gone, int]]:
+) -> AsyncIterator[tuple[daemon_module.Daemon, str, Raw, int]]:
     """A daemon whose one per-client instance (stubborn: slow to go) is held by a session of
     plain requests: the daemon, its URL, that session and its instance's pid."""
     limits = HttpLimits(reclaim_idle=reclaim_idle)
@@ -227,9 +209,8 @@ async def _one_held(
         in_process_daemon(short_tmp, {"fx": STUBBORN}, limits) as (daemon, url),
         httpx2.AsyncClient(timeout=20) as http,
     ):
-        holder = _Gone(http, url)
-        await holder.open()
-        yield daemon, url, holder, await holder.pid()
+        holder = await _gone(http, url)
+        yield daemon, url, holder, await _raw_pid(holder)
 
 
 async def _refused(url: str, tool: str = "fx__pid") -> None:
@@ -257,7 +238,7 @@ class TestReclaim:
     async def test_a_session_idle_for_less_than_reclaim_idle_keeps_it(self, short_tmp: Path) -> None:
         async with _one_held(short_tmp, reclaim_idle=60) as (daemon, url, stays, theirs):
             await _refused(url)
-            assert await stays.pid() == theirs and _pids_in(daemon) == [theirs]
+            assert await _raw_pid(stays) == theirs and _pids_in(daemon) == [theirs]
 
     async def test_a_session_with_a_stream_open_keeps_it(self, short_tmp: Path) -> None:
         """An open GET stream shows its client is there, however long it has been since a call."""
@@ -266,7 +247,7 @@ class TestReclaim:
             async with listens.client.stream("GET", url, headers=headers) as stream:
                 assert stream.status_code == 200
                 await _refused(url)
-                assert await listens.pid() == theirs and _pids_in(daemon) == [theirs]
+                assert await _raw_pid(listens) == theirs and _pids_in(daemon) == [theirs]
 
     async def test_a_session_that_made_a_task_keeps_it(self, short_tmp: Path) -> None:
         """Its task's result would go with it: it is left alone, idle or not."""
@@ -275,8 +256,7 @@ class TestReclaim:
             in_process_daemon(short_tmp, {"tasks": tasks}, HttpLimits(reclaim_idle=0)) as (daemon, url),
             httpx2.AsyncClient(timeout=20) as http,
         ):
-            waits = _Gone(http, url)
-            await waits.open()
+            waits = await _gone(http, url)
             params = {"name": "tasks__slow", "arguments": {"seconds": 0}, "task": {"ttl": 60000}}
             body = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
             made = await waits.post(body.encode())
