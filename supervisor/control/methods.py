@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     import mcp_types
 
-    from supervisor.daemon.metrics import Metrics
     from supervisor.extension.state import Snapshot
 
 __all__ = ("METHODS", "PROGRESS_INTERVAL", "Backend", "Method", "Notify")
@@ -46,8 +45,7 @@ class Backend(Protocol):
     async def approve(self, name: str, tool: str | None = None) -> list[str]: ...
     async def reload(self) -> dict[str, list[str]]: ...
     def health(self) -> dict[str, Any]: ...
-    @property
-    def metrics(self) -> Metrics: ...
+    def metrics_text(self) -> str: ...
 
 
 class _Params(BaseModel):
@@ -173,7 +171,7 @@ async def _approve(backend: Backend, params: _Approve) -> dict[str, Any]:
 
 async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
     if params.format == "prometheus":
-        return {"text": backend.metrics.render()}
+        return {"text": backend.metrics_text()}
     return backend.health()
 
 

@@ -139,6 +139,10 @@ class Facade:
             ],
         }
 
+    def metrics_text(self) -> str:
+        """``health``'s figures and the calls' counters in the Prometheus text format."""
+        return self.metrics.render()
+
 
 def _health_of(
     ext: Extension, usage: resources.Sampler, instances: Instances | None = None

@@ -174,12 +174,11 @@ class FakeBackend:
     def health(self) -> dict[str, Any]:
         return {"process": {"pid": 1}, "spool": {"files": 0}, "extensions": []}
 
-    @property
-    def metrics(self) -> Metrics:
+    def metrics_text(self) -> str:
         return Metrics(
             lambda: {
                 "process": dict.fromkeys(PROCESS_KEYS, 0),
                 "spool": {"bytes": 0, "files": 0},
                 "extensions": [],
             }
-        )
+        ).render()
