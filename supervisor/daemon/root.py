@@ -138,8 +138,7 @@ class Daemon(Facade, Reloading):
     def _demand_of(self, name: str, config: ExtensionConfig) -> Demand:
         """Its saved listing (every extension's: the gateway keeps its names while it is stopped),
         and with ``on_demand`` or ``idle_stop`` its start on a call and its idle timer."""
-        env = {**self._environ, **config.env}
-        store = CatalogStore(self.catalogs, name, fingerprint(config.command, config.args, config.cwd, env))
+        store = CatalogStore(self.catalogs, name, fingerprint(config))
         holds = functools.partial(self.gateway.holds, name)
         stands_in = config.on_demand or config.idle_stop is not None
         return Demand(

@@ -5,7 +5,8 @@ One JSON file per extension under ``<state>/catalogs/<daemon instance>/``, where
 Directories are 0700 and files 0600; a write goes to a temporary file that replaces the old
 one, so a crash leaves the old listing or the new one, never half of one. A file over
 :data:`MAX_BYTES`, unreadable, malformed, or written for another command line (a *foreign*
-file: the fingerprint of command, args, cwd and env differs) is ignored with a warning.
+file: the :func:`fingerprint` of command, args, its own env, cwd or grants differs) is ignored
+with a warning that names what changed.
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ import tempfile
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 import structlog
 
 from supervisor.child.listing import Listing
 
-__all__ = ("MAX_BYTES", "CatalogStore", "fingerprint", "prune", "write_private")
+if TYPE_CHECKING:
+    from supervisor.config.extension import ExtensionConfig
+
+__all__ = ("MAX_BYTES", "CatalogStore", "changed_parts", "fingerprint", "prune", "write_private")
 
 log = structlog.get_logger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: a fingerprint per part of the command line
 MAX_BYTES = 8 * 1024 * 1024  # one extension's saved listing; a larger one is not written nor read
 STALE_TEMP_SECONDS = 60.0  # a temporary file this old is a crashed write's, not one in progress
 _KINDS: tuple[tuple[str, Any], ...] = (
@@ -40,29 +44,39 @@ _KINDS: tuple[tuple[str, Any], ...] = (
 )
 
 
-# Set anew for every start of a service (systemd, terminals): no part of what a server offers.
-_PER_START = frozenset(
-    {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID", "MAINPID", "LISTEN_PID", "LISTEN_FDS",
-     "LISTEN_FDNAMES", "TERMINAL_SESSION_ID", "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
-     "WINDOWID", "XDG_SESSION_ID", "OLDPWD", "SHLVL", "_"}
-)  # fmt: skip
+def fingerprint(config: ExtensionConfig) -> dict[str, str]:
+    """What makes a saved listing this extension's: a hash for each part of what it runs with.
 
-
-def fingerprint(command: str, args: list[str], cwd: str | None, env: Mapping[str, str]) -> str:
-    """What makes a saved listing this extension's: a hash, so no env value is written out.
-
-    Variables set anew at every start (:data:`_PER_START`) are left out: under systemd,
-    ``INVOCATION_ID`` alone made every restart of the service discard every saved listing.
+    The command, its arguments, its own ``env`` (secrets as their references), ``cwd`` and its
+    sandbox grants; not the daemon's environment, which changes with where and how the daemon was
+    started (``PWD``, systemd's ``INVOCATION_ID``) and not with what the server offers. One hash
+    per part, so an ignored listing can say which part changed; hashes, so no value is written out.
     """
-    kept = sorted((k, v) for k, v in env.items() if k not in _PER_START)
-    text = json.dumps([command, args, cwd, kept], default=str)  # a secret: its reference
-    return hashlib.sha256(text.encode()).hexdigest()
+    parts: dict[str, Any] = {
+        "command": config.command,
+        "args": config.args,
+        "env": sorted((key, str(value)) for key, value in config.env.items()),
+        "cwd": config.cwd,
+        "sandbox": config.sandbox.model_dump(mode="json"),
+    }
+    return {part: _digest(value) for part, value in parts.items()}
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()
+
+
+def changed_parts(saved: Any, current: Mapping[str, str]) -> list[str]:
+    """The parts of *current* that the fingerprint *saved* (as read from a file) does not match."""
+    if not isinstance(saved, Mapping):
+        return list(current)
+    return [part for part, digest in current.items() if saved.get(part) != digest]
 
 
 class CatalogStore:
-    """The saved listing of one extension (*name*, whose command line hashes to *print*)."""
+    """The saved listing of one extension (*name*, whose :func:`fingerprint` is *print_*)."""
 
-    def __init__(self, directory: Path, name: str, print_: str) -> None:
+    def __init__(self, directory: Path, name: str, print_: Mapping[str, str]) -> None:
         self.directory = directory
         self.name = name
         self.fingerprint = print_
@@ -85,10 +99,12 @@ class CatalogStore:
             record = json.loads(data)
             if not isinstance(record, dict) or record.get("version") != VERSION:
                 raise ValueError("not a saved catalog of this version")
-            if record.get("extension") != self.name or record.get("fingerprint") != self.fingerprint:
-                log.warning(
-                    "catalog.ignored", extension=self.name, path=str(self.path), reason="another command line"
-                )
+            if record.get("extension") != self.name:
+                raise ValueError("another extension's")
+            changed = changed_parts(record.get("fingerprint"), self.fingerprint)
+            if changed:
+                reason = f"another command line: its {', '.join(changed)} changed"
+                log.warning("catalog.ignored", extension=self.name, path=str(self.path), reason=reason)
                 return None
             lists = {kind: [model.model_validate(item) for item in record[kind]] for kind, model in _KINDS}
         except Exception as exc:  # JSON, a missing key, a malformed definition: all the same to us
@@ -102,7 +118,7 @@ class CatalogStore:
         record = {
             "version": VERSION,
             "extension": self.name,
-            "fingerprint": self.fingerprint,
+            "fingerprint": dict(self.fingerprint),
             **{kind: [_dump(item) for item in getattr(listing, kind)] for kind, _ in _KINDS},
         }
         data = json.dumps(record, separators=(",", ":")).encode()

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from supervisor.child.listing import Listing
 from supervisor.config.settings import ExtensionConfig
 from supervisor.extension.demand import BUSY_RECHECK, idle_wait
-from supervisor.extension.saved import MAX_BYTES, CatalogStore, fingerprint, prune
+from supervisor.extension.saved import MAX_BYTES, CatalogStore, changed_parts, fingerprint, prune
 from supervisor.paths import default_state_root
 from tests.harness import (
     Daemon,
@@ -77,17 +77,31 @@ def test_the_state_root_follows_systemd_then_xdg_then_home() -> None:
 
 
 class TestCatalogStore:
-    def test_a_service_restart_keeps_the_fingerprint(self) -> None:
-        """systemd sets INVOCATION_ID and JOURNAL_STREAM anew at every start; PATH still counts."""
-        env = {"PATH": "/usr/bin", "K": "v"}
-        first = fingerprint("cmd", ["a"], None, {**env, "INVOCATION_ID": "1", "JOURNAL_STREAM": "8:1"})
-        again = fingerprint("cmd", ["a"], None, {**env, "INVOCATION_ID": "2", "JOURNAL_STREAM": "8:2"})
-        assert first == again
-        assert fingerprint("cmd", ["a"], None, {**env, "PATH": "/opt/bin"}) != first
+    def test_the_fingerprint_is_what_the_extension_runs_with_not_the_daemons_environment(self) -> None:
+        """Command, args, its own env, cwd and grants count, each by name; the daemon's env does not."""
+        base = {**extension_settings("quick.py"), "env": {"K": "v"}}
+        first = fingerprint(ExtensionConfig.model_validate(base))
+        with_daemon_env = {**os.environ, "PWD": "/elsewhere", "INVOCATION_ID": "2"}
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in with_daemon_env.items():
+                patch.setenv(key, value)
+            assert fingerprint(ExtensionConfig.model_validate(base)) == first
+        changes = {
+            "args": {"args": [*base["args"], "more"]},
+            "env": {"env": {"K": "w"}},
+            "cwd": {"cwd": "/"},
+            "sandbox": {"sandbox": {"write": ["/tmp"]}},
+            "command": {"command": "/bin/true"},
+        }
+        for part, change in changes.items():
+            other = fingerprint(ExtensionConfig.model_validate({**base, **change}))
+            assert changed_parts(first, other) == [part], part
+        assert changed_parts("an older version's single hash", first) == list(first)
 
     def test_a_saved_listing_comes_back_whole_private_and_atomically(self, tmp_path: Path) -> None:
         directory = tmp_path / "state" / "catalogs" / "abc"
-        store = CatalogStore(directory, "fx", fingerprint("cmd", ["a"], None, {"K": "secret"}))
+        config = ExtensionConfig.model_validate({**extension_settings("quick.py"), "env": {"K": "secret"}})
+        store = CatalogStore(directory, "fx", fingerprint(config))
         listing = Listing.of(tools=[TOOL], prompts=[types.Prompt(name="p")])
         assert store.load() is None
         assert store.save(listing)
@@ -99,9 +113,9 @@ class TestCatalogStore:
         assert [p.name for p in directory.iterdir()] == ["fx.json"]  # no temporary file left
 
     def test_corrupt_foreign_and_oversized_files_are_ignored(self, tmp_path: Path) -> None:
-        store = CatalogStore(tmp_path, "fx", "print-a")
+        store = CatalogStore(tmp_path, "fx", {"command": "a", "env": "a"})
         assert store.save(Listing.of(tools=[TOOL]))
-        assert CatalogStore(tmp_path, "fx", "print-b").load() is None  # another command line
+        assert CatalogStore(tmp_path, "fx", {"command": "a", "env": "b"}).load() is None  # another env
         good = store.path.read_text()
         for text in ("{not json", "[]", json.dumps({**json.loads(good), "tools": [{"name": 5}]})):
             store.path.write_text(text)
@@ -113,7 +127,7 @@ class TestCatalogStore:
 
     def test_prune_keeps_the_named_listings_and_fresh_writes_only(self, tmp_path: Path) -> None:
         for name in ("kept", "gone"):
-            assert CatalogStore(tmp_path, name, "print").save(Listing.of(tools=[TOOL]))
+            assert CatalogStore(tmp_path, name, {"command": "print"}).save(Listing.of(tools=[TOOL]))
         crashed, writing = tmp_path / ".gone.abc.tmp", tmp_path / ".kept.def.tmp"
         crashed.write_text("{")
         writing.write_text("{")
@@ -152,6 +166,21 @@ def test_a_listing_is_learned_once_then_served_from_the_saved_catalog(
     assert "fx__echo" in anyio.run(list_tools)
     assert json.loads(daemon.cli("tools", "fx", "--json").stdout)["tools"]
     assert len(spawns(pids)) == 1  # listed without a spawn
+
+
+def test_a_daemon_started_from_elsewhere_keeps_the_saved_catalogs(
+    ondemand: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    """Another working directory (PWD) and other variables of the daemon's own: nothing ignored."""
+    pids = short_tmp / "pids"
+    daemon = ondemand({"fx": counted(pids, on_demand=True)})
+    until(lambda: learned_and_idle(daemon.status()["fx"]))
+    assert daemon.terminate() == 0
+    daemon.start(env={"PWD": str(short_tmp), "OLDPWD": "/", "EDITOR": "ed"})
+    record = daemon.status()["fx"]
+    assert dormant(record) and record["tools"] == 4, record
+    assert not [e for e in daemon.events() if e.get("event") == "catalog.ignored"]
+    assert len(spawns(pids)) == 1  # listed from the saved catalog, without a spawn
 
 
 def test_fifty_concurrent_first_calls_cause_one_spawn(
@@ -258,7 +287,7 @@ def test_reload_learns_a_changed_command_line_and_autostart_false_waits_for_a_ca
     assert result.returncode == 0, result.stderr
     until(lambda: len(spawns(pids)) == 2 and dormant(daemon.status()["fx"]))  # learned again
     assert [e["reason"] for e in daemon.events() if e.get("event") == "catalog.ignored"] == [
-        "another command line"
+        "another command line: its env changed"
     ]
     gx = daemon.status()["gx"]
     assert dormant(gx) and gx["tools"] == 0 and not spawns(others)  # autostart: false: no learning run
