@@ -15,13 +15,16 @@ An ask lives no longer than the calls it may serve: it is cancelled (the child g
 when the last call of that client on that run ends, and never outlives their ``call_timeout_max``.
 While it waits for the client (a human, perhaps), the calls' inactivity budget is held.
 
-A call the gateway stopped waiting for (its client cancelled it or went, or it timed out) may
-still be served by the child, which may still ask for it: it stays its client's call in flight,
-for routing questions only (it is *abandoned*), until the child answers it, stays silent about
-it (no progress) for its ``call_timeout``, or its ``call_timeout_max`` passes. Its questions are
-so never put to another client; alone it makes a question unanswerable. At most
-:data:`MAX_ABANDONED` are kept per run; past that, the one due to end first is folded into a
-time until which every question on that run is ambiguous.
+A call the gateway stopped waiting for (its client cancelled it or went, or it timed out) has
+been cancelled in the child (``notifications/cancelled``). A child that follows the spec stops
+serving it, but a question it sent before it read the cancel may still be on its way: the call
+stays its client's call in flight, for routing questions only (it is *abandoned*), for
+:data:`CANCEL_GRACE` more, renewed by each progress the child still reports on it, until the
+child answers it or its ``call_timeout_max`` passes. Meanwhile its questions are never put to
+another client, and alone it makes a question unanswerable; after it, a question goes to whoever
+is calling (a child that ignores the cancel in silence and asks later is not told from one that
+asks for a call of now). At most :data:`MAX_ABANDONED` are kept per run; past that, the one due
+to end first is folded into a time until which every question on that run is ambiguous.
 """
 
 from __future__ import annotations
@@ -45,12 +48,26 @@ from supervisor.child.wire import SENDING, Watched
 if TYPE_CHECKING:
     from supervisor.child.connection import Connection
 
-__all__ = ("MAX_ABANDONED", "NOT_ANSWERABLE", "Asking", "Budget", "Caller", "Deadline", "Enrolled")
+__all__ = (
+    "CANCEL_GRACE",
+    "MAX_ABANDONED",
+    "NOT_ANSWERABLE",
+    "Asking",
+    "Budget",
+    "Caller",
+    "Deadline",
+    "Enrolled",
+)
 
 log = structlog.get_logger(__name__)
 
 NOT_ANSWERABLE = types.INVALID_REQUEST  # as the SDK's client answers a request it does not support
 MAX_ABANDONED = 256  # per child run: calls the gateway stopped waiting for, kept for routing questions
+# After its cancel (or its last progress), how long an abandoned call still counts: a question
+# the child sent before it read the cancel is still on its way. Not call_timeout: a child that
+# follows the spec never answers a cancelled call, so that blocked every other client's
+# questions for the whole call_timeout.
+CANCEL_GRACE = 2.0
 
 
 class Caller(Protocol):
@@ -128,7 +145,6 @@ class _Left:
     client: object
     until: float  # silence past it: the child let it go; its progress renews it
     cap: float  # its call_timeout_max
-    timeout: float  # its call_timeout
 
 
 class _Abandoned:
@@ -145,10 +161,8 @@ class _Abandoned:
 
     def add(self, call: _Call) -> None:
         now = time.monotonic()
-        budget = call.budget
-        left = _Left(
-            call.client, min(budget.cap_deadline, now + budget.timeout), budget.cap_deadline, budget.timeout
-        )
+        cap = call.budget.cap_deadline
+        left = _Left(call.client, min(cap, now + CANCEL_GRACE), cap)
         if len(self._left) >= MAX_ABANDONED:
             self._prune(now)
         if len(self._left) >= MAX_ABANDONED:
@@ -175,7 +189,7 @@ class _Abandoned:
         if left is None or answered:
             self._forget(key)
         else:
-            left.until = min(left.cap, time.monotonic() + left.timeout)
+            left.until = min(left.cap, time.monotonic() + CANCEL_GRACE)
 
     def _prune(self, now: float) -> None:
         for key in [key for key, left in self._left.items() if left.until <= now]:
@@ -285,7 +299,7 @@ class Asking:
             return self._refuse(
                 method,
                 f"calls from {len(clients)} clients are in flight (each call of a 2026-07-28 client "
-                "counts as one, and so does a call the gateway stopped waiting for, which the "
+                "counts as one, and so does a call cancelled in the last few seconds, which the "
                 "extension may still be serving) and a request over stdio does not say which call "
                 "it serves; the gateway does not guess",
             )

@@ -32,6 +32,7 @@ from supervisor.gateway.session import MAX_ASKS
 from tests.harness import (
     ANSWERING,
     CLI,
+    INITIALIZE,
     RICH,
     Daemon,
     eventually,
@@ -262,8 +263,8 @@ class TestAbandoned:
             await b.list_tools()  # opens the fast path
             tg.start_soon(a.call_tool, "asker__wait", {"seconds": 30})
             await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
-            async with anyio.create_task_group() as gives_up:
-                gives_up.start_soon(functools.partial(call, b, "slow", path, delay=1.5, message="b's"))
+            async with anyio.create_task_group() as gives_up:  # it asks well within CANCEL_GRACE
+                gives_up.start_soon(functools.partial(call, b, "slow", path, delay=0.5, message="b's"))
                 await eventually(lambda: daemon.status()["asker"]["in_flight"] == 2)
                 gives_up.cancel_scope.cancel()
             await eventually(lambda: "asker: slow -> " in logs(daemon), within=10)
@@ -279,9 +280,9 @@ class TestAbandoned:
             tg.cancel_scope.cancel()
 
     async def test_a_question_for_a_timed_out_call_never_reaches_another_client(self, start) -> None:
-        """B's call hits call_timeout (2 s) and is cancelled; the child asks for it a second later
-        (within call_timeout of its last sign of life), while A's call waits for A's own answer:
-        A is asked its own question only."""
+        """B's call hits call_timeout (2 s) and is cancelled; the child asks for it a moment later
+        (within CANCEL_GRACE), while A's call waits for A's own answer: A is asked its own
+        question only."""
         daemon = start({"asker": {**ASKS_AFTER_CANCEL, "call_timeout": 2}})
         asked: list[str] = []
         release = anyio.Event()
@@ -299,12 +300,47 @@ class TestAbandoned:
         ):
             tg.start_soon(a.call_tool, "asker__elicit", {"message": "a's"})
             await eventually(lambda: asked == ["a's"])
-            timed_out = await b.call_tool("asker__slow", {"delay": 3, "message": "b's"})
+            timed_out = await b.call_tool("asker__slow", {"delay": 2.3, "message": "b's"})
             assert timed_out.is_error and "did not answer within 2s" in first_text(timed_out)
             await eventually(lambda: "asker: slow -> " in logs(daemon), within=10)
             assert "calls from 2 clients are in flight" in logs(daemon)
             assert asked == ["a's"]
             release.set()
+
+    @pytest.mark.parametrize("leaves", [False, True], ids=["cancels", "goes"])
+    async def test_a_call_its_client_gave_up_stops_counting_after_the_grace(self, start, leaves) -> None:
+        """A cancels its long call (or goes away); the child follows the spec and never answers
+        it. B's own question reaches B within seconds, not after A's call_timeout (60 s)."""
+        assert ASKER.get("call_timeout", 60) >= 60
+        daemon = start({"asker": ASKER})
+        asked: list[str] = []
+        sock = daemon.mcp_sock
+        async with gateway_session(sock, elicitation_callback=accept_as("b", asked)) as b:
+            if leaves:  # a raw client that closes its connection with the call in flight, unsaid
+                async with await anyio.connect_unix(sock) as a_raw:
+                    params = {"name": "asker__wait", "arguments": {"seconds": 3600}}
+                    for message in (
+                        INITIALIZE,
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params},
+                    ):
+                        await a_raw.send(json.dumps(message).encode() + b"\n")
+                    await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
+            else:
+                async with gateway_session(sock, elicitation_callback=accept_as("a", asked)) as a:
+                    async with anyio.create_task_group() as gives_up:
+                        gives_up.start_soon(a.call_tool, "asker__wait", {"seconds": 3600})
+                        await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
+                        gives_up.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+                    await a.list_tools()  # A stays connected, with nothing in flight
+            await eventually(lambda: daemon.status()["asker"]["in_flight"] == 0)
+            started = time.monotonic()
+            with anyio.fail_after(20):  # refused for CANCEL_GRACE, then answered: until then, retry
+                while (mine := await b.call_tool("asker__elicit", {"message": "b's"})).is_error:
+                    assert "calls from 2 clients are in flight" in first_text(mine)
+                    await anyio.sleep(0.1)
+        assert first_text(mine) == 'accept {"answer": "b"}' and asked == ["b's"]
+        assert time.monotonic() - started < 20  # where it took call_timeout (60 s) before
 
     @pytest.mark.parametrize("path", list(PATHS))
     async def test_once_a_question_is_answered_silence_ends_the_call_after_call_timeout(
