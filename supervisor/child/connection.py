@@ -56,10 +56,10 @@ _LIST_METHODS = {
     "resources": "resources/list",
     "templates": "resources/templates/list",
 }
-_LIST_CHANGED: dict[type, str] = {
-    types.ToolListChangedNotification: "tools",
-    types.PromptListChangedNotification: "prompts",
-    types.ResourceListChangedNotification: "resources",
+_LIST_CHANGED: dict[str, str] = {
+    "notifications/tools/list_changed": "tools",
+    "notifications/prompts/list_changed": "prompts",
+    "notifications/resources/list_changed": "resources",
 }
 
 
@@ -250,7 +250,25 @@ async def connect(
         read_send.close()  # pending requests fail with CONNECTION_CLOSED instead of hanging
         raw.close()
 
-    stdout = StdoutPump(child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched)
+    bad_messages = 0
+
+    def aside(message: SessionMessage | Exception) -> bool:
+        """Take a malformed line or a list_changed here, in the stdout pump: see StdoutPump."""
+        nonlocal bad_messages
+        if isinstance(message, Exception):
+            bad_messages += 1
+            if bad_messages <= 10 or bad_messages % 1000 == 0:  # a junk flood must not flood our log
+                log.warning("extension.bad_message", error=first_line(message), count=bad_messages)
+            return True
+        inner = message.message
+        if isinstance(inner, types.JSONRPCNotification) and (kind := _LIST_CHANGED.get(inner.method)):
+            on_list_changed(kind)
+            return True
+        return False
+
+    stdout = StdoutPump(
+        child, read_send, max_message_bytes, end, spool, inbound, raw, connection.watched, aside
+    )
 
     def drain(pumps: anyio.abc.TaskGroup, pump: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run *pump* in a scope that outlives a stop(): cancelled below, after the kill. The
@@ -264,17 +282,8 @@ async def connect(
 
         pumps.start_soon(run, name=f"drain {getattr(pump, '__qualname__', pump)}")
 
-    bad_messages = 0
-
     async def on_message(message: Any) -> None:
-        nonlocal bad_messages
-        if isinstance(message, Exception):
-            bad_messages += 1
-            if bad_messages <= 10 or bad_messages % 1000 == 0:  # a junk flood must not flood our log
-                log.warning("extension.bad_message", error=first_line(message), count=bad_messages)
-        elif (kind := _LIST_CHANGED.get(type(message))) is not None:
-            on_list_changed(kind)
-        elif isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+        if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             on_notification(message)
 
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:

@@ -84,8 +84,16 @@ class LineSplitter:
         return partial
 
 
+Aside = Callable[["SessionMessage | Exception"], bool]
+
+
 class StdoutPump:
-    """Delivers the child's stdout lines as messages; once the session is gone or broken, drains."""
+    """Delivers the child's stdout lines as messages; once the session is gone or broken, drains.
+
+    *aside* is offered each message first, in order, and returns True for one it took itself
+    (a malformed line, a ``list_changed``): those cost a call, not a task of the session's
+    each, so a child flooding them delays its own answers by the pipe's worth, not by seconds.
+    """
 
     def __init__(
         self,
@@ -97,8 +105,10 @@ class StdoutPump:
         inbound: InboundRequests,
         raw: RawCalls,
         watched: Watched,
+        aside: Aside,
     ) -> None:
         self.child, self.sink, self.max_message_bytes, self.end = child, sink, max_message_bytes, end
+        self.aside = aside
         self.spool = spool
         self.inbound = inbound
         self.raw = raw
@@ -208,7 +218,7 @@ class StdoutPump:
                     self.watched.see(message)
             if message is None:  # a raw call's: delivered
                 continue
-            if not self.inbound.admit(message):
+            if not self.inbound.admit(message) or self.aside(message):
                 continue
             try:
                 await self.sink.send(message)

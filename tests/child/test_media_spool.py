@@ -22,6 +22,7 @@ from supervisor.control import client
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from tests.harness import SERVERS, Daemon, fast_config, first_text, running
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -123,7 +124,7 @@ class TestThroughAnExtension:
         pid = media.snapshot().pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        with anyio.fail_after(10):
+        with fail_after(10):
             await media.wait_for(lambda s: s.state is State.RUNNING and s.pid != pid)
         assert path.exists()
         await media.stop()
@@ -146,7 +147,7 @@ def daemon(
 
 
 async def wait_running(sock: str) -> None:
-    with anyio.fail_after(20):
+    with fail_after(20):
         while True:
             try:
                 records = (await client.request(sock, "status"))["extensions"]
