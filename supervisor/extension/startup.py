@@ -203,10 +203,14 @@ async def within_start_limit(
         while (left := moment - clock()) > 0:  # noqa: ASYNC110 - a wait for a moment, not a poll
             await anyio.sleep(left)
 
+    # Busy is judged over this span at least, also when the loop wakes late (a loaded machine):
+    # a span of microseconds, clamped, read a busy child as idle.
+    least_span = min(window, limit / 2)
+
     async def judge(scope: anyio.CancelScope) -> None:
-        await sleep_until(deadline - min(window, limit / 2))  # not the child's own startup
+        await sleep_until(deadline - least_span)  # not the child's own startup
         measured_at, before = clock(), await cpu_seconds()
-        await sleep_until(deadline)
+        await sleep_until(max(deadline, measured_at + least_span))
         slow = False
         while True:
             now, after = clock(), await cpu_seconds()
@@ -220,7 +224,7 @@ async def within_start_limit(
                 slow = True
                 on_slow()
             measured_at, before = now, after
-            await sleep_until(min(hard, now + window))
+            await sleep_until(max(min(hard, now + window), now + least_span))
 
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:

@@ -201,6 +201,27 @@ class TestWithinStartLimit:
         assert (caught.value.busy, caught.value.slow, slowed) == (False, True, [1])
         assert caught.value.elapsed < 0.3 * startup.SLOW_START_FACTOR
 
+    async def test_a_late_wake_up_still_measures_a_whole_window(self) -> None:
+        """The loop wakes past the deadline (a loaded machine): the busy child is judged over a
+        window, not over the microseconds between two reads, which read it as idle."""
+        cpu, slowed = _Cpu(), []
+        reads = 0
+
+        def late_clock() -> float:  # every read after the start's is 0.5 s late: past the deadline
+            nonlocal reads
+            reads += 1
+            return time.monotonic() + (0.5 if reads > 1 else 0.0)
+
+        def slow() -> None:
+            slowed.append(1)
+            cpu.busy = False
+
+        with pytest.raises(StartTimeout) as caught:
+            await within_start_limit(
+                anyio.sleep_forever, limit=0.3, cpu_seconds=cpu, on_slow=slow, window=0.1, clock=late_clock
+            )
+        assert (caught.value.busy, caught.value.slow, slowed) == (False, True, [1])
+
     async def test_a_slow_start_that_completes_is_a_start(self) -> None:
         """The handshake completing during the slow allowance is the result."""
         cpu, slowed = _Cpu(), []
