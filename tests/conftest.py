@@ -1,4 +1,9 @@
-"""Registers the suite's fixtures; they live in tests/harness/fixtures.py, with the rest of the harness."""
+"""Registers the suite's fixtures; they live in tests/harness/fixtures.py, with the rest of the harness.
+
+Also scales every test's pytest-timeout by ``SUPERVISOR_TEST_SLOWDOWN`` (tests/harness/timing.py).
+"""
+
+import pytest
 
 from tests.harness.fixtures import (  # noqa: F401 - fixtures are found by name
     anyio_backend,
@@ -15,3 +20,15 @@ from tests.harness.fixtures import (  # noqa: F401 - fixtures are found by name
     task_group,
     temporary_directory,
 )
+from tests.harness.timing import SLOWDOWN
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if SLOWDOWN == 1:
+        return
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0] if marker.args else marker.kwargs["timeout"]) if marker else default
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(seconds * SLOWDOWN), append=False)

@@ -20,6 +20,7 @@ from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.session import MessageHandlerFnT
 
 from tests.harness import SERVERS
+from tests.harness.timing import fail_after
 
 CONNECTION_CLOSED = -32000
 PROTOCOL = "2025-06-18"  # not the SDK's default, so an echoed version is visible
@@ -72,13 +73,13 @@ async def _session(
         ClientSession(read, write, message_handler=message_handler) as session,
     ):
         if initialize:
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await session.initialize()
         yield session
 
 
 async def _text(session: ClientSession, tool: str, arguments: dict[str, object] | None = None) -> str:
-    with anyio.fail_after(5):
+    with fail_after(5):
         result = await session.call_tool(tool, arguments or {})
     assert not result.is_error, result
     block = result.content[0]
@@ -96,7 +97,7 @@ def _gone(proc: psutil.Process) -> bool:
 
 async def _wait_gone(procs: list[psutil.Process]) -> None:
     """Poll with a deadline: nothing signals the death of a process that is not our child."""
-    with anyio.fail_after(3):
+    with fail_after(3):
         while not all(_gone(proc) for proc in procs):  # noqa: ASYNC110
             await anyio.sleep(0.01)
 
@@ -113,13 +114,13 @@ async def test_echo_sdk_server(errlog: TextIO) -> None:
         assert await _text(session, "echo", {"text": "hi"}) == "hi"
         assert await _text(session, "big_text", {"bytes": 1000}) == "x" * 1000
         assert await _text(session, "toggle_tool") == "extra=True"
-        with anyio.fail_after(2):
+        with fail_after(2):
             await changed.wait()
             names = {tool.name for tool in (await session.list_tools()).tools}
         assert {"echo", "crash", "extra"} <= names
-        with pytest.raises(MCPError, match="boom"), anyio.fail_after(2):
+        with pytest.raises(MCPError, match="boom"), fail_after(2):
             await session.call_tool("fail", {})
-        with pytest.raises(MCPError) as crashed, anyio.fail_after(2):
+        with pytest.raises(MCPError) as crashed, fail_after(2):
             await session.call_tool("crash", {"code": 4})
         assert crashed.value.code == CONNECTION_CLOSED
     errlog.seek(0)
@@ -135,7 +136,7 @@ async def test_quick_raw_server(errlog: TextIO) -> None:
         assert await _text(session, "echo", {"text": "hi"}) == "hi"
         assert psutil.pid_exists(int(await _text(session, "pid")))
         assert await _text(session, "sleep", {"seconds": 0.01}) == "slept"
-        with pytest.raises(MCPError) as crashed, anyio.fail_after(2):
+        with pytest.raises(MCPError) as crashed, fail_after(2):
             await session.call_tool("crash", {"code": 4})
         assert crashed.value.code == CONNECTION_CLOSED
     errlog.seek(0)
@@ -191,7 +192,7 @@ async def test_stubborn_outlives_stdin_eof() -> None:
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
         stdout = BufferedByteReceiveStream(process.stdout)
         stderr = BufferedByteReceiveStream(process.stderr)
-        with anyio.fail_after(3):
+        with fail_after(3):
             await process.stdin.send(json.dumps(INIT).encode() + b"\n")
             reply = json.loads(await stdout.receive_until(b"\n", 1 << 16))
             ready = await stderr.receive_until(b"\n", 1 << 16)
@@ -203,7 +204,7 @@ async def test_stubborn_outlives_stdin_eof() -> None:
         assert process.returncode is None
     finally:
         process.kill()
-        with anyio.fail_after(3):
+        with fail_after(3):
             await process.wait()
         await process.aclose()
 
@@ -211,7 +212,7 @@ async def test_stubborn_outlives_stdin_eof() -> None:
 @pytest.mark.parametrize(("args", "code"), [([], 1), (["7"], 7)])
 async def test_exit_now(args: list[str], code: int) -> None:
     """exit_now.py says bye on stderr and exits with the code from argv (default 1)."""
-    with anyio.fail_after(3):
+    with fail_after(3):
         done = await anyio.run_process([sys.executable, _script("exit_now"), *args], check=False)
     assert done.returncode == code
     assert done.stderr == b"exit_now: bye\n"
@@ -221,7 +222,7 @@ async def test_exit_now(args: list[str], code: int) -> None:
 async def test_hang_init_never_answers(errlog: TextIO) -> None:
     """hang_init.py leaves initialize unanswered."""
     async with _session("hang_init", errlog, initialize=False) as session:
-        with pytest.raises(TimeoutError), anyio.fail_after(1):
+        with pytest.raises(TimeoutError), fail_after(1):
             await session.initialize()
 
 
@@ -240,5 +241,5 @@ async def test_garbage_survives_junk_on_stdout(errlog: TextIO) -> None:
         assert await _text(session, "echo", {"text": "hi"}) == "hi"
         assert await _text(session, "noise") == "noisy"
         assert await _text(session, "huge", {"bytes": 100_000}) == "wrote 100000 bytes"
-        with anyio.fail_after(2):
+        with fail_after(2):
             await all_junk_seen.wait()

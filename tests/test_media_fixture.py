@@ -13,10 +13,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+
+from tests.harness.timing import fail_after
 
 MEDIA = Path(__file__).parent / "servers" / "media.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -33,13 +34,13 @@ async def media_session(tmp_path: Path) -> AsyncIterator[ClientSession]:
             stdio_client(params, errlog=errlog) as (read, write),
             ClientSession(read, write) as session,
         ):
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await session.initialize()
             yield session
 
 
 async def call(session: ClientSession, tool: str, arguments: dict[str, Any] | None = None) -> Any:
-    with anyio.fail_after(5):
+    with fail_after(5):
         result = await session.call_tool(tool, arguments or {})
     assert not result.is_error, result.content
     return result

@@ -11,6 +11,7 @@ import anyio.lowlevel
 import pytest
 
 from supervisor import sockets
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -74,7 +75,7 @@ async def test_a_peer_that_never_pauses_does_not_hold_the_loop(
 
 async def test_closing_wakes_a_waiting_receive(pair: tuple[sockets.Stream, socket.socket]) -> None:
     stream, _peer = pair
-    with anyio.fail_after(5):
+    with fail_after(5):
         async with anyio.create_task_group() as tg:
             failures: list[BaseException] = []
 
@@ -97,7 +98,7 @@ async def test_a_cancelled_receive_loses_no_bytes(pair: tuple[sockets.Stream, so
     with anyio.move_on_after(0.05):
         await stream.receive()
     peer.sendall(b"later")
-    with anyio.fail_after(5):
+    with fail_after(5):
         assert await stream.receive() == b"later"
 
 
@@ -106,7 +107,7 @@ async def test_bytes_read_for_a_receive_cancelled_before_it_took_them_go_to_the_
 ) -> None:
     """(anyio lets a task whose wait is over resume before it cancels it; a bare asyncio task not.)"""
     stream, peer = pair
-    with anyio.fail_after(5):
+    with fail_after(5):
         task = asyncio.ensure_future(stream.receive())
         while stream._receiving is None:
             await anyio.lowlevel.checkpoint()
@@ -124,7 +125,7 @@ async def test_readiness_seen_after_the_bytes_were_taken_wakes_nobody(
 ) -> None:
     """A request-answer exchange: each receive gets its message, none returns empty-handed."""
     stream, peer = pair
-    with anyio.fail_after(5):
+    with fail_after(5):
         for n in range(50):
             got: list[bytes] = []
             async with anyio.create_task_group() as tg:

@@ -27,6 +27,7 @@ from supervisor.config import settings as config
 from supervisor.control import server as control
 from supervisor.extension.state import ExitStatus, Snapshot, State
 from tests.harness import FakeBackend
+from tests.harness.timing import fail_after
 
 WAIT = 10  # seconds any single step may take
 
@@ -110,7 +111,7 @@ async def serving(short_tmp: Path, backend: FakeBackend | None = None) -> AsyncI
     """Run a control server for the block; yield its socket path."""
     path = str(short_tmp / "control.sock")
     async with anyio.create_task_group() as tg:
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             await tg.start(partial(control.serve, backend or four_states(), path))
         yield path
         tg.cancel_scope.cancel()
@@ -118,7 +119,7 @@ async def serving(short_tmp: Path, backend: FakeBackend | None = None) -> AsyncI
 
 async def run(*argv: str) -> int:
     """``main(argv)`` in a worker thread, so the server keeps running in this event loop."""
-    with anyio.fail_after(WAIT):
+    with fail_after(WAIT):
         return await anyio.to_thread.run_sync(cli.main, list(argv))
 
 

@@ -20,6 +20,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from tests.harness import CLI, DATA, ROOT, SERVERS, Daemon, until
+from tests.harness.timing import fail_after
 
 SAMPLES = DATA / "clientconfigs"
 README = ROOT / "README.md"
@@ -286,7 +287,7 @@ def test_two_commands_move_a_claude_desktop_config_under_the_daemon(
     async def through_the_client_entry() -> list[str]:
         entry = entries["supervisor"]
         params = StdioServerParameters(command=entry["command"], args=entry["args"])
-        with anyio.fail_after(20):
+        with fail_after(20):
             async with stdio_client(params) as streams, ClientSession(*streams) as session:
                 await session.initialize()
                 names = [tool.name for tool in (await session.list_tools()).tools]

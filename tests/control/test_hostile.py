@@ -28,6 +28,7 @@ from supervisor import cli, sockets
 from supervisor.control import client, codes
 from supervisor.control import server as control
 from tests.harness import Daemon
+from tests.harness.timing import fail_after
 
 pytestmark = pytest.mark.anyio
 
@@ -117,10 +118,10 @@ class TestLockout:
         idle = [await connect(daemon.socket) for _ in range(control.MAX_CONNECTIONS)]
         try:
             started = time.perf_counter()
-            with anyio.fail_after(1):
+            with fail_after(1):
                 assert await client.request(daemon.socket, "status") == IDLE_STATUS
             elapsed = time.perf_counter() - started
-            with anyio.fail_after(WAIT):  # the idlest (the first) made room, and was told so
+            with fail_after(WAIT):  # the idlest (the first) made room, and was told so
                 notice = json.loads(await BufferedByteReceiveStream(idle[0]).receive_until(b"\n", 4096))
         finally:
             for stream in idle:
@@ -189,7 +190,7 @@ class TestClientChecksTheDaemon:
     ) -> None:
         """The client refuses a socket served by another uid before sending a byte."""
         path, listener = foreign_listener
-        with anyio.fail_after(WAIT), pytest.raises(sockets.UntrustedPeer) as caught:
+        with fail_after(WAIT), pytest.raises(sockets.UntrustedPeer) as caught:
             await client.request(path, "call", {"name": "x", "tool": "y", "arguments": {"secret": "s3cr3t"}})
         assert str(caught.value) == (
             f"refusing to talk to {path}: the process listening there runs as uid 65534, not as you"
@@ -391,7 +392,7 @@ class TestBadInput:
 
         non_reader, _ = await anyio.to_thread.run_sync(flood_without_reading, daemon.socket, 0.5)
         try:
-            with anyio.fail_after(60):
+            with fail_after(60):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(slowloris)
                     tg.start_soon(measure)

@@ -19,6 +19,7 @@ from supervisor.daemon.headstart import first_starts
 from supervisor.process import children as process
 from supervisor.process import sandbox
 from tests.harness import CLI, Daemon, alive, extension_settings, until
+from tests.harness.timing import patience
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -153,7 +154,9 @@ class TestCleanUp:
             proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             assert proc.wait(timeout=30) == 0
-            assert time.monotonic() - signalled < 3  # each stubborn one was given 3 s, in turn
+            # shutdown_timeout (3 s), plus the imports of the daemon proper, which a loaded machine
+            # slows; far from the stubborn ones' stop_timeout (30 s each)
+            assert time.monotonic() - signalled < 3 + patience(9)
         finally:
             proc.kill()
             proc.wait()

@@ -15,6 +15,7 @@ from supervisor.control import client
 from supervisor.daemon.identity import instance_key
 from supervisor.process import children as process
 from tests.harness import Daemon, extension_settings, until
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -211,7 +212,7 @@ class TestSystemdNotify:
 
         async def next_message(containing: str, value: str | None = None) -> dict[str, str]:
             """The next datagram with field *containing* (equal to *value*, if given); others are skipped."""
-            with anyio.fail_after(15):
+            with fail_after(15):
                 while True:
                     await anyio.wait_readable(systemd)
                     fields = dict(line.split("=", 1) for line in systemd.recv(4096).decode().split("\n"))
@@ -239,10 +240,18 @@ class TestSystemdNotify:
             assert await anyio.to_thread.run_sync(daemon.proc.wait) == 0
 
 
+# Each bound is reached many times over (a ring of 20 lines, the start slots, a call's tasks);
+# more calls and restarts show nothing new and take minutes on a loaded machine (bench/soak.py
+# runs for as long as asked).
+CALLS, RESTARTS = 2_000, 200
+
+
 class TestBounds:
-    @pytest.mark.timeout(150)
-    async def test_10000_calls_and_1000_restarts_leave_everything_within_bounds(self, daemon: Daemon) -> None:
-        """After 10,000 calls and 1,000 restarts every collection is within its bound and the
+    @pytest.mark.timeout(240)
+    async def test_thousands_of_calls_and_hundreds_of_restarts_leave_everything_within_bounds(
+        self, daemon: Daemon
+    ) -> None:
+        """After 2,000 calls and 200 restarts every collection is within its bound and the
         daemon's threads, tasks and fds are back to their idle counts."""
         daemon.write(
             {
@@ -261,23 +270,23 @@ class TestBounds:
 
         daemon.request("start", {"name": "flash", "wait": False})
         async with client.Client(daemon.socket) as connection:
-            for n in range(10_000):
+            for n in range(CALLS):
                 params = {"name": "steady", "tool": "echo", "arguments": {"text": str(n)}}
                 assert (await connection.request("call", params))["content"][0]["text"] == str(n)
 
-        def thousand_restarts() -> bool:
-            return daemon.status()["flash"]["restarts"] >= 1000
+        def restarted_enough() -> bool:
+            return daemon.status()["flash"]["restarts"] >= RESTARTS
 
-        until(thousand_restarts, within=90, interval=0.2)
+        until(restarted_enough, within=120, interval=0.2)
         daemon.request("stop", {"name": "flash"})
 
         report = daemon.request("health")
         steady, flash = report["extensions"]
-        assert (steady["calls"], steady["errors"], steady["in_flight"]) == (10_000, 0, 0)
+        assert (steady["calls"], steady["errors"], steady["in_flight"]) == (CALLS, 0, 0)
         assert steady["log_lines"] == 20 and flash["log_lines"] <= 20
         text = (daemon.request("health", {"format": "prometheus"}))["text"]
         series = [line for line in text.splitlines() if line.startswith("mcp_supervisor_tool_calls_total{")]
-        assert series == ['mcp_supervisor_tool_calls_total{extension="steady",tool="echo"} 10000.0']
+        assert series == [f'mcp_supervisor_tool_calls_total{{extension="steady",tool="echo"}} {CALLS}.0']
 
         last: dict[str, Any] = {}
 

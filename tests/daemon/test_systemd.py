@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.daemon.systemd import MAX_STATUS_CHARS, Notifier, keep_watchdog
+from tests.harness.timing import fail_after
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,7 +29,7 @@ class Receiver:
 
     async def receive(self, within: float = 2.0) -> str:
         """The next datagram, failing if none arrives within *within* seconds."""
-        with anyio.fail_after(within):
+        with fail_after(within):
             while True:
                 await anyio.wait_readable(self.sock)
                 try:
@@ -224,7 +225,7 @@ class TestKeepWatchdog:
         async with anyio.create_task_group() as tg:
             tg.start_soon(keep_watchdog, notifier)
             started = time.monotonic()
-            with anyio.fail_after(0.3):
+            with fail_after(0.3):
                 pings = [await receiver.receive() for _ in range(4)]
             elapsed = time.monotonic() - started
             tg.cancel_scope.cancel()
@@ -254,7 +255,7 @@ class TestKeepWatchdog:
                 assert await receiver.receive() == "WATCHDOG=1"
                 ok = False
                 receiver.pending()  # pings sent before the flip; the loop runs in this thread
-                with anyio.fail_after(2):
+                with fail_after(2):
                     await refused_enough.wait()
                 withheld = receiver.pending()
                 ok = True
@@ -269,7 +270,7 @@ class TestKeepWatchdog:
     @pytest.mark.anyio
     async def test_returns_at_once_without_watchdog(self, receiver: Receiver) -> None:
         """Without a watchdog (or without a socket) it returns immediately and sends nothing."""
-        with anyio.fail_after(1):
+        with fail_after(1):
             await keep_watchdog(Notifier(receiver.address))
             await keep_watchdog(Notifier(None, watchdog_usec=100_000))
         assert receiver.pending() == []

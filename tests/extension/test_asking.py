@@ -41,6 +41,7 @@ from tests.harness import (
     gateway_session,
     list_home,
 )
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -185,7 +186,7 @@ class TestRefused:
                 asked[label] = params.message
                 if len(asked) == 2:
                     both_asked.set()
-                with anyio.fail_after(20):
+                with fail_after(20):
                     await both_asked.wait()  # both questions are out at once
                 return types.ElicitResult(action="accept", content={"answer": label})
 
@@ -273,7 +274,7 @@ class TestAbandoned:
                 daemon
             )
             assert asked == []  # nobody was asked a question that may not be theirs
-            with anyio.fail_after(10):  # the child answered b's call: it no longer counts
+            with fail_after(10):  # the child answered b's call: it no longer counts
                 while (mine := await a.call_tool("asker__elicit", {"message": "a's"})).is_error:  # noqa: ASYNC110
                     await anyio.sleep(0.1)  # its answer may still be on its way to the daemon
             assert first_text(mine) == 'accept {"answer": "a"}' and asked == ["a's"]
@@ -335,7 +336,7 @@ class TestAbandoned:
                     await a.list_tools()  # A stays connected, with nothing in flight
             await eventually(lambda: daemon.status()["asker"]["in_flight"] == 0)
             started = time.monotonic()
-            with anyio.fail_after(20):  # refused for CANCEL_GRACE, then answered: until then, retry
+            with fail_after(20):  # refused for CANCEL_GRACE, then answered: until then, retry
                 while (mine := await b.call_tool("asker__elicit", {"message": "b's"})).is_error:
                     assert "calls from 2 clients are in flight" in first_text(mine)
                     await anyio.sleep(0.1)
@@ -396,7 +397,7 @@ class TestDisconnect:
             await session.list_tools()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call, session, "elicit", path)
-                with anyio.fail_after(10):
+                with fail_after(10):
                     await asked.wait()
                 tg.cancel_scope.cancel()
         started = time.monotonic()

@@ -20,6 +20,7 @@ from supervisor.errors import CallFailed, ExtensionUnavailable
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from tests.harness import eventually, fast_config, first_text, running
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -31,7 +32,7 @@ def in_state(*states: State) -> Callable[[Snapshot], bool]:
 
 
 async def wait_state(ext: Extension, *states: State, within: float = 10) -> Snapshot:
-    with anyio.fail_after(within):
+    with fail_after(within):
         return await ext.wait_for(in_state(*states))
 
 
@@ -139,7 +140,7 @@ class TestStart:
             os.kill(first.pid, signal.SIGKILL)  # gives up: failed
         else:
             task_group.start_soon(clean_exit)  # exit 0 under on-failure: stopped
-        with anyio.fail_after(5):
+        with fail_after(5):
             await ext.wait_for(in_state(State.STOPPING))  # ending on its own: no stop was asked for
         await ext.start(task_group)
         again = await wait_state(ext, State.RUNNING, State.FAILED, State.STOPPED)
@@ -157,7 +158,7 @@ class TestCrash:
         assert first.pid is not None
         killed_at = time.time()
         os.kill(first.pid, signal.SIGKILL)
-        with anyio.fail_after(5):
+        with fail_after(5):
             left = await ext.wait_for(lambda s: s.state is not State.RUNNING)
         assert left.last_exit is not None and left.last_exit.signal_name == "SIGKILL"
         assert left.last_exit.at.timestamp() - killed_at < 0.5
@@ -172,11 +173,13 @@ class TestCrash:
         """A crash is noticed although a grandchild keeps the stdout pipe open; the tree is killed."""
         ext = make_extension(fast_config("tree.py", restart="never"))
         await running(ext, task_group)
-        with pytest.raises(
-            CallFailed, match="exited during the call to tool 'crash'; it may or may not have run"
+        with (
+            pytest.raises(
+                CallFailed, match="exited during the call to tool 'crash'; it may or may not have run"
+            ),
+            fail_after(5),
         ):
-            with anyio.fail_after(5):
-                await ext.call_tool("crash", {"code": 3})
+            await ext.call_tool("crash", {"code": 3})
         snapshot = await wait_state(ext, State.FAILED)
         assert snapshot.last_exit is not None and snapshot.last_exit.returncode == 3
         # the marker_prefix fixture asserts the grandchild and great-grandchild are gone
@@ -209,9 +212,8 @@ class TestCrash:
         config = fast_config("garbage.py", max_message_bytes=64 * 1024, backoff={"initial": 30, "jitter": 0})
         ext = make_extension(config)
         await running(ext, task_group)
-        with pytest.raises(CallFailed):
-            with anyio.fail_after(10):
-                await ext.call_tool("huge", {"bytes": 1 << 20})
+        with pytest.raises(CallFailed), fail_after(10):
+            await ext.call_tool("huge", {"bytes": 1 << 20})
         snapshot = await wait_state(ext, State.BACKOFF)
         assert snapshot.last_error == "it sent a message over the 65536-byte limit"
         await ext.stop()
@@ -242,11 +244,10 @@ class TestStop:
         ext = make_extension(fast_config(script, **overrides))
         await ext.start(task_group)
         await wait_state(ext, State(phase))
-        with capture_logs(processors=[merge_contextvars]) as logs:
-            with anyio.fail_after(5):
-                async with anyio.create_task_group() as stoppers:
-                    for _ in range(10):
-                        stoppers.start_soon(ext.stop)
+        with capture_logs(processors=[merge_contextvars]) as logs, fail_after(5):
+            async with anyio.create_task_group() as stoppers:
+                for _ in range(10):
+                    stoppers.start_soon(ext.stop)
         assert ext.snapshot().state is State.STOPPED
         transitions = [e["state"] for e in logs if e["event"] == "extension.state"]
         assert transitions.count("stopped") == 1
@@ -270,7 +271,7 @@ class TestStop:
         """A child ignoring stdin EOF and SIGTERM is killed after stop_timeout plus the TERM grace."""
         ext = make_extension(fast_config("stubborn.py", stop_timeout=0.2))
         await running(ext, task_group)
-        with anyio.fail_after(6):
+        with fail_after(6):
             await ext.stop()
         assert ext.snapshot().state is State.STOPPED
 
@@ -287,7 +288,7 @@ class TestStop:
     async def test_stop_when_stopped_returns(self, make_extension: MakeExtension) -> None:
         """stop() on a never-started extension returns at once."""
         ext = make_extension(fast_config("quick.py"))
-        with anyio.fail_after(1):
+        with fail_after(1):
             await ext.stop()
         assert ext.snapshot().state is State.STOPPED
 
@@ -406,7 +407,7 @@ class TestCalls:
         await running(ext, task_group)
         assert "extra" not in {t.name for t in ext.tools()}
         await ext.call_tool("toggle_tool", {})
-        with anyio.fail_after(5):
+        with fail_after(5):
             await ext.wait_for(lambda s: "extra" in {t.name for t in ext.tools()})
         await ext.stop()
 

@@ -26,6 +26,7 @@ from tests.harness import (
     spawns,
     until,
 )
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -303,7 +304,7 @@ class TestRoom:
         fast.close()  # both on their way out: slow's first in line
         with pytest.raises(ExtensionUnavailable, match="all 2 per-client instances are in use"):
             instances.of(waits)
-        with instances.queued(waits), anyio.fail_after(5):
+        with instances.queued(waits), fail_after(5):
             assert instances.room_coming(waits) and instances.waiting == 1
             async with anyio.create_task_group() as tg:
                 tg.start_soon(instances.one_gone)
@@ -342,7 +343,7 @@ class TestRoom:
         instances.of(dormant)
         made[1].gone()  # idle-stopped
         slow.close()
-        with instances.queued(waits), anyio.fail_after(5):
+        with instances.queued(waits), fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(instances.one_gone)
                 await anyio.lowlevel.checkpoint()

@@ -20,6 +20,7 @@ from supervisor.extension.liveness import is_unresponsive
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from tests.harness import extension_settings, fast_config, first_text, gateway_session, running
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -71,14 +72,14 @@ class TestRestart:
         with capture_logs(processors=[merge_contextvars]) as logs:
             first = await running(ext, task_group)
             frozen = time.monotonic() + 0.5
-            with anyio.fail_after(0.5 + INTERVAL + TIMEOUT + TEARDOWN + 2):
+            with fail_after(0.5 + INTERVAL + TIMEOUT + TEARDOWN + 2):
                 after = await ext.wait_for(lambda s: s.state is not State.RUNNING)
             detected = time.monotonic() - frozen
             assert after.last_error is not None and after.last_error.startswith("not answering"), after
             assert after.unresponsive == 1
             # Seen from outside: it left RUNNING within about one interval + timeout of freezing.
             assert detected <= INTERVAL + TIMEOUT + 1.0, detected
-            with anyio.fail_after(10):
+            with fail_after(10):
                 again = await ext.wait_for(lambda s: s.state is State.RUNNING and s.pid != first.pid)
         assert again.restarts == 1 and again.unresponsive == 1
         assert again.as_dict()["unresponsive"] == 1
@@ -96,7 +97,7 @@ class TestRestart:
         with pytest.raises(CallFailed, match="not answering"):
             await ext.call_tool("sleep", {})  # quick.py's loop blocks for an hour; call_timeout is 10 s
         assert time.monotonic() - started <= INTERVAL + TIMEOUT + TEARDOWN
-        with anyio.fail_after(10):
+        with fail_after(10):
             again = await ext.wait_for(lambda s: s.state is State.RUNNING and s.pid != first.pid)
         assert again.unresponsive == 1
         await ext.stop()

@@ -19,6 +19,7 @@ from supervisor.config import settings as config
 from supervisor.errors import SupervisorError
 from supervisor.extension.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
 from tests.harness import Daemon, extension_settings, first_text, gateway_session, until
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -230,7 +231,7 @@ class Listener:
 
     async def reach(self, count: int) -> None:
         """Return once *count* have been heard in all (whether before this call or after)."""
-        with anyio.fail_after(10):
+        with fail_after(10):
             while self.heard < count:
                 await self._event.wait()
 
@@ -244,7 +245,7 @@ async def relisted(
 ) -> None:
     """A list_changed came after *since* were heard, and listing again at each one ends with
     *predicate* true of the names (10 s at most)."""
-    with anyio.fail_after(10):
+    with fail_after(10):
         await listener.reach(since + 1)
         while True:
             heard = listener.heard

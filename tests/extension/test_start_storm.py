@@ -118,19 +118,23 @@ class TestStartSlots:
     def test_start_timeout_counts_from_the_slots_grant(
         self,
         daemons: Callable[..., Daemon],
+        short_tmp: Path,
     ) -> None:
-        """Queued behind a 2 s start, a 1 s start with start_timeout 1.8 still runs: the wait is free."""
-
-        def idle_start(seconds: str, timeout: float) -> dict[str, Any]:
-            env = {"SLOW_START_SECONDS": seconds}
-            return extension_settings("slow_start.py", env=env, start_timeout=timeout, restart="never")
-
-        extensions = {"ahead": idle_start("2", 10), "behind": idle_start("1", 1.8)}
-        daemon = _storm(daemons(extensions, start=False), start_slots=1)
-        until(lambda: _status(daemon)["behind"]["queued"] == 1, within=30)
-        until(lambda: _status(daemon)["behind"]["state"] != "starting", within=20)
-        behind = _status(daemon)["behind"]
-        assert (behind["state"], behind["restarts"], behind["last_error"]) == ("running", 0, None)
+        """Queued longer than its start_timeout (3 s) behind a start that holds the only slot, a
+        quick start still runs once it gets the slot: the wait is free."""
+        gate = short_tmp / "gate"
+        ahead = extension_settings(
+            "slow_start.py", env={"SLOW_START_GATE": str(gate)}, start_timeout=60, restart="never"
+        )
+        behind = extension_settings("quick.py", start_timeout=3, restart="never")
+        daemon = _storm(daemons({"ahead": ahead, "behind": behind}, start=False), start_slots=1)
+        until(lambda: _status(daemon)["behind"]["queued"] == 1, within=30)  # until the gate opens
+        queued_at = time.monotonic()
+        until(lambda: time.monotonic() - queued_at > 4 and _status(daemon)["behind"]["queued"] == 1)
+        gate.touch()  # ahead runs, and passes the slot on
+        until(lambda: _status(daemon)["behind"]["state"] not in ("stopped", "starting"), within=30)
+        behind_now = _status(daemon)["behind"]
+        assert (behind_now["state"], behind_now["restarts"], behind_now["last_error"]) == ("running", 0, None)
         assert daemon.terminate() == 0
 
 

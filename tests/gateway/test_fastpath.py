@@ -24,6 +24,7 @@ from supervisor.gateway.hello import HELLO_METHOD
 from supervisor.gateway.links import expose_json as expose_links
 from supervisor.gateway.unix import MAX_IN_FLIGHT
 from tests.harness import ECHO, RICH, Daemon, eventually, extension_settings
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -176,7 +177,7 @@ class _Raw:
         await self.stream.send(_line(message) + b"\n")
 
     async def reply(self, request_id: Any) -> dict[str, Any]:
-        with anyio.fail_after(20):
+        with fail_after(20):
             while True:
                 message = json.loads(await self.reader.receive_until(b"\n", 64 << 20))
                 if "id" in message and "method" not in message:
@@ -279,7 +280,7 @@ class TestThroughTheDaemon:
     async def test_a_crash_mid_call_fails_it_at_once(self, start: Callable[..., Daemon]) -> None:
         daemon = start({"rich": RICH})
         async with _raw_client(daemon, list_tools=True) as raw:
-            with anyio.fail_after(5):
+            with fail_after(5):
                 answer = await raw.call("rich__crash")
             assert answer["result"]["isError"] is True
             assert "may or may not have run" in answer["result"]["content"][0]["text"]
@@ -304,7 +305,7 @@ class TestThroughTheDaemon:
             for request_id in range(2000, 2000 + MAX_IN_FLIGHT + 8):  # cancelled at any point
                 await raw.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
                 await cancel(request_id)
-            with anyio.fail_after(10):  # a leaked slot would leave this unread
+            with fail_after(10):  # a leaked slot would leave this unread
                 assert str(_child_id(await raw.call("rich__request"))).startswith("mcpsv-")
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
             assert raw.notifications == []  # a cancelled request gets no answer
@@ -375,12 +376,12 @@ class TestOddChildren:
         daemon = start({"odd": {**ODD, "call_timeout": 30}})
         async with _raw_client(daemon, list_tools=True) as raw:
             await raw.send(_call(7, name="odd__bigprogress", arguments={}, _meta={"progressToken": "p"}))
-            with anyio.fail_after(10):  # the line has begun to go out (a cancel before it drops it)
+            with fail_after(10):  # the line has begun to go out (a cancel before it drops it)
                 head = await raw.reader.receive_exactly(1)
             cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
             await raw.send(cancel)  # the line goes out whole first (or the client is dropped)
             await raw.send(_call(8, name="odd__echo", arguments={"text": "after"}))
-            with anyio.fail_after(10):
+            with fail_after(10):
                 progress = json.loads(head + await raw.reader.receive_until(b"\n", 64 << 20))
                 after = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
             await eventually(lambda: daemon.status()["odd"]["in_flight"] == 0, within=10)
@@ -417,7 +418,7 @@ class TestOddClients:
             for request_id in range(10_000, 10_000 + MAX_IN_FLIGHT + 4):
                 await raw.send(_call(request_id, name="rich__wait", arguments={"seconds": 60}))
                 await raw.send(_call(request_id, name="rich__echo", arguments={"text": "b"}))
-                with anyio.fail_after(10):  # a leaked slot leaves the connection unread
+                with fail_after(10):  # a leaked slot leaves the connection unread
                     await raw.reply(request_id)
                 params = {"requestId": request_id, "reason": "test"}
                 await raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": params})
@@ -503,7 +504,7 @@ class TestInline:
 async def _echoes(raw: _Raw, count: int, text: str) -> set[Any]:
     """The ids of the next *count* answers, each checked to echo *text*."""
     ids = set()
-    with anyio.fail_after(20):
+    with fail_after(20):
         for _ in range(count):
             message = json.loads(await raw.reader.receive_until(b"\n", 64 << 20))
             assert message["result"]["content"][0]["text"] == text

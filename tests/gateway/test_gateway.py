@@ -33,6 +33,7 @@ from tests.harness import (
     raw_exchange,
     unix_transport,
 )
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -182,11 +183,11 @@ class TestForwarding:
             await session.set_logging_level("warning")
             await session.call_tool("rich__log", {"level": "info", "message": "too low"})
             await session.call_tool("rich__log", {"level": "error", "message": "wanted"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
             arrived = anyio.Event()
             await session.call_tool("rich__log", {"level": "error", "message": "y" * 100_000})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
         assert [(p.level, p.data, p.logger) for p in got[:1]] == [("error", "wanted", "rich/fixture")]
         assert (
@@ -210,13 +211,13 @@ class TestForwarding:
             await session.subscribe_resource("mcp-supervisor://rich/note://a")
             await session.call_tool("rich__touch", {"uri": "note://b"})  # not subscribed
             await session.call_tool("rich__touch", {"uri": "note://a"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
             assert updated == ["mcp-supervisor://rich/note://a"]
             await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")  # the new run is subscribed again
             arrived = anyio.Event()
             await session.call_tool("rich__touch", {"uri": "note://a"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
         assert updated == ["mcp-supervisor://rich/note://a"] * 2
 
@@ -245,10 +246,10 @@ class TestForwarding:
                 for uri in uris.values():
                     await session.subscribe_resource(uri)
             await a.call_tool("rich__touch", {"uri": "note://a"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await events["a"].wait()
             await b.call_tool("rich__touch", {"uri": "note://b"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await events["b"].wait()
         assert heard == {"a": [uris["a"]], "b": [uris["b"]]}
 
@@ -268,7 +269,7 @@ class TestForwarding:
         async with gateway_session(daemon.mcp_sock, message_handler=on_message) as session:
             await session.subscribe_resource(uri)
             await session.call_tool("rich__touch", {"uri": "note://a"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
             crashed = await session.call_tool("rich__crash", {})  # it may or may not have run
             assert crashed.is_error
@@ -279,7 +280,7 @@ class TestForwarding:
             )
             arrived = anyio.Event()
             await session.call_tool("rich__touch", {"uri": "note://a"})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await arrived.wait()
         assert heard == [uri, uri]
 
@@ -299,7 +300,7 @@ class TestRestarts:
         async with gateway_session(daemon.mcp_sock, message_handler=on_message) as session:
             await session.list_tools()
             await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")
-            with anyio.fail_after(10):
+            with fail_after(10):
                 await changed.wait()
             changed = anyio.Event()
             config = json.loads(daemon.config.read_text())
@@ -307,7 +308,7 @@ class TestRestarts:
             daemon.config.write_text(json.dumps(config))
             assert (await anyio.to_thread.run_sync(daemon.cli, "reload")).returncode == 0
             await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
-            with anyio.fail_after(10):
+            with fail_after(10):
                 while "echo__echo" not in [t.name for t in (await session.list_tools()).tools]:
                     await changed.wait()
                     changed = anyio.Event()
@@ -325,7 +326,7 @@ class TestRestarts:
         async with gateway_session(daemon.mcp_sock, message_handler=on_message) as session:
             assert "echo__extra" not in [t.name for t in (await session.list_tools()).tools]
             await session.call_tool("echo__toggle_tool", {})
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await changed.wait()
             assert "echo__extra" in [t.name for t in (await session.list_tools()).tools]
             assert first_text(await session.call_tool("echo__extra", {})) == "extra"
@@ -352,7 +353,7 @@ class TestRestarts:
             tg.start_soon(call)
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1)
             os.kill(daemon.status()["rich"]["pid"], signal.SIGKILL)
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await answered.wait()
         [result] = results
         assert result.is_error and "may" in first_text(result)
@@ -440,7 +441,7 @@ class TestModernEra:
             assert first_text(await client.call_tool("rich__echo", {"text": "modern"})) == "modern"
             async with client.listen(tools_list_changed=True) as subscription:
                 await anyio.to_thread.run_sync(daemon.cli, "restart", "rich")
-                with anyio.fail_after(10):
+                with fail_after(10):
                     event = await subscription.__anext__()
             assert type(event).__name__ == "ToolsListChanged"
 
@@ -551,7 +552,7 @@ class TestConnect:
             assert await anyio.to_thread.run_sync(daemon.terminate) == 0
             await anyio.to_thread.run_sync(daemon.start)
             await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
-            with anyio.fail_after(20):
+            with fail_after(20):
                 await changed.wait()
             assert int(first_text(await session.call_tool("echo__pid", {}))) != old
             assert cut and "may or may not have run" in cut[0]
@@ -568,7 +569,7 @@ class TestBounds:
                     for _ in range(MAX_MESSAGE // len(chunk) + 1):
                         await hog.send(chunk)
                 buffered = BufferedByteReceiveStream(hog)
-                with anyio.fail_after(10):
+                with fail_after(10):
                     reply = json.loads(await buffered.receive_until(b"\n", 1 << 16))
                     assert reply["error"]["code"] == types.INVALID_REQUEST
                     with pytest.raises((anyio.EndOfStream, anyio.IncompleteRead)):

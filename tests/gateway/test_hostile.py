@@ -22,6 +22,7 @@ import pytest
 from mcp import Client, MCPError
 
 from tests.harness import CLI, INLINE, RICH, ROOT, Daemon, first_text, gateway_session, until
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -172,7 +173,7 @@ class TestQuietLogs:
             async with gateway_session(http.mcp_sock, logging_callback=on_log) as session:
                 await session.set_logging_level("info")
                 await session.call_tool("rich__log", {"level": "error", "message": "hello"})
-                with anyio.fail_after(10):
+                with fail_after(10):
                     await arrived.wait()
 
         anyio.run(logs)

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import anyio
 import mcp_types as types
 import pytest
 
 from supervisor.control import client
 from tests.harness import INLINE, Daemon, extension_settings, first_text, gateway_session
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -125,7 +125,7 @@ class TestThroughTheGateway:
             for _ in range(90):
                 node = node["next"][0]
             assert node["data"].startswith("file:///")
-            with anyio.fail_after(20):
+            with fail_after(20):
                 hostile = await session.call_tool("shot__deep", {"bytes": 2 * INLINE, "depth": 5000})
             assert hostile.is_error
             after = await session.call_tool("shot__items", {"bytes": 16})

@@ -22,6 +22,7 @@ import pytest
 from mcp import Client
 
 from tests.harness import ECHO, INITIALIZE, Daemon, extension_settings, first_text, gateway_session
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -164,7 +165,7 @@ class Lines:
 
     async def answer(self, request_id: int) -> dict[str, Any]:
         assert self.process.stdout is not None
-        with anyio.fail_after(30):
+        with fail_after(30):
             while True:
                 while b"\n" in self.pending:
                     line, _, self.pending = self.pending.partition(b"\n")

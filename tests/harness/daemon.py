@@ -29,6 +29,7 @@ from supervisor.daemon.identity import instance_key
 from supervisor.errors import SupervisorError
 
 from . import zygote
+from .timing import patience
 
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
@@ -46,8 +47,9 @@ def alive(pid: int) -> bool:
 
 
 def until(predicate: Callable[[], bool], within: float = 10.0, interval: float = 0.02) -> None:
-    """Poll with a deadline; for conditions in another process that send us no event."""
-    deadline = time.monotonic() + within
+    """Poll with a deadline (*within*, scaled by :data:`~.timing.SLOWDOWN`); for conditions in
+    another process that send us no event."""
+    deadline = time.monotonic() + patience(within)
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(interval)
@@ -68,7 +70,7 @@ def rpc(path: str, method: str, params: dict[str, Any] | None = None, timeout: f
     request_id = next(_IDS)
     message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
     with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(timeout)
+        sock.settimeout(patience(timeout))
         try:
             sock.connect(path)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
@@ -209,7 +211,7 @@ class Daemon:
         """SIGTERM, then its exit code (20 s at most)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
+        return self.proc.wait(timeout=patience(20))
 
     def kill(self) -> None:
         """SIGKILL if it still runs (the guardian then ends its children)."""
@@ -283,7 +285,7 @@ class Daemon:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*CLI, *args, "--socket", self.socket], capture_output=True, text=True, timeout=30
+            [*CLI, *args, "--socket", self.socket], capture_output=True, text=True, timeout=patience(30)
         )
 
     def ok(self, *args: str) -> str:

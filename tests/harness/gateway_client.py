@@ -15,6 +15,8 @@ from mcp.shared.message import SessionMessage
 
 from supervisor import sockets
 
+from .timing import fail_after
+
 __all__ = (
     "ANSWERING",
     "INITIALIZE",
@@ -57,7 +59,7 @@ async def unix_transport(path: str, profile: str | None = None) -> AsyncIterator
             "params": {"name": profile},
         }
         await stream.send(json.dumps(hello).encode() + b"\n")
-        with anyio.fail_after(10):
+        with fail_after(10):
             answer = json.loads(await buffered.receive_until(b"\n", MAX_LINE))
         assert "result" in answer, answer
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](16)
@@ -113,7 +115,7 @@ async def raw_exchange(
             await stream.send(line)
         buffered = BufferedByteReceiveStream(stream)
         out = []
-        with anyio.fail_after(within):
+        with fail_after(within):
             for _ in range(replies):
                 out.append(json.loads(await buffered.receive_until(b"\n", MAX_LINE)))
         return out

@@ -15,6 +15,8 @@ from supervisor.config.settings import ExtensionConfig
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 
+from .timing import fail_after, patience
+
 __all__ = (
     "DATA",
     "ECHO",
@@ -41,8 +43,9 @@ def server_argv(script: str, *args: str) -> list[str]:
 
 
 async def eventually(predicate: Callable[[], bool], within: float = 5.0, interval: float = 0.01) -> None:
-    """Poll *predicate* until true, failing after *within* s. For conditions that fire no event."""
-    with anyio.fail_after(within):
+    """Poll *predicate* until true, failing after *within* s (scaled by :data:`~.timing.SLOWDOWN`).
+    For conditions that fire no event."""
+    with fail_after(within):
         while not predicate():  # noqa: ASYNC110 - bounded poll; callers have no event to wait on
             await anyio.sleep(interval)
 
@@ -55,7 +58,7 @@ def extension_settings(script: str, *args: str, **overrides: Any) -> dict[str, A
         "command": command,
         "args": argv,
         "backoff": {"initial": 0, "jitter": 0},
-        "start_timeout": 10,
+        "start_timeout": patience(10),
         "stop_timeout": 1,
     }
     return {**settings, **overrides}
@@ -64,14 +67,14 @@ def extension_settings(script: str, *args: str, **overrides: Any) -> dict[str, A
 def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
     """A validated config for a fixture server (no backoff unless asked, 10 s call timeout)."""
     return ExtensionConfig.model_validate(
-        extension_settings(script, *args, **{"call_timeout": 10, **overrides})
+        extension_settings(script, *args, **{"call_timeout": patience(10), **overrides})
     )
 
 
 async def running(ext: Extension, tg: anyio.abc.TaskGroup) -> Snapshot:
     """Start *ext* in *tg* and return its snapshot once it runs (failing if it does not)."""
     await ext.start(tg)
-    with anyio.fail_after(10):
+    with fail_after(10):
         snapshot = await ext.wait_for(lambda s: s.state in (State.RUNNING, State.FAILED))
     assert snapshot.state is State.RUNNING, snapshot
     return snapshot

@@ -21,6 +21,7 @@ from supervisor.process import children as process
 from supervisor.process import reaper, spawner
 from supervisor.process import tree as proctree
 from tests.harness import eventually, server_argv
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -91,7 +92,7 @@ async def spawn(argv: list[str], marker: str, **kwargs: object) -> process.Child
 async def read_line(reader: process.PipeReader, startswith: str = "") -> str:
     """The first whole line from *reader* that starts with *startswith* (the rest is dropped)."""
     pending = b""
-    with anyio.fail_after(10):
+    with fail_after(10):
         while chunk := await reader.read():
             pending += chunk
             *lines, pending = pending.split(b"\n")
@@ -134,7 +135,7 @@ class TestSpawn:
         child = await process.spawn(
             [sys.executable, "-c", code], env={**os.environ, "GREETING": "hi"}, cwd=None, marker=marker_prefix
         )
-        with anyio.fail_after(10):
+        with fail_after(10):
             greeting, mark, sid = json.loads(await read_line(child.stdout))
             await child.exited.wait()
         assert (greeting, mark, sid) == ("hi", marker_prefix, child.pid)
@@ -207,7 +208,7 @@ class TestPipeReader:
         assert child.stdout.buffered <= (64 << 10) + (256 << 10)  # asyncio reads pipes 256 KiB at a time
         assert not child.exited.is_set()  # blocked on the full pipe
         received = 0
-        with anyio.fail_after(10):
+        with fail_after(10):
             while chunk := await child.stdout.read():
                 received += len(chunk)
         assert received == 4 << 20 and child.stdout.at_eof()
@@ -218,7 +219,7 @@ class TestExitDetection:
     async def test_exit_noticed_while_grandchild_holds_stdout(self, marker_prefix: str) -> None:
         """The exit event fires at the child's exit even though its stdout stays open."""
         child = await spawn([sys.executable, "-c", EXIT_LEAVING_GRANDCHILD], marker_prefix)
-        with anyio.fail_after(5):
+        with fail_after(5):
             await child.exited.wait()
         assert child.returncode == 3
         assert not child.stdout.at_eof()  # the grandchild still holds the pipe
@@ -242,7 +243,7 @@ class TestExitDetection:
         child = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], marker_prefix)
         killed_at = time.monotonic()
         os.kill(child.pid, signal.SIGKILL)
-        with anyio.fail_after(5):
+        with fail_after(5):
             await child.exited.wait()
         assert child.returncode == -signal.SIGKILL
         assert time.monotonic() - killed_at < 1.0
@@ -255,7 +256,7 @@ class TestTerminateTree:
         child = await spawn(server_argv("tree.py"), marker_prefix)
         pids = json.loads((await read_stderr_line(child, "tree: pids")).split(" ", 2)[2])
         assert os.getsid(pids["great_grandchild"]) != os.getsid(child.pid)
-        with anyio.fail_after(10):
+        with fail_after(10):
             await process.terminate_tree(child, grace=1)
         assert [name for name, pid in pids.items() if alive(pid)] == []
 
@@ -263,7 +264,7 @@ class TestTerminateTree:
         """A child that exits on stdin EOF ends with its own code 0, quickly."""
         child = await spawn([sys.executable, "-c", "import sys; sys.stdin.read()"], marker_prefix)
         started = time.monotonic()
-        with anyio.fail_after(10):
+        with fail_after(10):
             await process.terminate_tree(child, grace=5)
         assert child.returncode == 0
         assert time.monotonic() - started < 2
@@ -273,7 +274,7 @@ class TestTerminateTree:
         child = await spawn(server_argv("stubborn.py"), marker_prefix)
         await read_stderr_line(child, "stubborn")
         started = time.monotonic()
-        with anyio.fail_after(10):
+        with fail_after(10):
             await process.terminate_tree(child, grace=0.2, term_grace=0.3)
         assert child.returncode == -signal.SIGKILL
         assert time.monotonic() - started < 3
@@ -313,7 +314,7 @@ class TestTerminateTree:
             raise RuntimeError("a scan that breaks")
 
         monkeypatch.setattr(proctree, "scan", broken)
-        with capture_logs() as logs, anyio.fail_after(10):
+        with capture_logs() as logs, fail_after(10):
             await process.terminate_tree(child, grace=0.2, term_grace=0.3)
         assert child.returncode == -signal.SIGKILL
         assert child.terminated
@@ -366,7 +367,7 @@ class TestAttachFailure:
             raise OSError(24, "Too many open files")
 
         monkeypatch.setattr(process.Subtree, "kill", staticmethod(out_of_fds))
-        with anyio.fail_after(10):
+        with fail_after(10):
             await process._abandon(popen, leaf)
         assert popen.returncode is not None and popen.pid not in reaper.tracked()
         assert not leaf.exists()
@@ -420,7 +421,7 @@ class TestSweep:
         old = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], f"{marker_prefix}1:")
         ours = await spawn([sys.executable, "-c", "import time; time.sleep(60)"], f"{marker_prefix}2:")
         assert await process.sweep_marked(marker_prefix, keep=f"{marker_prefix}2:") == 1
-        with anyio.fail_after(5):
+        with fail_after(5):
             await old.exited.wait()
         assert alive(ours.pid)
         await process.terminate_tree(old, grace=0)

@@ -29,6 +29,7 @@ from supervisor.process import children as process
 from supervisor.process import tree as proctree
 from supervisor.process.cgroups import Subtree
 from tests.harness import Daemon, eventually, extension_settings, server_argv
+from tests.harness.timing import fail_after
 
 SHAPES = ("child", "group", "double", "forkloop", "clearenv", "scrub")
 ACTIONS = ("stop", "restart", "crash", "sigterm", "sigkill")
@@ -106,7 +107,7 @@ class MatrixDaemon:
         self, names: list[str], *, not_pids: dict[str, int] | None = None
     ) -> dict[str, str]:
         """Each name's run tag (``<tag>-<server pid>``) once it runs (a new run, if *not_pids*)."""
-        with anyio.fail_after(60):
+        with fail_after(60):
             while True:
                 try:
                     records = await self.status()
@@ -275,7 +276,7 @@ def subtree() -> Iterator[Subtree]:
 
 async def _ready(child: process.ChildProcess) -> None:
     pending = b""
-    with anyio.fail_after(10):
+    with fail_after(10):
         while chunk := await child.stderr.read():
             pending += chunk
             if b"tree: ready" in pending:
@@ -371,7 +372,7 @@ class TestDaemonContainment:
             [orphan] = tagged([run])[run]
             assert _stat_of(orphan) == ("S", daemon.proc.pid)
             os.kill(orphan, signal.SIGKILL)
-            with anyio.fail_after(5):
+            with fail_after(5):
                 while _stat_of(orphan) is not None:  # noqa: ASYNC110 - a zombie sends us no event
                     await anyio.sleep(0.02)
             assert await daemon.end(signal.SIGTERM) == 0
@@ -409,12 +410,12 @@ class TestDaemonContainment:
             run = (await daemon.until_running(["fx"]))["fx"]
             first = (await daemon.health())["containment"]["guardian_pid"]
             os.kill(first, signal.SIGKILL)
-            with anyio.fail_after(10):
+            with fail_after(10):
                 while (contain := (await daemon.health())["containment"])["guardian_pid"] in (first, None):  # noqa: ASYNC110
                     await anyio.sleep(0.05)  # another process: no event to wait on
             assert contain["guardian_restarts"] == 1
             await daemon.end(signal.SIGKILL)
-            with anyio.fail_after(SIGKILL_DEADLINE):
+            with fail_after(SIGKILL_DEADLINE):
                 while survivors({"fx": run})["fx"]:  # noqa: ASYNC110 - other processes: no event
                     await anyio.sleep(0.02)
         finally:
@@ -480,7 +481,7 @@ class TestCgroupHygiene:
         assert CGROUP is not None
         daemon = MatrixDaemon(short_tmp / "d", "cgroup", {})
         try:
-            with anyio.fail_after(30):
+            with fail_after(30):
                 while True:
                     try:
                         await daemon.status()

@@ -26,6 +26,7 @@ from supervisor.process.usage import (
     run_usage,
 )
 from tests.harness import Daemon, eventually, extension_settings, fast_config, first_text, running
+from tests.harness.timing import fail_after
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ class TestReports:
         daemon.start()
         daemon.wait_state("fx", "running")
         status = daemon.status()
-        with anyio.fail_after(5):  # a reading is reused for up to CACHE_SECONDS: the wait saw the shim
+        with fail_after(5):  # a reading is reused for up to CACHE_SECONDS: the wait saw the shim
             while status["fx"]["resources"]["processes"] != 3:
                 await anyio.sleep(0.1)
                 status = daemon.status()
@@ -138,12 +139,12 @@ class TestMemoryMax:
         ext = make_extension(fast_config("hang.py", memory_max="100M"))
         first = await running(ext, task_group)
         assert first_text(await ext.call_tool("alloc", {"mb": 200})) == "allocated"
-        with anyio.fail_after(10):  # checked every second; then the teardown
+        with fail_after(10):  # checked every second; then the teardown
             after = await ext.wait_for(lambda s: s.memory_exceeded == 1 and s.state is not State.RUNNING)
         assert after.last_error is not None
         assert after.last_error.startswith("memory_max 100 MiB exceeded: "), after.last_error
         assert int(after.last_error.rsplit(": ", 1)[1].removesuffix(" MiB")) >= 200
-        with anyio.fail_after(10):
+        with fail_after(10):
             again = await ext.wait_for(lambda s: s.state is State.RUNNING and s.pid != first.pid)
         assert again.restarts == 1
         await ext.stop()

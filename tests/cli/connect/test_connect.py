@@ -32,6 +32,7 @@ from supervisor import cli
 from supervisor.cli.connect.pump import MAX_CLIENT_LINE, MAX_HELD_LINES
 from supervisor.process.children import MARKER_ENV
 from tests.harness import INITIALIZE, SERVERS
+from tests.harness.timing import fail_after
 
 pytestmark = pytest.mark.anyio
 WAIT = 10  # seconds any single step may take
@@ -62,7 +63,7 @@ class Fixture:
         env = {**os.environ, MARKER_ENV: self.marker}
         self.process = process = await anyio.open_process(argv, env=env)
         assert process.stdout is not None
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             ready = await process.stdout.receive()
         assert ready.startswith(b"listening"), ready
         tg.start_soon(self._read_stderr, process)
@@ -75,14 +76,14 @@ class Fixture:
             self._changed = anyio.Event()
 
     async def wait_called(self, tool: str, times: int = 1) -> None:
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             while self.calls.count(tool) < times:
                 await self._changed.wait()
 
     async def kill(self) -> None:
         if self.process is not None and self.process.returncode is None:
             self.process.kill()
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 await self.process.wait()
 
 
@@ -129,7 +130,7 @@ async def session_through_connect(
             stdio_client(params, errlog=errlog) as (read, write),
             ClientSession(read, write, message_handler=handler) as session,
         ):
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 await session.initialize()
             yield session
 
@@ -148,7 +149,7 @@ class Raw:
 
     async def receive(self) -> dict[str, Any]:
         assert self.process.stdout is not None
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             while b"\n" not in self._pending:
                 self._pending += await self.process.stdout.receive()
         first, _, self._pending = self._pending.partition(b"\n")
@@ -157,7 +158,7 @@ class Raw:
     async def stderr(self, until: str | None = None) -> str:
         """What connect wrote to stderr: up to *until*, or all of it (until it exits)."""
         assert self.process.stderr is not None
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             while until is None or until.encode() not in self._stderr:
                 try:
                     self._stderr += await self.process.stderr.receive()
@@ -212,7 +213,7 @@ class TestSession:
         await server.start(tg)
         argv = connect_argv(short_tmp)
         params = StdioServerParameters(command=argv[0], args=argv[1:], env={MARKER_ENV: marker_prefix + "c"})
-        with anyio.fail_after(WAIT):
+        with fail_after(WAIT):
             async with Client(params, mode="2026-07-28") as client:
                 assert client.protocol_version == "2026-07-28"
                 assert "echo" in {tool.name for tool in (await client.list_tools()).tools}
@@ -246,7 +247,7 @@ class TestExits:
             await raw.process.stdin.aclose()
             assert (await raw.receive())["id"] == 0
             assert (await raw.receive())["result"]["content"][0]["text"] == "done"
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 assert await raw.process.wait() == 0
 
     async def test_a_client_that_closes_its_end_of_stdout_ends_connect(
@@ -291,7 +292,7 @@ class TestExits:
                     line(INITIALIZE) + line(INITIALIZED) + line(call(1, "echo", text="f"))
                 )
                 data = b""
-                with anyio.fail_after(WAIT):
+                with fail_after(WAIT):
                     while data.count(b"\n") < 2:
                         with contextlib.suppress(BlockingIOError):
                             data += os.read(answers, 65536)
@@ -299,7 +300,7 @@ class TestExits:
                 assert [json.loads(text)["id"] for text in data.splitlines()] == [0, 1]
                 assert process.returncode is None  # still serving
                 await process.stdin.aclose()
-                with anyio.fail_after(WAIT):
+                with fail_after(WAIT):
                     assert await process.wait() == 0
         finally:
             os.close(stdout)
@@ -343,12 +344,12 @@ class TestExits:
         async with await anyio.open_process(argv, env=env) as other:
             assert other.stdout is not None
             output = BufferedByteReceiveStream(other.stdout)
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 assert await output.receive_until(b"\n", 100) == b"ready"
             done = await anyio.run_process(
                 connect_argv(directory), input=line(INITIALIZE), check=False, env={**os.environ}
             )
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 received = await output.receive_until(b"\n", 100)
         assert done.returncode == 3
         assert done.stdout == b""
@@ -429,7 +430,7 @@ class TestRestart:
                     await session.call_tool("slow", {"seconds": 60})
                 failure.append(caught.value)
 
-            with anyio.fail_after(WAIT):  # the call fails at once, not after its 60 s
+            with fail_after(WAIT):  # the call fails at once, not after its 60 s
                 async with anyio.create_task_group() as calls:
                     calls.start_soon(slow_call)
                     await server.wait_called("slow")
@@ -438,7 +439,7 @@ class TestRestart:
             assert "restarted" in failure[0].message and "may or may not have run" in failure[0].message
 
             await server.start(tg)
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 await got_changes.wait()
             assert set(changed) == {"notifications/tools/list_changed", "notifications/prompts/list_changed"}
             second_pid = text_of(await session.call_tool("pid", {}))
@@ -456,7 +457,7 @@ class TestRestart:
         argv = connect_argv(short_tmp)
         params = StdioServerParameters(command=argv[0], args=argv[1:], env={MARKER_ENV: marker_prefix + "c"})
         async with Client(params, mode="2026-07-28") as client:
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 async with client.listen(tools_list_changed=True) as subscription:
                     await server.kill()
                     await server.start(tg)
@@ -531,7 +532,7 @@ class TestRestart:
             given_up = [await raw.receive() for _ in range(MAX_HELD_LINES)]
             assert [reply["id"] for reply in given_up] == list(range(1, MAX_HELD_LINES + 1))
             assert all("did not come back" in reply["error"]["message"] for reply in given_up)
-            with anyio.fail_after(WAIT):
+            with fail_after(WAIT):
                 assert await raw.process.wait() == 3
             lines = (await raw.stderr()).splitlines()
             assert lines[-1].endswith("went away and did not come back within 1.5 s")

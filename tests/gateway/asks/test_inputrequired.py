@@ -33,6 +33,7 @@ from tests.harness import (
     gateway_session,
     unix_transport,
 )
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -157,7 +158,7 @@ class TestRounds:
             args = {"message": "both?", "prompt": "p"}
             first = await ask(client, "both", **args)
             pending = dict(first.input_requests or {}) if isinstance(first, types.InputRequiredResult) else {}
-            with anyio.fail_after(5):
+            with fail_after(5):
                 while len(pending) < 2:  # the second question came after that round went out
                     assert isinstance(first, types.InputRequiredResult)
                     await anyio.sleep(0.05)
@@ -238,9 +239,8 @@ class TestRequestState:
                 ),
             }
             for expected, attempt in cases.items():
-                with pytest.raises(MCPError) as refused:
-                    with anyio.fail_after(2):  # at once, not after some timeout
-                        await attempt
+                with pytest.raises(MCPError) as refused, fail_after(2):  # at once, not after a timeout
+                    await attempt
                 assert refused.value.code == types.INVALID_PARAMS and expected in refused.value.message
             done = await retry(client, "elicit", state, {key: ACCEPT}, message="mine")
             assert isinstance(done, types.CallToolResult)
@@ -268,7 +268,7 @@ class TestRequestState:
         daemon.start()
         daemon.wait_state("asker", "running")
         async with modern(daemon, **ANSWERING) as client:
-            with pytest.raises(MCPError) as refused, anyio.fail_after(5):
+            with pytest.raises(MCPError) as refused, fail_after(5):
                 await retry(client, "elicit", first.request_state, {"r1": ACCEPT}, message="before")
             assert refused.value.code == types.INVALID_PARAMS
             assert "restarted since" in refused.value.message
@@ -295,7 +295,7 @@ class TestBounds:
             assert any("got no retry within call_timeout (1.5s)" in e["reason"] for e in events), events
             with pytest.raises(MCPError, match=r"got no retry within call_timeout \(1.5s\)"):
                 await retry(client, "elicit", never.request_state, {"r1": ACCEPT}, message="never")
-            with anyio.fail_after(10):  # the child call let go of, another client is asked again
+            with fail_after(10):  # the child call let go of, another client is asked again
                 while (answered := await other.call_tool("asker__elicit", {"message": "mine"})).is_error:  # noqa: ASYNC110
                     await anyio.sleep(0.2)  # for call_timeout after the cancel, the child may still ask
             assert first_text(answered) == 'accept {"answer": "yes to mine"}'
@@ -338,7 +338,7 @@ class TestBounds:
         async with modern(daemon, **ANSWERING) as client, anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(ask, client, "wait", seconds=30))
             await eventually(lambda: daemon.status()["asker"]["in_flight"] == 1)
-            with anyio.fail_after(5):
+            with fail_after(5):
                 result = await client.call_tool("asker__elicit", {"message": "whose?"})
             assert result.is_error and "calls from 2 clients are in flight" in first_text(result)
             tg.cancel_scope.cancel()
@@ -349,20 +349,20 @@ class TestBounds:
         async with modern(daemon, **ANSWERING) as parker, modern(daemon, **ANSWERING) as other:
             first = await ask(parker, "elicit", message="later")
             assert isinstance(first, types.InputRequiredResult)
-            with anyio.fail_after(5):
+            with fail_after(5):
                 refused = await other.call_tool("asker__elicit", {"message": "mine?"})
             assert refused.is_error and "calls from 2 clients are in flight" in first_text(refused)
             [key] = first.input_requests or {}
             done = await retry(parker, "elicit", first.request_state, {key: ACCEPT}, message="later")
             assert first_text(done) == 'accept {"answer": "by hand"}'  # type: ignore[arg-type]
-            with anyio.fail_after(5):  # the parked call is over: the other client is asked now
+            with fail_after(5):  # the parked call is over: the other client is asked now
                 result = await other.call_tool("asker__elicit", {"message": "mine?"})
             assert not result.is_error
 
     async def test_a_client_without_the_capability_gets_the_child_an_error_at_once(self, start) -> None:
         daemon = start({"asker": ASKER})
         async with modern(daemon) as client:
-            with anyio.fail_after(2):
+            with fail_after(2):
                 result = await client.call_tool("asker__elicit", {"message": "?"})
             assert result.is_error and "did not declare the elicitation capability" in first_text(result)
 

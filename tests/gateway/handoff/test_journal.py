@@ -6,7 +6,6 @@ import json
 import os
 import socket
 
-import anyio
 import mcp_types as types
 import pytest
 
@@ -19,6 +18,7 @@ from supervisor.gateway.handoff.stream import HandedStream
 from supervisor.gateway.hello import ANSWERED, HELD_LONG, RELEASED_LONG, SET_UP
 from supervisor.gateway.session import InFlight
 from supervisor.streams import Stream
+from tests.harness.timing import fail_after
 
 
 def request(request_id: object, method: str = "tools/call") -> bytes:
@@ -138,10 +138,10 @@ class TestWithInFlight:
         in the journal; else every such pair leaked a slot until one request was left in flight."""
         in_flight = InFlight(2)
         in_flight.tracker = Tracking(journal, Backchannel.__new__(Backchannel))
-        with anyio.fail_after(5):  # a leaked slot blocks the next take
+        with fail_after(5):  # a leaked slot blocks the next take
             await self._pairs(in_flight)
         assert read(journal).ids == []
-        with anyio.fail_after(1):  # both slots free
+        with fail_after(1):  # both slots free
             await in_flight.take()
             await in_flight.take()
         in_flight.hold("y")

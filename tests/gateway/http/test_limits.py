@@ -23,6 +23,7 @@ from supervisor.extension.supervised import Extension
 from supervisor.gateway.http import HttpLimits, Listening, serve_http
 from supervisor.gateway.server import Gateway
 from tests.harness import eventually
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -88,7 +89,7 @@ async def _closed(sock: socket.socket, within: float = 5.0) -> bytes:
             pass
         return data
 
-    with anyio.fail_after(within + 1):
+    with fail_after(within + 1):
         return await anyio.to_thread.run_sync(read_all)
 
 

@@ -16,6 +16,7 @@ from supervisor.gateway.notify.downstream import MAX_LOG_DATA, MAX_PENDING_LOGS,
 from supervisor.gateway.notify.listen import MAX_LISTENS
 from supervisor.gateway.notify.requestlogs import RequestLog
 from tests.harness import RICH, Daemon, eventually, first_text, gateway_session, unix_transport
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -121,7 +122,7 @@ class TestLogMessages:
             await eventually(lambda: sent == [None])
             request.offer("info", "heard", None)
             request.close()
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await request.done.wait()
         assert sent == [None, "heard"] and request.dropped == 1
 
@@ -137,7 +138,7 @@ class TestLogMessages:
 
 
 async def next_event(subscription: Any, within: float = 10) -> Any:
-    with anyio.fail_after(within):
+    with fail_after(within):
         return await subscription.__anext__()
 
 
@@ -204,7 +205,7 @@ class TestSubscriptions:
             async with client.listen(resource_subscriptions=[NOTE_A]):
                 pass
             await session.call_tool("rich__touch", {"uri": "note://a"})  # the child is still subscribed
-            with anyio.fail_after(5):
+            with fail_after(5):
                 await updated.wait()
             assert subscribed(daemon, "note://a", "unsubscribed") == 0
             await session.unsubscribe_resource(NOTE_A)
@@ -256,12 +257,11 @@ class TestFairness:
             for n in range(3):
                 tg.start_soon(_subscribe_quietly, stuck, f"mcp-supervisor://rich/note://hang{n}")
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 3, within=10)
-            with anyio.fail_after(3):  # well inside one call_timeout
+            with fail_after(3):  # well inside one call_timeout
                 await other.subscribe_resource(NOTE_A)
             assert subscribed(daemon, "note://a") == 1
-            with anyio.fail_after(3):  # an unknown extension answers at once too, and leaves nothing
-                with pytest.raises(MCPError):
-                    await other.subscribe_resource("mcp-supervisor://nobody/note://a")
+            with fail_after(3), pytest.raises(MCPError):  # an unknown extension answers at once too
+                await other.subscribe_resource("mcp-supervisor://nobody/note://a")
             tg.cancel_scope.cancel()
 
     async def test_at_most_max_listens_streams_per_client_and_the_others_still_listen(self, gateway) -> None:

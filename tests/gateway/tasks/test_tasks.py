@@ -30,6 +30,7 @@ from supervisor.gateway.tasks.ids import MAX_ID_LENGTH, parse_task_id, task_id
 from supervisor.gateway.tasks.owners import Owners
 from supervisor.gateway.tasks.router import MAX_LIST_REQUESTS, MAX_PAGE
 from tests.harness import MAX_LINE, Daemon, extension_settings, first_text, gateway_session, unix_transport
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -85,7 +86,7 @@ class RawClient:
         self._waiting[request_id] = (done, box)
         message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}}
         await self._stream.send(json.dumps(message).encode() + b"\n")
-        with anyio.fail_after(within):
+        with fail_after(within):
             await done.wait()
         if "error" in box[0]:
             raise Failed(box[0]["error"])
@@ -411,7 +412,7 @@ class TestIdleStop:
         async with raw_client(daemon) as (client, _):
             created = time.monotonic()
             await client.create("tasks__slow", seconds=2.0)
-            with anyio.fail_after(20):
+            with fail_after(20):
                 while (await anyio.to_thread.run_sync(daemon.status))["tasks"]["state"] == "running":  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             assert time.monotonic() - created >= 2.0  # not before the task ended
@@ -431,7 +432,7 @@ class TestIdleStop:
                     await anyio.sleep(0.1)
 
             tg.start_soon(poll)
-            with anyio.fail_after(6):
+            with fail_after(6):
                 while (await anyio.to_thread.run_sync(daemon.status))["tasks"]["state"] == "running":  # noqa: ASYNC110
                     await anyio.sleep(0.1)
             tg.cancel_scope.cancel()

@@ -27,6 +27,7 @@ from tests.harness import (
     gateway_session,
     until,
 )
+from tests.harness.timing import fail_after
 
 pytestmark = [
     pytest.mark.anyio,
@@ -149,7 +150,7 @@ class TestProfiles:
             await anyio.to_thread.run_sync(daemon.start)
             await anyio.to_thread.run_sync(daemon.wait_state, "rich", "running")
             await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
-            with anyio.fail_after(20):
+            with fail_after(20):
                 await changed.wait()
             assert names(await session.list_tools()) == before
             with pytest.raises(MCPError, match="not in profile 'echo-only'"):
@@ -193,14 +194,14 @@ class TestProfiles:
             report = await anyio.to_thread.run_sync(daemon.cli, "reload", "--json")
             assert report.returncode == 0, report.stderr
             assert json.loads(report.stdout)["restarted"] == []  # no extension was touched
-            with anyio.fail_after(10):
+            with fail_after(10):
                 await changed.wait()
             assert names(await session.list_tools()) == {"rich__echo"}
             changed = anyio.Event()
             del config["profiles"]["echo-only"]  # removed while this client uses it
             daemon.config.write_text(json.dumps(config))
             assert (await anyio.to_thread.run_sync(daemon.cli, "reload")).returncode == 0
-            with anyio.fail_after(10):
+            with fail_after(10):
                 await changed.wait()
             assert names(await session.list_tools()) == set()
             with pytest.raises(MCPError, match="profile 'echo-only' is no longer configured"):

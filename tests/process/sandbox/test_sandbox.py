@@ -24,6 +24,7 @@ from supervisor.control import client
 from supervisor.daemon.identity import instance_key
 from supervisor.process import sandbox
 from tests.harness import ROOT, Daemon, extension_settings
+from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.anyio]
 
@@ -207,7 +208,7 @@ class TestUnenforceable:
             {"extensions": extensions}, prefix=["unshare", "-U", "-r", "sh", "-c", limit, "sh"]
         )
         daemon.wait_running("online")
-        with anyio.fail_after(20):
+        with fail_after(20):
             while (record := daemon.status()["offline"])["state"] != "failed":  # noqa: ASYNC110 - another process
                 await anyio.sleep(0.05)
         assert "network namespaces" in record["last_error"]
