@@ -17,6 +17,9 @@ from supervisor.process import sandbox
 __all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context", "spool_root")
 
 _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
+# The daemon's own settings and knobs: a gateway token, the socket, the config's path. (The
+# credentials directory is left out at each spawn, once the secrets it holds are read.)
+_OWN_PREFIXES = ("MCP_SUPERVISOR_",)
 
 
 def instance_key(socket_path: str) -> str:
@@ -25,8 +28,11 @@ def instance_key(socket_path: str) -> str:
 
 
 def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The daemon's environment as its children inherit it (each extension's ``env`` merged over)."""
-    return {k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN}
+    """The daemon's environment as its children inherit it (each extension's ``env`` merged over):
+    without the daemon's own settings and secrets (``MCP_SUPERVISOR_*``)."""
+    return {
+        k: v for k, v in environ.items() if k not in _NOT_FOR_CHILDREN and not k.startswith(_OWN_PREFIXES)
+    }
 
 
 def marker_prefix(instance: str) -> str:

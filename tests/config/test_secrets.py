@@ -167,6 +167,21 @@ class TestThroughTheDaemon:
         daemon.ok("restart", "fx")  # the next spawn reads the secret again
         assert anyio.run(ask, "TOKEN") == "Bearer another-s3cret"
 
+    def test_the_daemons_own_settings_are_not_inherited(self, pinned: Callable[..., Daemon]) -> None:
+        """A gateway token given to the daemon in its environment (and every other MCP_SUPERVISOR_*
+        variable) is the daemon's: a child that reads it could call every extension through HTTP."""
+        own = {"MCP_SUPERVISOR_GATEWAY__HTTP__TOKEN": "t0ken-of-the-daemon", "MCP_SUPERVISOR_HEAD_START": "1"}
+        daemon = pinned({"fx": getenv(MINE="kept")}, env=own)
+        daemon.wait_state("fx", "running")
+
+        async def ask(name: str) -> str:
+            async with gateway_session(daemon.mcp_sock) as session:
+                return first_text(await session.call_tool("fx__getenv", {"name": name}))
+
+        assert anyio.run(ask, "MINE") == "kept"
+        for name in (*own, "MCP_SUPERVISOR_SOCKET"):
+            assert anyio.run(ask, name) == "(unset)", name
+
     def test_a_missing_secret_fails_the_start_for_good_naming_the_reference(
         self,
         pinned: Callable[..., Daemon],
