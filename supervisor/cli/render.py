@@ -268,7 +268,8 @@ def sandbox_text(sandbox: dict[str, Any] | None) -> str:
     if not sandbox or sandbox.get("mode") != "confined":
         return "off" if sandbox else "-"
     digest = sandbox.get("digest")
-    return f"network {sandbox.get('network')}" + (f", {digest[:8]}" if digest else "")
+    level = f", {sandbox['confined']}" if sandbox.get("confined") else ""
+    return f"network {sandbox.get('network')}" + (f", {digest[:8]}" if digest else "") + level
 
 
 def _health_cells(ext: dict[str, Any], ring: str) -> tuple[str, ...]:

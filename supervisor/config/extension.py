@@ -60,13 +60,16 @@ class SandboxConfig(Frozen):
     """What a confined extension may reach beyond its base (see :mod:`supervisor.process.sandbox`).
 
     ``read``/``write``: paths; ``~`` and globs expand at each start, ``${VAR}`` at load.
-    ``sandbox: false`` in the file is ``enabled: false`` here (unconfined).
+    ``sandbox: false`` in the file is ``enabled: false`` here (unconfined). The sandbox is best
+    effort (each layer the host has); ``require: full`` refuses to start with a layer missing.
     """
 
     enabled: bool = True
     network: Literal["none", "outbound", "all"] = "all"  # outbound: TCP connect, no bind
     read: list[Annotated[Expanded, AfterValidator(non_empty_path)]] = []
     write: list[Annotated[Expanded, AfterValidator(non_empty_path)]] = []
+    require: Literal["full"] | None = None  # full: refuse to start where the host lacks a layer
+    seccomp: bool = True  # false: no filter of system calls (a server that makes user namespaces)
 
 
 def _sandbox_switch(value: Any) -> Any:
@@ -75,7 +78,9 @@ def _sandbox_switch(value: Any) -> Any:
         return {"enabled": value}
     if isinstance(value, SandboxConfig | Mapping):
         return value
-    raise PydanticCustomError("sandbox", "sandbox must be false, true or a mapping (network, read, write)")
+    raise PydanticCustomError(
+        "sandbox", "sandbox must be false, true or a mapping (network, read, write, require, seccomp)"
+    )
 
 
 class ExtensionConfig(Frozen):

@@ -174,8 +174,8 @@ class Settings(BaseSettings):
     def _sandbox_defaults_merged(
         cls, extensions: dict[str, ExtensionConfig], info: ValidationInfo
     ) -> dict[str, ExtensionConfig]:
-        """Each extension's sandbox on top of ``sandbox_defaults``: network from the extension if
-        it gives one, paths from both. The result is what a reload compares."""
+        """Each extension's sandbox on top of ``sandbox_defaults``: network, require and seccomp
+        from the extension if it gives them, paths from both. The result is what a reload compares."""
         defaults = info.data.get("sandbox_defaults")
         if defaults is None or defaults == SandboxConfig():
             return extensions
@@ -183,9 +183,14 @@ class Settings(BaseSettings):
         for name, extension in extensions.items():
             own = extension.sandbox
             if own.enabled:
-                network = own.network if "network" in own.model_fields_set else defaults.network
+                given = own.model_fields_set
+                network = own.network if "network" in given else defaults.network
                 own = SandboxConfig.model_construct(  # values validated (and ${VAR}-expanded) once already
-                    network=network, read=[*defaults.read, *own.read], write=[*defaults.write, *own.write]
+                    network=network,
+                    read=[*defaults.read, *own.read],
+                    write=[*defaults.write, *own.write],
+                    require=own.require if "require" in given else defaults.require,
+                    seccomp=own.seccomp if "seccomp" in given else defaults.seccomp,
                 )
                 extension = extension.model_copy(update={"sandbox": own})
             merged[name] = extension

@@ -14,7 +14,9 @@ from supervisor import paths
 from supervisor.config.settings import Settings
 from supervisor.process import sandbox
 
-__all__ = ("child_environ", "instance_key", "marker_prefix", "sandbox_context", "spool_root")
+__all__ = ("SANDBOX_ABI", "child_environ", "instance_key", "marker_prefix", "sandbox_context", "spool_root")
+
+SANDBOX_ABI = "MCP_SUPERVISOR_SANDBOX_ABI"
 
 _NOT_FOR_CHILDREN = frozenset({"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"})  # systemd talks to us only
 # The daemon's own settings and knobs: a gateway token, the socket, the config's path. (The
@@ -43,7 +45,12 @@ def marker_prefix(instance: str) -> str:
 def sandbox_context(
     settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
 ) -> sandbox.Context:
-    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool."""
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool.
+
+    ``MCP_SUPERVISOR_SANDBOX_ABI=N`` in the daemon's own environment caps the Landlock ABI its
+    sandboxes use: what a host with an older kernel gets, seen on this one.
+    """
+    cap = os.environ.get(SANDBOX_ABI, "")
     return sandbox.daemon_context(
         environ=environ,
         config_path=config_path,
@@ -51,6 +58,7 @@ def sandbox_context(
         state=str(paths.default_state_root(environ)),
         spool=str(spool_root(settings, environ)),
         instance=instance_key(settings.socket),
+        max_abi=int(cap) if cap.isdigit() else None,
     )
 
 

@@ -202,11 +202,25 @@ async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.F
             return False
     await _prepare_spool(daemon.spool)
     await daemon.prune_catalogs()
+    await _tell_sandbox_level(settings, daemon.sandbox_context)
     await daemon.autostart(head)
     daemon.notifier.ready(daemon.summary())
     tg.start_soon(keep_watchdog, daemon.notifier)  # on the loop: a blocked loop stops the pings
     log.info("daemon.ready", extensions=len(settings.extensions))
     return True
+
+
+async def _tell_sandbox_level(settings: Settings, context: sandbox.Context) -> None:
+    """Say once what this host confines the configured sandboxes with, and what it cannot enforce."""
+    networks = sorted({e.sandbox.network for e in settings.extensions.values() if e.sandbox.enabled})
+    if not networks:
+        return
+    host = await anyio.to_thread.run_sync(sandbox.probe_host, context.max_abi)
+    lacks = list(dict.fromkeys(lack for network in networks for lack in host.lacks(network)))
+    if host.failure is not None or lacks:
+        log.warning("sandbox.partial", confined=host.level(), lacks=lacks, failure=host.failure)
+    else:
+        log.info("sandbox.level", confined=host.level())
 
 
 def _children(settings: Settings) -> int:

@@ -17,10 +17,8 @@ import dataclasses
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from typing import Any
 import anyio
 
 from supervisor.errors import SpawnError
+from supervisor.process.sandbox.host import Host, probe_host, probed
 from supervisor.process.sandbox.policy import CACHE, MAX_GRANTS, Context, Grant, Grants, Spec, grants_for
 
 __all__ = (
@@ -35,6 +34,7 @@ __all__ = (
     "Context",
     "Grant",
     "Grants",
+    "Host",
     "Run",
     "Sandbox",
     "Spec",
@@ -42,59 +42,40 @@ __all__ = (
     "explain",
     "explain_extension",
     "grants_for",
-    "probe",
+    "probe_host",
+    "refused",
     "sandbox_for",
     "sweep",
     "tmp_base",
 )
 
 LAUNCHER = Path(__file__).with_name("launch.py")
-_PROBE_TIMEOUT = 20.0
-_probes: dict[bool, str | None] = {}  # network namespace wanted -> None (works) or why not
-_probe_lock = threading.Lock()
 
 
 def daemon_context(
-    *, environ: Mapping[str, str], config_path: str | None, socket: str, state: str, spool: str, instance: str
+    *,
+    environ: Mapping[str, str],
+    config_path: str | None,
+    socket: str,
+    state: str,
+    spool: str,
+    instance: str,
+    max_abi: int | None = None,
 ) -> Context:
     """The context of one daemon: its config (and the config's own directory, when it is one of
-    ours: secrets files live beside it), socket directory, state and spool are hidden."""
+    ours: secrets files live beside it), socket directory, state and spool are hidden. *max_abi*
+    caps the Landlock ABI used (to see what an older kernel gets)."""
     protected = [os.path.dirname(os.path.abspath(socket)), state, spool]
     if config_path:
         config = os.path.abspath(os.path.expanduser(config_path))
         mine = "mcp-supervisor" in os.path.basename(os.path.dirname(config))
         protected.append(os.path.dirname(config) if mine else config)
-    return Context(environ, tuple(protected), tmp=tmp_base(instance))
+    return Context(environ, tuple(protected), tmp=tmp_base(instance), max_abi=max_abi)
 
 
 def tmp_base(instance: str) -> str:
     """Where the private temporary directories of one daemon's extensions live."""
     return os.path.join(tempfile.gettempdir(), f"mcps-{os.getuid()}-{instance[:12]}")
-
-
-def probe(*, network_namespace: bool) -> str | None:
-    """Whether the launcher can confine a process here: None, or the reason it cannot.
-
-    Runs the launcher once (per kind, per process) without a command to exec. Blocking.
-    """
-    with _probe_lock:
-        if network_namespace not in _probes:
-            _probes[network_namespace] = _probe(network_namespace)
-        return _probes[network_namespace]
-
-
-def _probe(network_namespace: bool) -> str | None:
-    with tempfile.TemporaryDirectory(prefix="mcps-probe-") as staging:
-        mode = "none" if network_namespace else "all"
-        argv = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", mode, "-s", staging, "-r", "/usr", "--probe"]
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=_PROBE_TIMEOUT, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"the launcher did not run ({exc})"
-    if done.returncode == 0:
-        return None
-    lines = done.stderr.decode(errors="replace").strip().splitlines()
-    return lines[-1].removeprefix("mcp-supervisor sandbox: ") if lines else f"exit code {done.returncode}"
 
 
 class Run:
@@ -124,6 +105,9 @@ class Run:
                 with contextlib.suppress(OSError):
                     os.makedirs(grant.path, 0o700, exist_ok=True)  # bound only if it exists
         launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", grants.network, "-s", self.staging]
+        host = self.sandbox.host
+        launcher += ["-a", str(host.landlock), *([] if host.namespaces else ["-N"])]
+        launcher += [] if self.sandbox.spec.seccomp else ["-S"]
         for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x")):
             for path in grants.paths(access):
                 launcher += [flag, path]
@@ -166,6 +150,7 @@ class Sandbox:
         self.args, self.cwd, self.roots = list(args), cwd, list(roots)
         self._last: Grants | None = None
         self._described = False
+        self.host = Host(0, False, False, failure="not probed yet")  # prepare() probes it
 
     def grants(self, command: str, env: Mapping[str, str] | None = None) -> Grants:
         """The effective grants for the resolved executable *command* (remembered for status).
@@ -190,7 +175,8 @@ class Sandbox:
         self._last, run.sandbox = run.sandbox._last, self
 
     def describe(self, command: str) -> dict[str, Any]:
-        """The status record: mode, network and the grants digest (computed once if never run)."""
+        """The status record: mode, network, the grants digest (computed once if never run), and
+        once the host is known, the layers it has (``confined``) and what it lacks (``lacks``)."""
         if self._last is None and not self._described:
             self._described = True  # once: a command not found or too many paths is not retried here
             found = (
@@ -200,25 +186,25 @@ class Sandbox:
             )
             with contextlib.suppress(OSError, SpawnError):
                 self.grants(os.path.abspath(found or command))
-        return {
+        record: dict[str, Any] = {
             "mode": "confined",
             "network": self.spec.network,
             "digest": self._last.digest if self._last else None,
         }
+        host = probed(self.context.max_abi)
+        if host is not None:
+            record |= {"confined": host.level(), "lacks": host.lacks(self.spec.network)}
+        return record
 
     async def prepare(self) -> Run:
-        """Check the kernel can confine this extension, and make this run's private directory.
+        """Check the host can confine this extension as asked, and make this run's private directory.
 
         Error handling: a permanent :class:`SpawnError` saying why not and how to opt out.
         """
-        netns = self.spec.network == "none"
-        why = await anyio.to_thread.run_sync(lambda: probe(network_namespace=netns))
-        if why is not None:
-            hint = "give it `network: outbound` or " if netns else ""
-            raise SpawnError(
-                f"the sandbox cannot be set up here ({why}); {hint}set `sandbox: false` to run it unconfined",
-                permanent=True,
-            )
+        host = self.host = await anyio.to_thread.run_sync(probe_host, self.context.max_abi)
+        refusal = refused(self.spec, host)
+        if refusal is not None:
+            raise SpawnError(refusal, permanent=True)
         return await anyio.to_thread.run_sync(self._new_run)
 
     def _new_run(self) -> Run:
@@ -235,12 +221,30 @@ class Sandbox:
             ) from exc
 
 
+def refused(spec: Spec, host: Host) -> str | None:
+    """Why an extension with *spec* must not start on *host*, or None: the host confines nothing,
+    ``network: none`` without a network namespace, or a lack under ``require: full``."""
+    if host.failure is not None:
+        return (
+            f"the sandbox cannot be set up here ({host.failure}); set `sandbox: false` to run it unconfined"
+        )
+    if spec.network == "none" and not host.network_namespace:
+        return (
+            f"network: none needs a network namespace, which this host refuses ({host.refused}); "
+            "give it `network: outbound` or set `sandbox: false`"
+        )
+    lacks = host.lacks(spec.network)
+    if spec.require == "full" and lacks:
+        return f"sandbox require: full, and this host cannot enforce it all: {'; '.join(lacks)}"
+    return None
+
+
 def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
     """The sandbox of extension *name* from its config (its ``sandbox``, defaults merged); None when off."""
     given = config.sandbox
     if not given.enabled:
         return None
-    spec = Spec(given.network, tuple(given.read), tuple(given.write))
+    spec = Spec(given.network, tuple(given.read), tuple(given.write), given.require, given.seccomp)
     return Sandbox(name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots)
 
 
@@ -271,7 +275,14 @@ def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     found = command if "/" in command else shutil.which(command, path=env.get("PATH"))
     lines = [] if found else [f"{name}: command {command!r} is not found on PATH; as if it were {command}"]
     base = config.cwd or context.cwd
-    return lines + explain(name, confined.grants(os.path.join(base, found or command), env))
+    lines += explain(name, confined.grants(os.path.join(base, found or command), env))
+    host = probe_host(context.max_abi)
+    refusal = refused(confined.spec, host)
+    lines.append(f"  confined by: {host.level()}" if host.failure is None else "  confined by: nothing")
+    lines += [f"  not enforced here: {lack}" for lack in host.lacks(confined.spec.network)]
+    if refusal is not None:
+        lines.append(f"  it will not start: {refusal}")
+    return lines
 
 
 def explain(name: str, grants: Grants) -> list[str]:

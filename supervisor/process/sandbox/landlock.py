@@ -8,6 +8,9 @@ beneath a path (or on a TCP port). Rights it does not handle stay allowed, so ``
 handles only ``BIND_TCP``: connecting is left alone, binding is refused. Scopes (ABI 6) confine
 signals and abstract unix sockets to the domain's own processes. A Landlock domain also
 refuses ptrace of any process outside it, and every mount change.
+
+Any ABI is used for what it has: files since 1 (moving between directories 2, truncating 3,
+ioctl on devices 5), TCP since :data:`TCP_ABI`, scopes since :data:`SCOPE_ABI`.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import os
 import stat
 
 __all__ = (
-    "MIN_ABI",
+    "FULL_ABI",
     "READ",
+    "SCOPE_ABI",
+    "TCP_ABI",
     "WRITE",
     "Ruleset",
     "abi",
 )
 
-MIN_ABI = 6  # scopes of signals and abstract unix sockets; TCP since 4, truncate since 3
+TCP_ABI = 4  # binding and connecting TCP ports
+SCOPE_ABI = 6  # signals and abstract unix sockets within the domain
+FULL_ABI = SCOPE_ABI  # every right the sandbox asks for
 
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on x86_64 and aarch64
 _VERSION = 1 << 0
@@ -90,11 +97,14 @@ class Ruleset:
 
     def __init__(self, network: str, *, version: int | None = None) -> None:
         self.version = abi() if version is None else version
-        if self.version < MIN_ABI:
-            raise OSError(0, f"Landlock ABI {self.version} is below the {MIN_ABI} the sandbox needs")
+        if self.version < 1:
+            raise OSError(0, "Landlock is not available")
         self.fs = _fs_rights(self.version)
         net = {"all": 0, "outbound": BIND_TCP, "none": BIND_TCP | CONNECT_TCP}[network]
-        attr = _RulesetAttr(self.fs, net, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL)
+        scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+        attr = _RulesetAttr(
+            self.fs, net if self.version >= TCP_ABI else 0, scoped if self.version >= SCOPE_ABI else 0
+        )
         self._fd = _check(
             _libc.syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0),
             "landlock_create_ruleset",
@@ -104,15 +114,19 @@ class Ruleset:
         """Grant *rights* beneath *path* (a file gets only the file rights among them)."""
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         try:
-            if not stat.S_ISDIR(os.fstat(fd).st_mode):
-                rights &= _FILE_RIGHTS
-            rule = _PathBeneath(rights & self.fs, fd)
-            _check(
-                _libc.syscall(_ADD_RULE, self._fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0),
-                f"landlock_add_rule {path}",
-            )
+            self.allow_fd(fd, rights, path)
         finally:
             os.close(fd)
+
+    def allow_fd(self, fd: int, rights: int, name: str) -> None:
+        """Grant *rights* beneath what *fd* (an ``O_PATH`` descriptor, *name* for errors) is."""
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            rights &= _FILE_RIGHTS
+        rule = _PathBeneath(rights & self.fs, fd)
+        _check(
+            _libc.syscall(_ADD_RULE, self._fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0),
+            f"landlock_add_rule {name}",
+        )
 
     def restrict_self(self) -> None:
         """Set no_new_privs and enter the domain; irreversible, inherited by every descendant."""

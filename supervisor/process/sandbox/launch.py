@@ -9,31 +9,42 @@ Options (one value each, repeatable where it makes sense): ``-n MODE`` network
 (``none | outbound | all``), ``-r PATH`` readable, ``-w PATH`` writable, ``-x PATH`` hidden even
 inside a grant, ``-t DIR`` the private temporary directory (writable, bound last), ``-s DIR``
 an empty directory to build the new root in, ``-c DIR`` the working directory to enter inside
-(made to exist, readable only if granted). ``--probe`` instead of ``-- COMMAND``: confine,
-then exit 0 (the daemon's check that this kernel can).
+(made to exist, readable only if granted), ``-a N`` the Landlock ABI to use (0: none; default
+the kernel's), ``-N`` no namespaces (the host refuses them), ``-S`` no seccomp filter.
+``--probe`` instead of ``-- COMMAND``: confine, print what this kernel offers as one JSON
+object (``{"landlock": N}``), exit 0 (the daemon's check of the host).
 
-Steps: new user + mount (+ network) namespaces, the private root (:mod:`mounts`), no
-capabilities, no_new_privs, the Landlock domain (:mod:`landlock`), exec. Any failure exits
-with :data:`EXIT_SANDBOX` and one line on stderr: the command never runs unconfined.
+Each layer is applied by itself, as far as the host has it (the daemon decides which, from its
+probe, and says what is missing): new user + mount (+ network) namespaces and the private root
+(:mod:`mounts`); no capabilities; a fresh session keyring; the Landlock domain (:mod:`landlock`),
+which without a private root grants the entries around a hidden path instead of the path that
+holds it; the seccomp filter (:mod:`seccomp`), which without a private root also refuses unix
+sockets; no_new_privs; exec. Any failure exits with :data:`EXIT_SANDBOX` and one line on
+stderr: the command never runs less confined than asked.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 try:  # imported as part of the package (tests, the structure check)
-    from supervisor.process.sandbox import landlock, mounts
+    from supervisor.process.sandbox import landlock, mounts, seccomp
 except ImportError:  # run as a file by the spawn chain: siblings by path (-I leaves the dir off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import landlock  # type: ignore[no-redef]
     import mounts  # type: ignore[no-redef]
+    import seccomp  # type: ignore[no-redef]
 
 __all__ = ("EXIT_SANDBOX", "Options", "confine", "main", "parse")
 
 EXIT_SANDBOX = 71  # EX_OSERR: the sandbox could not be set up; nothing of the command ran
-_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_PR_CAPBSET_READ, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 47, 4
 _CAP_V3 = 0x20080522
+_KEYCTL = {"x86_64": 250, "aarch64": 219}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+MAX_SPLIT = 10_000  # entries granted one by one around hidden paths, without a private root
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 
@@ -50,6 +61,9 @@ class Options:
         self.tmp = ""
         self.command: list[str] = []
         self.probe = False
+        self.abi: int | None = None  # None: the kernel's
+        self.namespaces = True
+        self.seccomp = True
 
 
 def parse(argv: list[str]) -> Options:
@@ -59,6 +73,14 @@ def parse(argv: list[str]) -> Options:
     position = 0
     while position < len(argv):
         flag = argv[position]
+        if flag in ("-N", "-S"):
+            setattr(options, "namespaces" if flag == "-N" else "seccomp", False)
+            position += 1
+            continue
+        if flag == "-a" and position + 1 < len(argv) and argv[position + 1].isdigit():
+            options.abi = int(argv[position + 1])
+            position += 2
+            continue
         if flag == "--":
             options.command = argv[position + 1 :]
             break
@@ -79,6 +101,8 @@ def parse(argv: list[str]) -> Options:
         or options.network not in ("none", "outbound", "all")
     ):
         raise ValueError("the launcher needs -s DIR, a network mode and a command after --")
+    if options.network == "none" and not options.namespaces:
+        raise ValueError("network none needs a network namespace, and -N says there are none")
     return options
 
 
@@ -91,7 +115,12 @@ def _drop_capabilities() -> None:
         last = int(f.read())
     for cap in range(last + 1):
         if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+            errno = ctypes.get_errno()
+            # EPERM: no user namespace and no CAP_SETPCAP. Fine if it is not in the set anyway, or
+            # we are not root: with no_new_privs no exec gains a capability from the bounding set.
+            if errno == 1 and (libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0) == 0 or os.getuid() != 0):
+                continue
+            raise OSError(errno, "prctl(PR_CAPBSET_DROP)")
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(_CAP_V3, 0)
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; twice (64 bits)
@@ -99,25 +128,51 @@ def _drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def confine(options: Options) -> None:
-    """Everything but the exec. Raises ``OSError`` naming the step that failed."""
-    version = landlock.abi()
-    if version < landlock.MIN_ABI:  # before any namespace: say what the kernel lacks
-        raise OSError(0, f"this kernel's Landlock ABI is {version}, the sandbox needs {landlock.MIN_ABI}")
-    mounts.enter_namespaces(network=options.network != "none")
-    mounts.build_root(
-        options.staging,
-        read=options.read,
-        write=options.write,
-        hide=options.hide,
-        tmp=options.tmp,
-        cwd=options.cwd,
-    )
+def confine(options: Options) -> int:
+    """Everything but the exec; the Landlock ABI used. Raises ``OSError`` naming the step that failed."""
+    version = landlock.abi() if options.abi is None else min(options.abi, landlock.abi())
+    if options.namespaces:
+        mounts.enter_namespaces(network=options.network != "none")
+        mounts.build_root(
+            options.staging,
+            read=options.read,
+            write=options.write,
+            hide=options.hide,
+            tmp=options.tmp,
+            cwd=options.cwd,
+        )
     try:
         os.chdir(options.cwd or "/")
     except OSError:
         os.chdir("/")
     _drop_capabilities()
+    _fresh_keyring()
+    if version >= 1:
+        _landlock(options, version)
+    if options.seccomp:
+        seccomp.install(unix_sockets=options.namespaces)  # no private root: no unix sockets at all
+    elif version < 1:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) < 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    return version
+
+
+def _fresh_keyring() -> None:
+    """Leave the daemon's session keyring for an empty one of our own (its keys are the user's)."""
+    import ctypes
+
+    number = _KEYCTL.get(os.uname().machine)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if number is not None and libc.syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        errno = ctypes.get_errno()
+        if errno not in (38, 1):  # ENOSYS, EPERM: no keyrings here (a container's seccomp)
+            raise OSError(errno, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(errno)}")
+
+
+def _landlock(options: Options, version: int) -> None:
     rules = landlock.Ruleset(options.network, version=version)
     device = landlock.READ_FILE | landlock.WRITE_FILE | landlock.IOCTL_DEV
     grants = [(p, landlock.READ) for p in (*options.read, "/proc", "/sys")]
@@ -125,25 +180,64 @@ def confine(options: Options) -> None:
         (p, landlock.WRITE) for p in (*options.write, "/dev/shm", *([options.tmp] if options.tmp else []))
     ]
     grants += [(p, device) for p in (*_DEVICES, "/dev/pts")]
+    hidden = [] if options.namespaces else [os.path.normpath(h) for h in options.hide]
+    budget = [MAX_SPLIT]
     for path, rights in grants:
         try:
-            rules.allow(path, rights)
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except FileNotFoundError:  # skipped by the root as well
             continue
+        try:
+            _allow_around(rules, fd, os.path.normpath(path), rights, hidden, budget)
+        finally:
+            os.close(fd)
     rules.restrict_self()
+
+
+def _allow_around(
+    rules: landlock.Ruleset, fd: int, path: str, rights: int, hidden: list[str], budget: list[int]
+) -> None:
+    """Grant *rights* beneath *fd* (at *path*); where a hidden path lies beneath, grant the entries
+    beside it instead, one by one, opened from their directory without following symlinks (a
+    link there is not granted: its target is granted by its own name, or not at all)."""
+    if path in hidden:
+        return
+    prefix = path.rstrip("/") + "/"
+    if not any(h.startswith(prefix) for h in hidden):
+        rules.allow_fd(fd, rights, path)
+        return
+    directory = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        for name in os.listdir(directory):
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise OSError(0, f"more than {MAX_SPLIT} entries to grant one by one around hidden paths")
+            try:
+                child = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISLNK(os.fstat(child).st_mode):
+                    _allow_around(rules, child, prefix + name, rights, hidden, budget)
+            finally:
+                os.close(child)
+    finally:
+        os.close(directory)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Confine, then exec the command; never returns."""
     try:
         options = parse(sys.argv[1:] if argv is None else argv)
-        confine(options)
+        version = confine(options)
     except (OSError, ValueError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         sys.stderr.write(f"mcp-supervisor sandbox: cannot confine the extension: {detail}\n")
         sys.stderr.flush()
         os._exit(EXIT_SANDBOX)
     if options.probe:
+        sys.stdout.write(f'{{"landlock": {version}}}\n')
+        sys.stdout.flush()
         os._exit(0)
     try:
         os.execv(options.command[0], options.command)

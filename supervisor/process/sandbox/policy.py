@@ -48,6 +48,8 @@ class Spec:
     network: str = "all"  # none | outbound | all
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
+    require: str | None = None  # full: no layer may be missing
+    seccomp: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Context:
     protected: tuple[str, ...] = ()
     cwd: str = field(default_factory=os.getcwd)  # the daemon's: children start there without `cwd:`
     tmp: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), f"mcps-{os.getuid()}"))
+    max_abi: int | None = None  # the Landlock ABI used at most (None: the kernel's)
 
     @property
     def home(self) -> str:

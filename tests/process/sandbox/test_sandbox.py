@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,49 +34,6 @@ def attempt(daemon: Daemon, name: str, kind: str, target: str | int | Path = "")
 
 def logs(daemon: Daemon, name: str) -> list[str]:
     return daemon.request("logs", {"name": name, "lines": 100})["lines"]  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def sandboxed(daemons: Callable[..., Daemon]) -> Callable[..., Daemon]:
-    """A daemon with a HOME of its own (holding a key and a .bashrc to steal) on *config*: the
-    top-level settings, or a file used as it is."""
-
-    def make(config: dict[str, Any] | Path, prefix: list[str] | None = None) -> Daemon:
-        if isinstance(config, Path):
-            daemon = daemons(config=config, home=True, prefix=prefix, start=False, end="terminate")
-        else:
-            settings = {k: v for k, v in config.items() if k != "extensions"}
-            daemon = daemons(
-                config.get("extensions", {}),
-                settings=settings,
-                home=True,
-                prefix=prefix,
-                start=False,
-                end="terminate",
-            )
-        (daemon.home / ".ssh").mkdir(parents=True)
-        (daemon.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
-        (daemon.home / ".bashrc").write_text("# the user's\n")
-        daemon.state.mkdir(parents=True)
-        (daemon.state / "marker").write_text("state")
-        return daemon.start()
-
-    return make
-
-
-@pytest.fixture
-def tcp_listener() -> Iterator[int]:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        yield server.getsockname()[1]
-
-
-@pytest.fixture
-def abstract_listener() -> Iterator[str]:
-    name = f"mcps-test-{uuid.uuid4().hex}"
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind("\0" + name)
-        server.listen()
-        yield name
 
 
 HOSTILE = {
@@ -160,7 +114,7 @@ class TestExample:
 
 class TestVisible:
     async def test_status_health_and_logs_show_the_sandbox(self, sandboxed: Any) -> None:
-        """status and health carry mode, network and digest; the server's refusals are in its logs;
+        """status and health carry mode, network, digest and level; the server's refusals are in its logs;
         granting one more path changes the digest (a reload restarts it)."""
         extensions = {
             "confined": extension_settings("hostile.py", sandbox={"network": "outbound"}),
@@ -177,7 +131,9 @@ class TestVisible:
         table = render.health_text(health).splitlines()
         assert table[2].split()[-1] == "SANDBOX"
         rows = {line.split()[0]: line for line in table[3:5]}
-        assert rows["confined"].endswith(f"network outbound, {shown['digest'][:8]}")
+        level = "landlock 7, namespaces, seccomp"  # this kernel's: test_levels.py plays older ones
+        assert shown["confined"] == level and shown["lacks"] == []
+        assert rows["confined"].endswith(f"network outbound, {shown['digest'][:8]}, {level}")
         assert rows["free"].endswith("off")
 
         attempt(daemon, "confined", "read", daemon.home / ".ssh" / "id_ed25519")
