@@ -199,13 +199,18 @@ def _allow_around(
 ) -> None:
     """Grant *rights* beneath *fd* (at *path*); where a hidden path lies beneath, grant the entries
     beside it instead, one by one, opened from their directory without following symlinks (a
-    link there is not granted: its target is granted by its own name, or not at all)."""
+    link there is not granted: its target is granted by its own name, or not at all), and the
+    directory itself only its listing."""
     if path in hidden:
         return
     prefix = path.rstrip("/") + "/"
     if not any(h.startswith(prefix) for h in hidden):
         rules.allow_fd(fd, rights, path)
         return
+    # Listing it stays allowed (an import lists the directories on its path), and so, Landlock
+    # rights being inherited, does listing what lies beneath: a hidden directory's names show,
+    # never its files' contents.
+    rules.allow_fd(fd, rights & landlock.READ_DIR, path)
     directory = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     try:
         for name in os.listdir(directory):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from supervisor.process.sandbox import seccomp
-from tests.harness import CLI, Daemon, extension_settings
+from tests.harness import CLI, ROOT, Daemon, extension_settings
 from tests.process.sandbox.test_sandbox import attempt
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.anyio]
@@ -121,3 +121,18 @@ def test_check_config_explain_says_the_level_and_what_is_not_enforced(tmp_path: 
     assert "  confined by: landlock 3, no namespaces, seccomp" in done.stdout
     assert "  not enforced here: network outbound cannot refuse listening on TCP ports" in done.stdout
     assert "not scoped" in done.stdout
+
+
+@pytest.mark.parametrize("level", ["abi 1", "abi 4, no user namespaces", "abi 1, no user namespaces"])
+async def test_the_example_config_runs_at_each_level(sandboxed: Callable[..., Daemon], level: str) -> None:
+    """configs/example.yaml as it is: both demo servers run confined and answer (the notes one
+    writes its file) on an older kernel, and on a host without user namespaces."""
+    abi, no_userns = LEVELS[level]
+    env = {"MCP_SUPERVISOR_SANDBOX_ABI": str(abi)}
+    daemon = sandboxed(ROOT / "configs" / "example.yaml", prefix=NO_USERNS if no_userns else None, env=env)
+    records = daemon.wait_running("clock", "notes")
+    assert records["clock"]["sandbox"]["confined"].startswith(f"landlock {abi}, ")
+    now = daemon.call("clock", "now", timezone="Europe/Paris")
+    assert not now["isError"] and now["content"][0]["text"]
+    added = daemon.call("notes", "add_note", text="confined")
+    assert not added["isError"], added
