@@ -2,7 +2,8 @@
 
 * ``launcher``: the exec launcher alone (``python -I -S launch.py ... -- /bin/true``) against
   ``/bin/true`` and against the interpreter's bare start (``python -I -S -c pass``), per network
-  mode (``none`` adds a network namespace);
+  mode (``none`` adds a network namespace) and per level an older host gets (Landlock ABI 4 and
+  1, no user namespaces);
 * ``start_quick`` and ``start_sdk``: an extension from ``start()`` to running (handshake and
   tools listed), then stopped; confined and unconfined interleaved, median of each and their
   ratio; ``quick.py`` (stdlib only, the fastest start there is) and ``echo.py`` (the MCP SDK,
@@ -65,6 +66,11 @@ def launcher(repeat: int) -> dict[str, Any]:
             "python_bare": [sys.executable, "-I", "-S", "-c", "pass"],
             "launcher_all": [*launch, "-n", "all", "--", "/bin/true"],
             "launcher_none": [*launch, "-n", "none", "--", "/bin/true"],
+            # the levels an older host gets (tests/process/sandbox/test_levels.py)
+            "launcher_abi4": [*launch, "-n", "all", "-a", "4", "--", "/bin/true"],
+            "launcher_abi1": [*launch, "-n", "all", "-a", "1", "--", "/bin/true"],
+            "launcher_no_namespaces": [*launch, "-n", "all", "-N", "--", "/bin/true"],
+            "launcher_no_namespaces_abi4": [*launch, "-n", "all", "-N", "-a", "4", "--", "/bin/true"],
         }
         samples: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(repeat):
