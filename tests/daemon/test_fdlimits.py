@@ -77,7 +77,7 @@ class TestSpare:
                 except OSError:
                     pass
                 print("full", flush=True)
-                with fail_after(10):
+                with anyio.fail_after(10):
                     stream = await sockets.next_client(listener, event="t.accept_failed", spare=spare)
                 await stream.send(b"in")
                 print("accepted", spare.held, flush=True)

@@ -122,9 +122,15 @@ class TestStartSlots:
     ) -> None:
         """Queued longer than its start_timeout (3 s) behind a start that holds the only slot, a
         quick start still runs once it gets the slot: the wait is free."""
-        gate = short_tmp / "gate"
+        gates = short_tmp / "gates"  # not the socket directory itself: the sandbox hides that
+        gates.mkdir()
+        gate = gates / "gate"
         ahead = extension_settings(
-            "slow_start.py", env={"SLOW_START_GATE": str(gate)}, start_timeout=60, restart="never"
+            "slow_start.py",
+            env={"SLOW_START_GATE": str(gate)},
+            start_timeout=60,
+            restart="never",
+            sandbox={"read": [str(gates)]},  # it watches for the gate there
         )
         behind = extension_settings("quick.py", start_timeout=3, restart="never")
         daemon = _storm(daemons({"ahead": ahead, "behind": behind}, start=False), start_slots=1)

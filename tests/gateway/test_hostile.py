@@ -71,7 +71,9 @@ class TestFileDescriptors:
         flood = _half_open(http.port, 300)
         try:
             until(lambda: http.fds() >= plan["http"])
-            assert status_within(http, 5)["took"] < 1.0 + 1.0  # the CLI's own start is most of it
+            # At once: the CLI's own start is most of it, seconds on a loaded machine; a status
+            # waiting for a share of fds the flood holds would wait for good (the CLI's 30 s).
+            assert status_within(http, 5)["took"] < 15
             assert http.fds() < 256
 
             async def honest() -> None:
@@ -185,6 +187,7 @@ class TestQuietLogs:
 
     def test_refused_requests_are_counted_not_logged_one_by_one(self, hostile) -> None:
         http = hostile({}, token="a-token-of-sixteen-chars")
+        started = time.monotonic()
         with httpx2.Client() as client:
             for _ in range(300):
                 assert client.post(http.url + "/mcp", content=b"{}").status_code == 401
@@ -193,7 +196,8 @@ class TestQuietLogs:
             return [e for e in http.events() if e.get("event") == "gateway.http_refused"]
 
         until(lambda: sum(e.get("repeated", 1) for e in refusals()) == 300)  # a summary counts its window
-        assert len(refusals()) <= 10  # a line a second at most, each counting the ones it stands for
+        seconds = time.monotonic() - started  # a few on a quiet machine, more on a loaded one
+        assert len(refusals()) <= seconds + 2  # a line a second at most, each counting the ones it stands for
 
 
 _HOLD = """

@@ -34,7 +34,7 @@ from .timing import patience
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
 CLI = [sys.executable, "-m", "supervisor"]
-START_WITHIN = 30.0  # seconds a daemon may take to listen, on a loaded machine
+START_WITHIN = 45.0  # seconds a daemon may take to listen, on a loaded machine (imports take seconds)
 _IDS = itertools.count(1)
 ANNOUNCE_WINDOW = timedelta(seconds=0.5)  # the gateway's 0.1 s coalescing, and a loaded machine
 
