@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from supervisor.extension.state import SHOWN_LINE_CAP, one_line
-from tests.harness import Daemon, extension_settings, until
+from tests.harness import Daemon, extension_settings, gated_start, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,16 +22,7 @@ class TestSlowFirstStart:
         short_tmp: Path,
     ) -> None:
         """No deadline shorter than start_timeout ends a start; status shows the request and stderr."""
-        gates = short_tmp / "gates"  # not the socket directory itself: the sandbox hides that
-        gates.mkdir()
-        gate = gates / "gate"
-        settings = extension_settings(
-            "slow_start.py",
-            env={"SLOW_START_GATE": str(gate)},
-            start_timeout=20,
-            call_timeout=0.5,
-            sandbox={"read": [str(gates)]},  # it watches for the gate there
-        )
+        gate, settings = gated_start(short_tmp, start_timeout=20, call_timeout=0.5)
         started = time.monotonic()
         daemon = daemons({"slow": settings})
 

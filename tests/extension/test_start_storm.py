@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from supervisor.control import client
-from tests.harness import Daemon, alive, extension_settings, until
+from tests.harness import Daemon, alive, extension_settings, gated_start, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -122,16 +122,7 @@ class TestStartSlots:
     ) -> None:
         """Queued longer than its start_timeout (3 s) behind a start that holds the only slot, a
         quick start still runs once it gets the slot: the wait is free."""
-        gates = short_tmp / "gates"  # not the socket directory itself: the sandbox hides that
-        gates.mkdir()
-        gate = gates / "gate"
-        ahead = extension_settings(
-            "slow_start.py",
-            env={"SLOW_START_GATE": str(gate)},
-            start_timeout=60,
-            restart="never",
-            sandbox={"read": [str(gates)]},  # it watches for the gate there
-        )
+        gate, ahead = gated_start(short_tmp, start_timeout=60, restart="never")
         behind = extension_settings("quick.py", start_timeout=3, restart="never")
         daemon = _storm(daemons({"ahead": ahead, "behind": behind}, start=False), start_slots=1)
         until(lambda: _status(daemon)["behind"]["queued"] == 1, within=30)  # until the gate opens

@@ -28,6 +28,7 @@ __all__ = (
     "extension_settings",
     "fast_config",
     "first_text",
+    "gated_start",
     "running",
     "server_argv",
     "spawns",
@@ -62,6 +63,19 @@ def extension_settings(script: str, *args: str, **overrides: Any) -> dict[str, A
         "stop_timeout": 1,
     }
     return {**settings, **overrides}
+
+
+def gated_start(directory: Path, **overrides: Any) -> tuple[Path, dict[str, Any]]:
+    """slow_start.py held in its start until the returned gate file exists (``gate.touch()``),
+    and its config entry. The gate is in a folder of *directory* that its sandbox may read (not
+    the socket directory itself, which the sandbox hides)."""
+    gates = directory / "gates"
+    gates.mkdir(exist_ok=True)
+    gate = gates / "gate"
+    settings = extension_settings(
+        "slow_start.py", env={"SLOW_START_GATE": str(gate)}, sandbox={"read": [str(gates)]}, **overrides
+    )
+    return gate, settings
 
 
 def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
