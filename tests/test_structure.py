@@ -55,8 +55,8 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("migrate",),
     ),
     "process": (
-        ("tree", "cgroups", "sandbox.install", "sandbox.landlock", "sandbox.mounts"),
-        ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch"),
+        ("tree", "cgroups", "sandbox.install", "sandbox.landlock", "sandbox.mounts", "sandbox.seccomp"),
+        ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch", "sandbox.host"),
         ("spawner", "sandbox"),
         ("teardown",),
         ("children",),

@@ -7,7 +7,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from supervisor.config import clientkeys
 from supervisor.config import settings as config
 from supervisor.config.settings import ExtensionConfig, ToolFilter
 from supervisor.gateway.catalog import visible
+from tests.harness import until
+from tests.harness.daemon import START_WITHIN
 
 
 class TestFold:
@@ -161,10 +162,8 @@ def test_the_daemon_logs_the_warning_when_it_loads_a_client_file(short_tmp: Path
     with log.open("wb") as out:
         daemon = subprocess.Popen([sys.executable, "-m", "supervisor", "daemon", "-c", str(path)], stderr=out)
     try:
-        deadline = time.monotonic() + 15
-        while "daemon.ready" not in log.read_text():
-            assert daemon.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
+        until(lambda: "daemon.ready" in log.read_text() or daemon.poll() is not None, within=START_WITHIN)
+        assert daemon.poll() is None, log.read_text()
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=20) == 0

@@ -232,10 +232,12 @@ class TestSocketDirectory:
         assert os.listdir(short_tmp / "run") == []
 
 
-FUZZ_FRAMES = 10_000
+FUZZ_FRAMES = 3_000  # every kind of frame many times over; bench/hostile.py runs longer
 FUZZ_CLIENTS = 4
 OVERSIZED = 10  # of the frames: each over MAX_FRAME, each on a connection of its own
-LATENCY_LIMIT = 0.1  # s, p99 of `status` meanwhile (measured: 14-27 ms on 2 loaded cores)
+# s, p99 of `status` meanwhile: 14-27 ms on 2 loaded cores, where a status that waited behind
+# the hostile clients would take seconds. Generous: a test bounds a hang, bench/ measures speed.
+LATENCY_LIMIT = 1.0
 _METHODS = ["status", "tools", "logs", "call", "health", "start", "stop", "restart", "nope", "", "STATUS"]
 _WRONG = [None, True, 1.5, -1, 10**30, "", "x", [], {}, [1, 2], {"a": None}]
 
@@ -355,7 +357,7 @@ async def oversized_frame(path: str) -> dict[str, Any]:
 
 class TestBadInput:
     async def test_fuzzed_frames_with_hostile_company(self, daemon: Daemon) -> None:
-        """10,000 fuzzed frames, a non-reading and a slowloris client: every frame answered, status fast."""
+        """3,000 fuzzed frames, a non-reading and a slowloris client: every frame answered, status fast."""
         rng = random.Random(7)
         frames = [fuzz_frame(rng) for _ in range(FUZZ_FRAMES - OVERSIZED)]
         shares = [frames[n::FUZZ_CLIENTS] for n in range(FUZZ_CLIENTS)]

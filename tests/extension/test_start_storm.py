@@ -16,6 +16,7 @@ import pytest
 
 from supervisor.control import client
 from tests.harness import Daemon, alive, extension_settings, gated_start, until
+from tests.harness.timing import patience
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -179,7 +180,9 @@ class TestShutdownDuringAStorm:
         daemon.proc.send_signal(signal.SIGTERM)
         assert daemon.proc.wait(timeout=30) == 0
         took = time.monotonic() - sent
-        assert _shutdown_took(daemon) < 3  # by its own clock: SIGTERM handled to the last line
-        assert took < 3.5, f"exited {took:.1f}s after SIGTERM (the interpreter ends after its last line)"
+        # shutdown_timeout (3 s), and the kill after it: far from the child's stop_timeout (30 s)
+        assert _shutdown_took(daemon) < 3 + patience(2)  # by its own clock: SIGTERM to the last line
+        took_most = 3 + patience(4)  # and the interpreter's end after its last line
+        assert took < took_most, f"exited {took:.1f}s after SIGTERM"
         assert not alive(pid)
         assert "daemon.shutdown_timeout" in [e["event"] for e in daemon.events()]

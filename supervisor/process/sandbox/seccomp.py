@@ -23,7 +23,7 @@ import ctypes
 import os
 import sys
 
-__all__ = ("install",)
+__all__ = ("install", "main")
 
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _CLONE_NEWUSER = 0x10000000
