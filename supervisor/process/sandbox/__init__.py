@@ -193,7 +193,10 @@ class Sandbox:
         }
         host = probed(self.context.max_abi)
         if host is not None:
-            record |= {"confined": host.level(), "lacks": host.lacks(self.spec.network)}
+            record |= {
+                "confined": host.level(),
+                "lacks": host.lacks(self.spec.network, seccomp=self.spec.seccomp),
+            }
         return record
 
     async def prepare(self) -> Run:
@@ -233,7 +236,7 @@ def refused(spec: Spec, host: Host) -> str | None:
             f"network: none needs a network namespace, which this host refuses ({host.refused}); "
             "give it `network: outbound` or set `sandbox: false`"
         )
-    lacks = host.lacks(spec.network)
+    lacks = host.lacks(spec.network, seccomp=spec.seccomp)
     if spec.require == "full" and lacks:
         return f"sandbox require: full, and this host cannot enforce it all: {'; '.join(lacks)}"
     return None
@@ -279,7 +282,8 @@ def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     host = probe_host(context.max_abi)
     refusal = refused(confined.spec, host)
     lines.append(f"  confined by: {host.level()}" if host.failure is None else "  confined by: nothing")
-    lines += [f"  not enforced here: {lack}" for lack in host.lacks(confined.spec.network)]
+    lacks = host.lacks(confined.spec.network, seccomp=confined.spec.seccomp)
+    lines += [f"  not enforced here: {lack}" for lack in lacks]
     if refusal is not None:
         lines.append(f"  it will not start: {refusal}")
     return lines

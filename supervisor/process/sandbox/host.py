@@ -49,10 +49,16 @@ class Host:
         files = f"landlock {self.landlock}" if self.landlock else "no landlock"
         return f"{files}, {'namespaces' if self.namespaces else 'no namespaces'}, seccomp"
 
-    def lacks(self, network: str) -> list[str]:
-        """What an extension with *network* is not confined in here, in plain words."""
+    def lacks(self, network: str, *, seccomp: bool = True) -> list[str]:
+        """What an extension with *network* (and *seccomp* on or off) is not confined in here, in
+        plain words."""
         lacking: list[str] = []
-        if not self.namespaces:
+        if not self.namespaces and not seccomp:
+            lacking.append(
+                "no private root and no seccomp filter: unix sockets are reachable by path (the "
+                "daemon's control socket, an ssh agent, D-Bus)"
+            )
+        elif not self.namespaces:
             lacking.append(
                 "no private root (user namespaces refused): hidden paths are cut out of the grants by "
                 "Landlock instead, and unix sockets are refused altogether"

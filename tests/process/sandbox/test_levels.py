@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.process.sandbox import seccomp
+from supervisor.process.sandbox import Host, seccomp
 from tests.harness import CLI, ROOT, Daemon, extension_settings
 from tests.process.sandbox.test_sandbox import attempt
 
@@ -136,3 +136,20 @@ async def test_the_example_config_runs_at_each_level(sandboxed: Callable[..., Da
     assert not now["isError"] and now["content"][0]["text"]
     added = daemon.call("notes", "add_note", text="confined")
     assert not added["isError"], added
+
+
+def test_what_each_host_lacks_is_said_in_words() -> None:
+    """The words status and the start warning use, per host and per extension."""
+    assert Host(7, True, True).lacks("all") == [] and Host(6, True, True).lacks("outbound") == []
+    ubuntu_24 = " ".join(Host(4, False, False).lacks("outbound"))
+    assert "no private root" in ubuntu_24 and "not scoped" in ubuntu_24
+    assert "cannot refuse listening" not in ubuntu_24
+    ubuntu_22 = " ".join(Host(1, False, False).lacks("outbound"))
+    assert "cannot refuse listening" in ubuntu_22 and "truncated" in ubuntu_22
+    open_sockets = Host(6, False, False).lacks("all", seccomp=False)
+    assert open_sockets == [
+        "no private root and no seccomp filter: unix sockets are reachable by path (the daemon's "
+        "control socket, an ssh agent, D-Bus)"
+    ]
+    assert Host(0, True, True).lacks("all")[0] == "no Landlock: files are confined by the private root only"
+    assert Host(0, False, False, failure="no seccomp").level() == "none"
