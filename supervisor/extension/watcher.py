@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
@@ -26,7 +27,7 @@ from supervisor.errors import SpawnError, first_line
 from supervisor.extension import launch, liveness, startup
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.extension.demand import tasks_working
-from supervisor.extension.state import ExitStatus, State
+from supervisor.extension.state import ExitStatus, State, one_line
 from supervisor.process import usage as resources
 from supervisor.process.children import ChildProcess
 
@@ -130,6 +131,22 @@ class Watcher:
             self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
         return ticket
 
+    async def _said_last(self, child: ChildProcess) -> str:
+        """``: LINE`` when the child that exited during startup said why on stderr (its last line,
+        once the pipe is read), and for a confined one where to see what it may reach; or ""."""
+        with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
+            while not child.stderr.drained():  # noqa: ASYNC110 - a pipe's emptiness fires no event
+                await anyio.sleep(0.001)
+        await anyio.lowlevel.checkpoint()  # the pump hands on what it read last
+        if self._last_stderr is None:
+            return ""
+        said = f": {one_line(self._last_stderr, 200)}"
+        if self.sandbox is not None:
+            said += (
+                f" (confined: `mcp-supervisor check-config --explain {self.name}` shows what it may reach)"
+            )
+        return said
+
     async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
         child = connection.child
         self._set(State.STARTING, pid=child.pid)
@@ -144,6 +161,8 @@ class Watcher:
             exit_status = _exit_status(child)
             failed = first_line(exc, typed=False)
             error = f"{exit_status.describe()} during startup" if exit_status else failed
+            if exit_status is not None:
+                error += await self._said_last(child)
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
         finally:
             ticket.release()

@@ -96,11 +96,15 @@ class TestStart:
     async def test_exit_during_startup_names_the_exit(
         self, make_extension: MakeExtension, task_group: TaskGroup
     ) -> None:
-        """A child that exits before the handshake reports its exit code."""
+        """A child that exits before the handshake reports its exit code and its last stderr line
+        (a confined one also where to see its grants)."""
         ext = make_extension(fast_config("exit_now.py", "7", restart="never"))
         await ext.start(task_group)
         snapshot = await wait_state(ext, State.FAILED)
-        assert snapshot.last_error == "exited with code 7 during startup"
+        explain = "`mcp-supervisor check-config --explain fx` shows what it may reach"
+        assert (
+            snapshot.last_error == f"exited with code 7 during startup: exit_now: bye (confined: {explain})"
+        )
         assert snapshot.last_exit is not None and snapshot.last_exit.returncode == 7
 
     async def test_max_restarts_then_failed(
