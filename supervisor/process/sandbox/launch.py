@@ -42,6 +42,7 @@ __all__ = ("EXIT_SANDBOX", "Options", "confine", "main", "parse")
 EXIT_SANDBOX = 71  # EX_OSERR: the sandbox could not be set up; nothing of the command ran
 _PR_CAPBSET_READ, _PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 47, 4
 _CAP_V3 = 0x20080522
+_PR_SET_NO_NEW_PRIVS = 38  # set by Landlock and seccomp themselves; by hand when neither applies
 _KEYCTL = {"x86_64": 250, "aarch64": 219}
 _KEYCTL_JOIN_SESSION_KEYRING = 1
 MAX_SPLIT = 10_000  # entries granted one by one around hidden paths, without a private root
@@ -154,7 +155,7 @@ def confine(options: Options) -> int:
     elif version < 1:
         import ctypes
 
-        if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) < 0:  # PR_SET_NO_NEW_PRIVS
+        if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     return version
 
