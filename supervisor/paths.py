@@ -9,6 +9,7 @@ from pathlib import Path
 
 __all__ = (
     "ENV_PREFIX",
+    "default_caches_root",
     "default_config_path",
     "default_socket_path",
     "default_spool_root",
@@ -62,3 +63,8 @@ def default_spool_root(environ: Mapping[str, str]) -> Path:
         return Path(environ["CACHE_DIRECTORY"].split(":")[0]) / "spool"
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "mcp-supervisor" / "spool"
+
+
+def default_caches_root(environ: Mapping[str, str]) -> Path:
+    """Where confined extensions' private package caches live: beside the spool."""
+    return default_spool_root(environ).with_name("extensions")

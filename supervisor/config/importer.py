@@ -269,7 +269,7 @@ FILE_SERVERS = (
 )
 _PATHLIKE = ("/", "~", "${", "./", "../")
 _DEFAULT_SANDBOX = (
-    "the default (the system and its own installation read-only, its package caches, network all)"
+    "the default (the system and its own installation read-only, a package cache of its own, network all)"
 )
 
 

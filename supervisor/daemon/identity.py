@@ -45,7 +45,8 @@ def marker_prefix(instance: str) -> str:
 def sandbox_context(
     settings: Settings, *, config_path: str | None, environ: Mapping[str, str]
 ) -> sandbox.Context:
-    """What the extensions of a daemon on *settings* must never see: its config, sockets, state, spool.
+    """What the extensions of a daemon on *settings* must never see: its config, sockets, state,
+    spool, and one another's private package caches.
 
     ``MCP_SUPERVISOR_SANDBOX_ABI=N`` in the daemon's own environment caps the Landlock ABI its
     sandboxes use: what a host with an older kernel gets, seen on this one.
@@ -59,6 +60,7 @@ def sandbox_context(
         spool=str(spool_root(settings, environ)),
         instance=instance_key(settings.socket),
         max_abi=int(cap) if cap.isdigit() else None,
+        caches=str(paths.default_caches_root(environ)),
     )
 
 

@@ -51,19 +51,21 @@ PROBE_TIMEOUT = 5.0
 INSTALL_TIMEOUT = 600.0  # a cold cache on a slow link; a warm one installs nothing
 START_TIMEOUT = 180  # the extensions' start_timeout: npx -y and uvx download on a cold cache
 
-# The wrappers' caches, inside the project cache; given to the daemon's children and to npm.
-NPM_ENV = {
-    "npm_config_cache": str(CACHE / "npm-cache"),
+# The wrappers' settings, for the installs here and the daemon's children; the caches are the
+# installs' alone: each confined extension has a private one (under the daemon's XDG_CACHE_HOME).
+QUIET_ENV = {
     "npm_config_update_notifier": "false",
     "npm_config_fund": "false",
     "npm_config_audit": "false",
+    "UV_NO_PROGRESS": "1",
 }
-UV_ENV = {
+CACHE_ENV = {
+    "npm_config_cache": str(CACHE / "npm-cache"),
     "UV_CACHE_DIR": str(CACHE / "uv-cache"),
     "UV_TOOL_DIR": str(CACHE / "uv-tools"),
     "UV_PYTHON_INSTALL_DIR": str(CACHE / "uv-python"),
-    "UV_NO_PROGRESS": "1",
 }
+XDG_CACHE = CACHE / "xdg"  # the interop daemon's: the extensions' private caches, warm from run to run
 UVX = Path(sys.executable).with_name("uvx")
 
 
@@ -107,7 +109,7 @@ def toolchain() -> Toolchain:
     for url in (NPM_REGISTRY, PYPI):
         if (why := reachable(url)) is not None:
             pytest.skip(why)
-    env = {**os.environ, **NPM_ENV, **UV_ENV}
+    env = {**os.environ, **QUIET_ENV, **CACHE_ENV}
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / "install.lock", "w") as lock:  # one installer at a time (pytest -n: per worker)
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -117,7 +119,7 @@ def toolchain() -> Toolchain:
             _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
         # uvx installs on first use: do it here, so the daemon's start is not the download.
         _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
-    return Toolchain(BIN, UVX, {**NPM_ENV, **UV_ENV})
+    return Toolchain(BIN, UVX, dict(QUIET_ENV))
 
 
 def npx(package: str) -> list[str]:
@@ -230,7 +232,8 @@ def interop(toolchain: Toolchain) -> Iterator[Interop]:
     """One daemon supervising every published server, with the HTTP listener on a free port."""
     work = Path(tempfile.mkdtemp(prefix="mcpi-", dir="/tmp"))  # short: unix socket paths
     supervised = extensions(toolchain, work)
-    daemon = Daemon(work, supervised, settings={"spool": {"dir": str(work / "spool")}}, http={})
+    settings = {"spool": {"dir": str(work / "spool")}}
+    daemon = Daemon(work, supervised, settings=settings, http={}, env={"XDG_CACHE_HOME": str(XDG_CACHE)})
     daemon.start()
     try:
         for name in supervised:

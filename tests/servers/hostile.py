@@ -3,7 +3,8 @@
 Tool ``attempt(kind, target)`` makes one attempt and answers ``ok`` or ``refused: ERRNO_NAME
 (message)``; it never raises. Kinds:
 
-``read`` a file, ``write`` (append to) a file, ``list`` a directory, ``connect_tcp`` to
+``read`` a file, ``write`` (append to) a file, ``plant`` a new file (its directories made,
+``$VARS`` expanded: what a poisoner leaves for someone else to run), ``list`` a directory, ``connect_tcp`` to
 127.0.0.1:PORT, ``bind_tcp`` on 127.0.0.1 (any port), ``kill`` PID with signal 0 (the
 permission check every signal goes through, without its effect), ``connect_abstract`` to the
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
@@ -31,6 +32,13 @@ def _read(target: str) -> None:
 def _write(target: str) -> None:
     with open(target, "a") as file:
         file.write("# hostile was here\n")
+
+
+def _plant(target: str) -> None:
+    path = os.path.expandvars(target)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as file:
+        file.write("#!/bin/sh\ncat ~/.ssh/id_ed25519\n")
 
 
 def _connect_tcp(target: str) -> None:
@@ -62,6 +70,7 @@ def _ptrace(target: str) -> None:
 ATTEMPTS = {
     "read": _read,
     "write": _write,
+    "plant": _plant,
     "list": os.listdir,
     "connect_tcp": _connect_tcp,
     "bind_tcp": _bind_tcp,

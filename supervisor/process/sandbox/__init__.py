@@ -13,7 +13,6 @@ The daemon side here: :class:`Sandbox` per extension (its grants, digest and sta
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import shutil
 import stat
@@ -61,16 +60,18 @@ def daemon_context(
     spool: str,
     instance: str,
     max_abi: int | None = None,
+    caches: str | None = None,
 ) -> Context:
     """The context of one daemon: its config (and the config's own directory, when it is one of
     ours: secrets files live beside it), socket directory, state and spool are hidden. *max_abi*
-    caps the Landlock ABI used (to see what an older kernel gets)."""
-    protected = [os.path.dirname(os.path.abspath(socket)), state, spool]
+    caps the Landlock ABI used (to see what an older kernel gets); *caches* holds each
+    extension's private package cache."""
+    protected = [os.path.dirname(os.path.abspath(socket)), state, spool]  # caches: hidden by the policy
     if config_path:
         config = os.path.abspath(os.path.expanduser(config_path))
         mine = "mcp-supervisor" in os.path.basename(os.path.dirname(config))
         protected.append(os.path.dirname(config) if mine else config)
-    return Context(environ, tuple(protected), tmp=tmp_base(instance), max_abi=max_abi)
+    return Context(environ, tuple(protected), tmp=tmp_base(instance), max_abi=max_abi, caches=caches)
 
 
 def tmp_base(instance: str) -> str:
@@ -100,8 +101,11 @@ class Run:
         Error handling: raises a permanent :class:`SpawnError` when the grants are too many.
         """
         grants = self.sandbox.grants(argv[0], env)
+        if grants.environ and self.sandbox.context.caches:
+            with contextlib.suppress(OSError):
+                os.makedirs(self.sandbox.context.caches, 0o700, exist_ok=True)
         for grant in grants.entries:
-            if grant.reason.startswith(CACHE):
+            if grant.reason.startswith(CACHE) and grant.access == "write":
                 with contextlib.suppress(OSError):
                     os.makedirs(grant.path, 0o700, exist_ok=True)  # bound only if it exists
         launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", grants.network, "-s", self.staging]
@@ -112,7 +116,7 @@ class Run:
             for path in grants.paths(access):
                 launcher += [flag, path]
         launcher += ["-t", self.tmp, "-c", cwd or self.sandbox.context.cwd, "--", *argv]
-        return launcher, {**env, "TMPDIR": self.tmp}
+        return launcher, {**env, **grants.environ, "TMPDIR": self.tmp}
 
     async def remove(self) -> None:
         with anyio.CancelScope(shield=True):
@@ -132,8 +136,7 @@ def _remove_tree(path: str) -> None:
 class Sandbox:
     """One extension's confinement: its spec, the daemon's context, its last grants.
 
-    *args*, *cwd* and *roots* are the extension's; *env* its complete environment (``PATH`` finds
-    interpreters, ``HOME`` places ``~``).
+    *args*, *cwd*, *roots* and *own_env* (its ``env``) are the extension's config.
     """
 
     def __init__(
@@ -145,9 +148,11 @@ class Sandbox:
         args: Sequence[str],
         cwd: str | None,
         roots: Sequence[str],
+        own_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name, self.spec, self.context = name, spec, context
         self.args, self.cwd, self.roots = list(args), cwd, list(roots)
+        self.own_env = dict(own_env or {})  # the config's env: a package cache it names is its own
         self._last: Grants | None = None
         self._described = False
         self.host = Host(0, False, False, failure="not probed yet")  # prepare() probes it
@@ -157,9 +162,16 @@ class Sandbox:
 
         Error handling: a permanent :class:`SpawnError` when they exceed :data:`MAX_GRANTS`.
         """
-        context = dataclasses.replace(self.context, environ={**self.context.environ, **(env or {})})
         grants = grants_for(
-            self.spec, command=command, args=self.args, cwd=self.cwd, roots=self.roots, context=context
+            self.spec,
+            command=command,
+            args=self.args,
+            cwd=self.cwd,
+            roots=self.roots,
+            context=self.context,
+            env={**self.context.environ, **(env or {})},
+            own_env=self.own_env,
+            cache=os.path.join(self.context.caches, self.name) if self.context.caches else None,
         )
         if len(grants.entries) > MAX_GRANTS:
             raise SpawnError(
@@ -248,7 +260,9 @@ def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
     if not given.enabled:
         return None
     spec = Spec(given.network, tuple(given.read), tuple(given.write), given.require, given.seccomp)
-    return Sandbox(name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots)
+    return Sandbox(
+        name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots, own_env=config.env
+    )
 
 
 def sweep(base: str, *, remove: bool = False) -> int:

@@ -182,14 +182,18 @@ def _landlock(options: Options, version: int) -> None:
     ]
     grants += [(p, device) for p in (*_DEVICES, "/dev/pts")]
     hidden = [] if options.namespaces else [os.path.normpath(h) for h in options.hide]
+    # A read grant inside a write grant (what others execute) is read-only: the private root
+    # binds it so; Landlock alone grants writing around it, and it reading by its own entry.
+    read_only = [] if options.namespaces else [os.path.normpath(r) for r in options.read]
     budget = [MAX_SPLIT]
     for path, rights in grants:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except FileNotFoundError:  # skipped by the root as well
             continue
+        around = hidden + read_only if rights == landlock.WRITE else hidden
         try:
-            _allow_around(rules, fd, os.path.normpath(path), rights, hidden, budget)
+            _allow_around(rules, fd, os.path.normpath(path), rights, around, budget)
         finally:
             os.close(fd)
     rules.restrict_self()

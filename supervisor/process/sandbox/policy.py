@@ -1,10 +1,14 @@
 """What one extension may touch: its config and the daemon's layout in, the grants out.
 
-A base that lets commands run (system directories, the command's installation, its package
-caches, the scripts it is given), plus the config's ``read:`` and ``write:`` (``~`` and globs
-expanded here; ``${VAR}`` was expanded when the config loaded), minus what must stay hidden
-even inside a grant: the daemon's config, state, sockets, spool and sandboxes, the host's
-password and key files, and the credential stores in a home (unless a grant names them).
+A base that lets commands run (system directories, the command's installation, a private
+package cache, the scripts it is given), plus the config's ``read:`` and ``write:`` (``~`` and
+globs expanded here; ``${VAR}`` was expanded when the config loaded), minus what must stay
+hidden even inside a grant: the daemon's config, state, sockets, spool, sandboxes and the other
+extensions' caches, the host's password and key files, and the credential stores in a home
+(unless a grant names them); and never writable, even inside a write grant, what someone else
+executes: the daemon's installation and Python, the directories on ``PATH``, the command's
+installation, the user's shared package caches (an ``npx -y`` or ``uvx`` runs what it finds
+there).
 
 Reads the file system (stats, symlinks, ``#!`` lines, globs) but changes nothing: the
 daemon creates missing package caches and the private temporary directory itself.
@@ -23,7 +27,17 @@ from dataclasses import dataclass, field
 
 from supervisor.process.sandbox.install import installation, is_broad
 
-__all__ = ("CACHE", "MAX_GRANTS", "Context", "Grant", "Grants", "Spec", "grants_for", "package_caches")
+__all__ = (
+    "CACHE",
+    "CACHE_VARIABLES",
+    "MAX_GRANTS",
+    "Context",
+    "Grant",
+    "Grants",
+    "Spec",
+    "grants_for",
+    "package_caches",
+)
 
 CACHE = "package cache"  # the reason of a cache grant: the daemon creates these when missing
 MAX_GRANTS = 1000  # paths in one sandbox: a glob matching more is a mistake (and they pass on argv)
@@ -65,6 +79,7 @@ class Context:
     cwd: str = field(default_factory=os.getcwd)  # the daemon's: children start there without `cwd:`
     tmp: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), f"mcps-{os.getuid()}"))
     max_abi: int | None = None  # the Landlock ABI used at most (None: the kernel's)
+    caches: str | None = None  # where each extension's private package cache is made (None: none)
 
     @property
     def home(self) -> str:
@@ -84,6 +99,7 @@ class Grants:
 
     network: str
     entries: tuple[Grant, ...]
+    environ: Mapping[str, str] = field(default_factory=dict)  # the private caches' variables, for the run
 
     def paths(self, access: str) -> list[str]:
         return [g.path for g in self.entries if g.access == access]
@@ -107,10 +123,38 @@ def _expand(pattern: str, home: str, base: str) -> list[str]:
 
 NODE_TOOLS = frozenset({"node", "nodejs", "npx", "npm", "pnpm", "pnpx", "yarn", "bun", "bunx", "corepack"})
 UV_TOOLS = frozenset({"uv", "uvx"})
+PIP_TOOLS = frozenset({"pip", "pip3", "pipx"})
+
+# Where the package managers among a command's executables keep what they download and later
+# run: each confined extension gets these in a private cache of its own (the subdirectory
+# named), never the user's shared one, which the user and every other extension execute from.
+CACHE_VARIABLES: dict[str, tuple[frozenset[str], str]] = {
+    "npm_config_cache": (NODE_TOOLS, "npm"),  # npx -y installs into its _npx
+    "YARN_CACHE_FOLDER": (NODE_TOOLS, "yarn"),
+    "BUN_INSTALL_CACHE_DIR": (NODE_TOOLS, "bun"),
+    "UV_CACHE_DIR": (UV_TOOLS, "uv"),  # uvx's environments
+    "UV_TOOL_DIR": (UV_TOOLS, "uv-tools"),
+    "UV_TOOL_BIN_DIR": (UV_TOOLS, "uv-tools/bin"),
+    "UV_PYTHON_INSTALL_DIR": (UV_TOOLS, "uv-python"),
+    "PIP_CACHE_DIR": (PIP_TOOLS, "pip"),
+    "PIPX_HOME": (PIP_TOOLS, "pipx"),
+}
+
+
+def _private_caches(executables: Iterable[str], directory: str, own: Mapping[str, str]) -> dict[str, str]:
+    """The variables that point the package managers among *executables* into *directory*;
+    none that the extension's own ``env`` sets (its cache is the one it names)."""
+    names = {os.path.basename(path) for path in executables}
+    return {
+        variable: os.path.join(directory, sub)
+        for variable, (tools, sub) in CACHE_VARIABLES.items()
+        if names & tools and variable not in own
+    }
 
 
 def package_caches(executables: Iterable[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The writable caches of the package managers among *executables* (npx, uvx, pip)."""
+    """The shared caches of the package managers among *executables* (npx, uvx, pip) in
+    *environ*: the user's, which no confined extension may write."""
     home = environ.get("HOME") or os.path.expanduser("~")
     cache = environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
     data = environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
@@ -125,6 +169,26 @@ def package_caches(executables: Iterable[str], environ: Mapping[str, str]) -> di
     if names & UV_TOOLS or any(n.startswith(("python", "pip")) for n in names):
         found[environ.get("PIP_CACHE_DIR") or os.path.join(cache, "pip")] = f"{CACHE} (pip)"
     return found
+
+
+def _executed_by_others(interpreters: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What the daemon, the user or another extension executes (the daemon's *environ* says
+    where): never writable by an extension, whatever its write grants cover (a rewritten
+    launcher would run unconfined next time). *interpreters*: those uv may run its tools on."""
+    found = {path: "the daemon's installation" for path in (sys.prefix, _SUPERVISOR_SOURCE)}
+    found.setdefault(sys.base_prefix, "the daemon's Python")
+    for directory in environ.get("PATH", "").split(":"):
+        if os.path.isabs(directory):
+            found.setdefault(os.path.normpath(directory), "a directory on PATH")
+    everything = NODE_TOOLS | UV_TOOLS | PIP_TOOLS | {"python3"}
+    for path, reason in package_caches(everything, environ).items():
+        found.setdefault(path, f"the user's shared {reason}")
+    for path, reason in interpreters.items():
+        found.setdefault(path, reason)
+    return found
+
+
+_SUPERVISOR_SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _uv_interpreters(executables: Iterable[str], environ: Mapping[str, str], home: str) -> dict[str, str]:
@@ -207,9 +271,19 @@ def grants_for(
     cwd: str | None,
     roots: Sequence[str],
     context: Context,
+    env: Mapping[str, str] | None = None,
+    own_env: Mapping[str, str] | None = None,
+    cache: str | None = None,
 ) -> Grants:
-    """The effective grants of one extension whose resolved executable is *command*."""
-    env, home = context.environ, context.home
+    """The effective grants of one extension whose resolved executable is *command*.
+
+    *env* is its complete environment (default: the daemon's with *own_env* over it), *own_env*
+    the part its config gives (a cache it names there is its choice, unless someone else
+    executes from it); *cache* is its private package cache.
+    """
+    own = dict(own_env or {})
+    env = {**context.environ, **own} if env is None else env
+    home = env.get("HOME") or context.home
     base = cwd or context.cwd
     protected = [os.path.normpath(p) for p in context.protected]
     read: dict[str, str] = {path: "system" for path in SYSTEM if os.path.lexists(path)}
@@ -221,7 +295,9 @@ def grants_for(
     if cwd:
         read[os.path.normpath(cwd)] = "cwd"
     read |= {os.path.normpath(root): "roots" for root in roots}
-    write = package_caches(executables, env)
+    private = _private_caches(executables, cache, own) if cache else {}
+    named = [v for v in CACHE_VARIABLES if v in own and os.path.isabs(str(own[v]))]
+    write: dict[str, str] = {str(own[v]): f"{CACHE} named by its env ({v})" for v in named}
     for pattern in spec.read:
         read |= {path: "sandbox.read" for path in _expand(pattern, home, base)}
     for pattern in spec.write:
@@ -229,19 +305,34 @@ def grants_for(
     hidden = {p: "the daemon's own" for p in protected}
     hidden[os.path.normpath(context.tmp)] = "the sandboxes' temporary directories"
     hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
-    named = [path for pattern in (*spec.read, *spec.write) for path in _expand(pattern, home, base)]
+    if context.caches:
+        hidden[os.path.normpath(context.caches)] = "the extensions' private package caches"
+    given = [path for pattern in (*spec.read, *spec.write) for path in _expand(pattern, home, base)]
     for secret in HOME_SECRETS:
         path = os.path.join(home, secret)
-        if not any(_within(n, path) for n in named):  # a grant naming it (or inside it) shows it
+        if not any(_within(n, path) for n in given):  # a grant naming it (or inside it) shows it
             hidden[path] = "credentials"
     hidden |= {os.path.realpath(p): r for p, r in hidden.items() if os.path.islink(p)}  # its target too
     # A grant reaching the daemon's own through a symlink (one a server planted where a glob of
     # its grants looks) is dropped; named plainly, a path inside them is the user's choice.
-    own = [os.path.realpath(p) for p in (*protected, context.tmp)]
-    write = {p: r for p, r in write.items() if not _redirected_into(p, own)}
-    read = {p: r for p, r in read.items() if not _redirected_into(p, own)}
+    ours = [os.path.realpath(p) for p in (*protected, context.tmp)]
+    write = {p: r for p, r in write.items() if not _redirected_into(p, ours)}
+    read = {p: r for p, r in read.items() if not _redirected_into(p, ours)}
+    frozen = _executed_by_others(uv, context.environ)
+    for path in [p for p in write if any(_within(p, f) for f in frozen)]:
+        outer = next(f for f in frozen if _within(path, f))
+        read.setdefault(path, f"read-only: inside {frozen[outer]} ({write.pop(path)})")
+    if private:  # made by the daemon in its own caches, for this extension alone: wherever they are
+        write[os.path.normpath(cache or "")] = f"{CACHE}, private to it ({', '.join(sorted(private))})"
     write = _outermost(write, write, hidden)
     read = _outermost(read, {**read, **write}, hidden)  # a write grant covers reading
+    # ... except what others execute: bound read-only over the write grant that holds it.
+    inside = {
+        p: f"read-only: {r}"
+        for p, r in frozen.items()
+        if os.path.lexists(p) and any(_within(p, w) and p != w for w in write)
+    }
+    read |= _outermost(inside, inside, hidden)
     granted = [*read, *write]
     hidden = {p: r for p, r in hidden.items() if os.path.lexists(p) and any(_within(p, g) for g in granted)}
     entries = [Grant(p, "read", r) for p, r in read.items()]
@@ -249,4 +340,4 @@ def grants_for(
     entries += [Grant(p, "hidden", r) for p, r in hidden.items()]
     order = {"read": 0, "write": 1, "hidden": 2}
     entries.sort(key=lambda g: (order[g.access], g.path))
-    return Grants(spec.network, tuple(entries))
+    return Grants(spec.network, tuple(entries), private)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,9 @@ class TestInstallation:
 
 
 class TestGrants:
-    def test_the_base_covers_system_directories_a_file_argument_and_the_private_caches(
-        self, home: Path
-    ) -> None:
-        """System read-only, the script's directory, pip's cache writable; nothing of the home."""
+    def test_the_base_covers_system_directories_and_a_file_argument(self, home: Path) -> None:
+        """System read-only, the script's directory; nothing of the home, no cache for a
+        server that runs no package manager."""
         script = executable(home.parent / "servers" / "server.py")
         grants = grants_for(
             Spec(), command=sys.executable, args=[str(script)], cwd=None, roots=[], context=context(home)
@@ -88,7 +88,8 @@ class TestGrants:
         granted = access(grants)
         assert granted["/usr"] == granted["/etc"] == "read"
         assert granted[str(script.parent)] == "read"
-        assert granted[str(home / ".cache" / "pip")] == "write"
+        assert not [path for path, kind in granted.items() if kind == "write"]
+        assert not grants.environ
         assert str(home) not in granted
         assert granted["/etc/shadow"] == "hidden"  # inside /etc: covered
         assert str(home / ".ssh") not in granted  # not granted at all: nothing to hide
@@ -181,14 +182,138 @@ class TestPackageCaches:
             ("/usr/bin/docker", set()),
         ],
     )
-    def test_each_family_gets_its_own(self, command: str, caches: set[str]) -> None:
-        """npx writes ~/.npm, uvx uv's cache and data, a Python pip's; a stranger none of them."""
+    def test_the_shared_ones_of_each_family(self, command: str, caches: set[str]) -> None:
+        """Where npx, uvx and pip keep what they run: the user's, never an extension's to write."""
         found = package_caches([command], {"HOME": "/h"})
         assert {os.path.relpath(path, "/h") for path in found} == caches
 
     def test_the_wrappers_own_variables_win(self) -> None:
         found = package_caches(["npx"], {"HOME": "/h", "npm_config_cache": "/elsewhere/npm"})
         assert set(found) == {"/elsewhere/npm"}
+
+    @pytest.mark.parametrize(
+        ("command", "variables"),
+        [
+            ("npx", {"npm_config_cache", "YARN_CACHE_FOLDER", "BUN_INSTALL_CACHE_DIR"}),
+            ("uvx", {"UV_CACHE_DIR", "UV_TOOL_DIR", "UV_TOOL_BIN_DIR", "UV_PYTHON_INSTALL_DIR"}),
+            ("pipx", {"PIP_CACHE_DIR", "PIPX_HOME"}),
+            ("docker", set()),
+        ],
+    )
+    def test_a_package_manager_gets_a_private_cache_and_never_the_shared_one(
+        self, home: Path, command: str, variables: set[str]
+    ) -> None:
+        tool = executable(home.parent / "tools" / "bin" / command)
+        caches = home.parent / "caches"
+        own = caches / "ext"
+        grants = grants_for(
+            Spec(),
+            command=str(tool),
+            args=[],
+            cwd=None,
+            roots=[],
+            context=replace(context(home), caches=str(caches)),
+            cache=str(own),
+        )
+        assert set(grants.environ) == variables
+        assert all(Path(path).is_relative_to(own) for path in grants.environ.values())
+        writable = [g.path for g in grants.entries if g.access == "write"]
+        assert writable == ([str(own)] if variables else [])
+        assert not any(path.startswith(str(home)) for path in access(grants))  # no ~/.npm, ~/.cache/uv
+
+    def test_a_cache_its_own_env_names_is_its_own(self, home: Path) -> None:
+        """npm_config_cache in the extension's env: that directory, writable; no private one for it."""
+        tool = executable(home.parent / "tools" / "bin" / "npx")
+        named = home.parent / "its-npm"
+        grants = grants_for(
+            Spec(),
+            command=str(tool),
+            args=[],
+            cwd=None,
+            roots=[],
+            context=context(home),
+            own_env={"npm_config_cache": str(named)},
+            cache=str(home.parent / "caches" / "ext"),
+        )
+        assert access(grants)[str(named)] == "write"
+        assert "npm_config_cache" not in grants.environ
+        assert "YARN_CACHE_FOLDER" in grants.environ
+
+    def test_the_other_extensions_caches_are_hidden_inside_a_grant(self, home: Path) -> None:
+        caches = home / ".cache" / "mcp-supervisor" / "extensions"
+        (caches / "other").mkdir(parents=True)
+        tool = executable(home.parent / "tools" / "bin" / "npx")
+        grants = grants_for(
+            Spec(read=("~",)),
+            command=str(tool),
+            args=[],
+            cwd=None,
+            roots=[],
+            context=replace(context(home), caches=str(caches)),
+            cache=str(caches / "mine"),
+        )
+        granted = access(grants)
+        assert granted[str(caches)] == "hidden"
+        assert granted[str(caches / "mine")] == "write"  # bound after the cover: it shows through
+
+
+class TestExecutedByOthers:
+    """A write grant never covers what the daemon, the user or another extension executes."""
+
+    @pytest.fixture
+    def layout(self, home: Path) -> dict[str, Path]:
+        paths = {
+            "npm": home / ".npm" / "_npx",
+            "uv-tools": home / ".local" / "share" / "uv" / "tools",
+            "uv-cache": home / ".cache" / "uv",
+            "bin": home / ".local" / "bin",
+        }
+        for path in paths.values():
+            path.mkdir(parents=True)
+        return paths
+
+    def test_inside_a_write_grant_they_are_bound_read_only(self, home: Path, layout: dict[str, Path]) -> None:
+        environ = {"HOME": str(home), "PATH": f"{layout['bin']}:/usr/bin"}
+        tool = executable(home.parent / "tools" / "bin" / "npx")
+        grants = grants_for(
+            Spec(write=("~",)),
+            command=str(tool),
+            args=[],
+            cwd=None,
+            roots=[],
+            context=Context(environ, cwd=str(home.parent), tmp=str(home.parent / "tmp")),
+        )
+        granted = access(grants)
+        assert granted[str(home)] == "write"
+        assert granted[str(home / ".npm")] == "read"
+        assert granted[str(layout["uv-tools"])] == "read"
+        assert granted[str(layout["uv-cache"])] == "read"
+        assert granted[str(layout["bin"])] == "read"  # on PATH: the user runs what is there
+
+    def test_a_write_grant_of_a_shared_cache_is_read_only(self, home: Path, layout: dict[str, Path]) -> None:
+        tool = executable(home.parent / "tools" / "bin" / "npx")
+        grants = grants_for(
+            Spec(write=("~/.npm", "~/.local/share/uv/tools/x")),
+            command=str(tool),
+            args=[],
+            cwd=None,
+            roots=[],
+            context=context(home),
+        )
+        by_path = {grant.path: grant for grant in grants.entries}
+        assert by_path[str(home / ".npm")].access == "read"
+        assert "shared package cache" in by_path[str(home / ".npm")].reason
+        assert by_path[str(layout["uv-tools"] / "x")].access == "read"
+
+    def test_the_daemons_own_installation_is_never_writable(self, tmp_path: Path, home: Path) -> None:
+        """A write grant of the directory holding the daemon's interpreter and package."""
+        top = os.path.commonpath([sys.prefix, str(Path(sandbox.__file__).parents[2])])
+        grants = grants_for(
+            Spec(write=(top,)), command="/bin/sh", args=[], cwd=None, roots=[], context=context(home)
+        )
+        granted = access(grants)
+        assert granted.get(sys.prefix) == "read" or granted.get(top) == "read"
+        assert granted.get(str(Path(sandbox.__file__).parents[2])) == "read" or granted.get(top) == "read"
 
 
 class TestSandboxOf:
