@@ -100,7 +100,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
     "daemon": (
-        ("fdlimits", "health", "metrics", "systemd", "reload", "identity"),
+        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken"),
         ("headstart", "facade"),
         ("root",),
         ("run",),

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from supervisor import paths
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, SupervisorError
 
 if TYPE_CHECKING:
     from supervisor.config.settings import Settings
 
-from supervisor.cli.main import EXIT_OK, EXIT_USAGE, fail
+from supervisor.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
 
 __all__ = ("check_config", "client_config", "daemon", "import_servers", "load_settings")
 
@@ -98,11 +98,40 @@ def import_servers(args: argparse.Namespace) -> int:
 def client_config(args: argparse.Namespace) -> int:
     from supervisor.config import snippets as clientconfig
 
+    if args.http:
+        return _http_client_config(args)
     socket = args.socket
     if socket is None and args.config:
         socket = load_settings(args.config).socket
     command_args = clientconfig.connect_args(socket, args.profile)
     print(clientconfig.snippet(args.client, clientconfig.connect_command(), command_args))
+    return EXIT_OK
+
+
+def _http_client_config(args: argparse.Namespace) -> int:
+    """The entry for a client that speaks streamable HTTP and sends headers: URL and bearer token
+    (made now, as the daemon would at its start, if neither the config nor the state has one)."""
+    from supervisor.config import snippets as clientconfig
+    from supervisor.daemon.httptoken import gateway_token
+
+    path = args.config or paths.default_config_path()
+    http = load_settings(path).gateway.http
+    if not http.enabled or http.port == 0:
+        say = "is off" if not http.enabled else "listens on any free port (port: 0)"
+        fail(f"the HTTP gateway of {path} {say}; set gateway.http (enabled, port)")
+        return EXIT_USAGE
+    if args.client == "claude":
+        fail("Claude Desktop takes no headers in its file: use the connect entry (without --http)")
+        return EXIT_USAGE
+    try:
+        token, _ = gateway_token(http.token.get_secret_value() if http.token else None, os.environ)
+    except SupervisorError as exc:
+        fail(str(exc))
+        return EXIT_FAILED
+    host = f"[{http.host}]" if ":" in http.host else http.host
+    url = f"http://{'127.0.0.1' if http.host in ('0.0.0.0', '::') else host}:{http.port}/mcp"
+    url += f"/{args.profile}" if args.profile else ""
+    print(clientconfig.http_snippet(args.client, url, {"Authorization": f"Bearer {token}"}))
     return EXIT_OK
 
 

@@ -219,6 +219,11 @@ def _build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
     )
     sub.add_argument("-c", "--config", metavar="CONFIG", help="take the socket from this config")
+    sub.add_argument(
+        "--http",
+        action="store_true",
+        help="the HTTP gateway's URL with its bearer token instead (for clients that send headers)",
+    )
     return parser
 
 

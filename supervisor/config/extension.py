@@ -70,6 +70,7 @@ class SandboxConfig(Frozen):
     write: list[Annotated[Expanded, AfterValidator(non_empty_path)]] = []
     require: Literal["full"] | None = None  # full: refuse to start where the host lacks a layer
     seccomp: bool = True  # false: no filter of system calls (a server that makes user namespaces)
+    gateway: bool = False  # true: it may call the gateway's HTTP listener (other extensions' tools)
 
 
 def _sandbox_switch(value: Any) -> Any:
@@ -79,7 +80,8 @@ def _sandbox_switch(value: Any) -> Any:
     if isinstance(value, SandboxConfig | Mapping):
         return value
     raise PydanticCustomError(
-        "sandbox", "sandbox must be false, true or a mapping (network, read, write, require, seccomp)"
+        "sandbox",
+        "sandbox must be false, true or a mapping (network, read, write, require, seccomp, gateway)",
     )
 
 

@@ -174,8 +174,8 @@ class Settings(BaseSettings):
     def _sandbox_defaults_merged(
         cls, extensions: dict[str, ExtensionConfig], info: ValidationInfo
     ) -> dict[str, ExtensionConfig]:
-        """Each extension's sandbox on top of ``sandbox_defaults``: network, require and seccomp
-        from the extension if it gives them, paths from both. The result is what a reload compares."""
+        """Each extension's sandbox on top of ``sandbox_defaults``: network, require, seccomp and
+        gateway from the extension if it gives them, paths from both. The result is what a reload compares."""
         defaults = info.data.get("sandbox_defaults")
         if defaults is None or defaults == SandboxConfig():
             return extensions
@@ -191,6 +191,7 @@ class Settings(BaseSettings):
                     write=[*defaults.write, *own.write],
                     require=own.require if "require" in given else defaults.require,
                     seccomp=own.seccomp if "seccomp" in given else defaults.seccomp,
+                    gateway=own.gateway if "gateway" in given else defaults.gateway,
                 )
                 extension = extension.model_copy(update={"sandbox": own})
             merged[name] = extension

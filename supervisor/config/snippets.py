@@ -18,7 +18,7 @@ from typing import Any
 
 from supervisor.paths import ENV_PREFIX, default_socket_path
 
-__all__ = ("CLIENTS", "connect_args", "connect_command", "entry", "snippet")
+__all__ = ("CLIENTS", "connect_args", "connect_command", "entry", "http_snippet", "snippet")
 
 # client -> (its file, the key of its server table); claude-code is configured by a command
 CLIENTS: dict[str, tuple[str, str]] = {
@@ -75,4 +75,19 @@ def snippet(client: str, command: str, args: list[str]) -> str:
         return shlex.join(["claude", "mcp", "add", "--scope", "user", NAME, "--", command, *args])
     table = CLIENTS[client][1]
     inner = json.dumps(entry(client, command, args))
+    return f'{{\n  "{table}": {{\n    "{NAME}": {inner}\n  }}\n}}'
+
+
+def http_snippet(client: str, url: str, headers: dict[str, str]) -> str:
+    """What to paste for a client of the HTTP gateway: each client's spelling of a URL with headers
+    (Windsurf says ``serverUrl``, VS Code ``type: http``), or ``claude mcp add --transport http``."""
+    if client == "claude-code":
+        sent = [arg for name, value in headers.items() for arg in ("--header", f"{name}: {value}")]
+        add = ["claude", "mcp", "add", "--transport", "http", "--scope", "user", NAME, url]
+        return shlex.join([*add, *sent])
+    fields: dict[str, Any] = {"serverUrl": url} if client == "windsurf" else {"url": url}
+    if client == "vscode":
+        fields = {"type": "http", **fields}
+    table = CLIENTS[client][1]
+    inner = json.dumps({**fields, "headers": headers})
     return f'{{\n  "{table}": {{\n    "{NAME}": {inner}\n  }}\n}}'

@@ -263,6 +263,22 @@ class Daemon(Facade, Reloading):
         """Every configured extension, in the config's order."""
         return list(self._extensions.values())
 
+    def runs(self) -> dict[int, str]:
+        """The pid of every running extension and per-client instance, with its name."""
+        found: dict[int, str] = {}
+        for name, ext in self._extensions.items():
+            instances = self._instances.get(name)
+            for one in (ext, *(instances.all() if instances is not None else ())):
+                pid = one.snapshot().pid
+                if pid is not None:
+                    found[pid] = name
+        return found
+
+    def may_call_gateway(self, name: str) -> bool:
+        """Whether extension *name*'s config lets it call the HTTP gateway (``sandbox.gateway``)."""
+        ext = self._extensions.get(name)
+        return ext is not None and ext.config.sandbox.gateway
+
     def get(self, name: str) -> Extension:
         try:
             return self._extensions[name]

@@ -172,6 +172,8 @@ def _build(
 async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.FdPlan) -> bool:
     """Serve the gateway's listeners, then start the extensions (with *head*'s runs). False when
     a listener's socket cannot be bound."""
+    from supervisor.daemon.callers import Callers
+    from supervisor.daemon.httptoken import gateway_token
     from supervisor.gateway.http import HttpLimits, serve_http
     from supervisor.gateway.unix import serve_unix
 
@@ -182,13 +184,21 @@ async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.F
     ]
     http = settings.gateway.http
     if http.enabled:
+        configured = http.token.get_secret_value() if http.token else None
+        try:
+            token, source = gateway_token(configured, os.environ)
+        except SupervisorError as exc:
+            log.error("daemon.socket_unavailable", error=str(exc))
+            return False
+        log.info("gateway.http_token", source=source)  # where, never what
         listeners.append(
             functools.partial(
                 serve_http,
                 daemon.gateway,
                 host=http.host,
                 port=http.port,
-                token=http.token.get_secret_value() if http.token else None,
+                token=token,
+                screen=Callers(daemon.runs, daemon.may_call_gateway).refusal,
                 metrics=daemon.metrics.render,
                 health=daemon.counts,
                 limits=HttpLimits(max_connections=fds.http, backlog=fdlimits.ACCEPT_BURST),

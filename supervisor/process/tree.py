@@ -30,6 +30,7 @@ __all__ = (
     "MARKER_ENV",
     "Proc",
     "find_marked",
+    "holder_of_socket",
     "kill_tree",
     "members",
     "open_verified",
@@ -132,6 +133,59 @@ def find_marked(prefix: str, keep: str | None = None) -> set[int]:
         for p in scan().values()
         if p.marker is not None and p.marker.startswith(prefix) and not (keep and p.marker.startswith(keep))
     }
+
+
+def holder_of_socket(inode: int, root: int) -> list[int] | None:
+    """The descendant of *root* holding the socket *inode* and its ancestors up to *root*'s child
+    (``[holder, parent, ..., child of root]``); None when no descendant of *root* holds it.
+
+    Reads only *root*'s subtree: each process's children (``/proc/PID/task/TID/children``) and
+    fd links.
+    """
+    wanted = f"socket:[{inode}]"
+    parent_of: dict[int, int] = {}
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        if pid != root and _holds(pid, wanted):
+            chain = [pid]
+            while parent_of[chain[-1]] != root:
+                chain.append(parent_of[chain[-1]])
+            return chain
+        for child in _children(pid):
+            if child not in parent_of and child != root:
+                parent_of[child] = pid
+                pending.append(child)
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as listed:
+                found += [int(c) for c in listed.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _holds(pid: int, link: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone, or not ours to read
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def members(

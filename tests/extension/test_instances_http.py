@@ -56,9 +56,9 @@ class TestSessions:
         pids = short_tmp / "pids"
         http = http_gateway({"fx": counted(pids, instances="per-client")})
         shared = (await _status(http))["pid"]
-        async with Client(http.url + "/mcp", mode="legacy") as stays:
+        async with Client(http.mcp(), mode="legacy") as stays:
             first = await _pid(stays)
-            async with Client(http.url + "/mcp", mode="legacy") as leaves:
+            async with Client(http.mcp(), mode="legacy") as leaves:
                 second = await _pid(leaves)
                 assert await _pid(leaves) == second  # the same session, the same child
                 assert await _pid(stays) == first
@@ -83,8 +83,8 @@ class TestSessions:
     ) -> None:
         pids = short_tmp / "pids"
         http = http_gateway({"fx": counted(pids, instances="per-client", max_instances=1)})
-        async with Client(http.url + "/mcp", mode="legacy") as waits:
-            async with Client(http.url + "/mcp", mode="legacy") as first:
+        async with Client(http.mcp(), mode="legacy") as waits:
+            async with Client(http.mcp(), mode="legacy") as first:
                 mine = await _pid(first)
                 refused = await waits.call_tool("fx__pid", {})
                 assert refused.is_error and "all 1 per-client instances are in use" in first_text(refused)
@@ -107,7 +107,7 @@ class TestSessionless:
         http = http_gateway(
             {"fx": counted(pids, instances="per-client"), "shared": counted(short_tmp / "other")}
         )
-        async with Client(http.url + "/mcp", mode="2026-07-28") as modern:
+        async with Client(http.mcp(), mode="2026-07-28") as modern:
             refused = await modern.call_tool("fx__pid", {})
             assert refused.is_error and "is per-client (one child per client session" in first_text(refused)
             assert not (await modern.call_tool("shared__pid", {})).is_error  # shared ones serve it
@@ -123,9 +123,9 @@ class TestFigures:
     ) -> None:
         """health --json: each instance's figures; metrics: summed series, restarts of ended ones kept."""
         http = http_gateway({"fx": counted(short_tmp / "pids", instances="per-client", max_instances=3)})
-        async with Client(http.url + "/mcp", mode="legacy") as stays:
+        async with Client(http.mcp(), mode="legacy") as stays:
             mine = await _pid(stays)
-            async with Client(http.url + "/mcp", mode="legacy") as leaves:
+            async with Client(http.mcp(), mode="legacy") as leaves:
                 theirs = await _pid(leaves)
                 os.kill(theirs, signal.SIGKILL)  # an automatic restart of that instance
                 await eventually(lambda: theirs not in _instance_pids(http), within=10)

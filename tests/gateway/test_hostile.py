@@ -79,7 +79,7 @@ class TestFileDescriptors:
             async def honest() -> None:
                 async with gateway_session(http.mcp_sock) as session:
                     assert first_text(await session.call_tool("rich__echo", {"text": "in"})) == "in"
-                async with Client(http.url + "/mcp", mode="legacy") as client:
+                async with Client(http.mcp(), mode="legacy") as client:
                     assert first_text(await client.call_tool("rich__echo", {"text": "in"})) == "in"
 
             anyio.run(honest)
@@ -130,7 +130,7 @@ class TestBodies:
             assert http.rss() < 200 << 20, http.rss() >> 20
 
             async def honest() -> None:
-                async with Client(http.url + "/mcp", mode="legacy") as client:
+                async with Client(http.mcp(), mode="legacy") as client:
                     assert first_text(await client.call_tool("rich__echo", {"text": "in"})) == "in"
 
             anyio.run(honest)
@@ -143,7 +143,7 @@ class TestQuietLogs:
     def test_shutdown_with_an_http_client_connected_is_prompt_and_clean(self, hostile) -> None:
         http = hostile({"rich": RICH})
         holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD, http.url + "/mcp"],
+            [sys.executable, "-c", _HOLD, http.url + "/mcp", http.token],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
@@ -205,8 +205,13 @@ class TestQuietLogs:
 _HOLD = """
 import sys, anyio
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 async def main():
-    async with Client(sys.argv[1], mode="legacy") as client:
+    async with (
+        create_mcp_http_client(headers={"Authorization": "Bearer " + sys.argv[2]}) as http,
+        Client(streamable_http_client(sys.argv[1], http_client=http), mode="legacy") as client,
+    ):
         await client.list_tools()
         print("holding", flush=True)
         await anyio.sleep(60)

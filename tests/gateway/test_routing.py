@@ -116,7 +116,7 @@ class TestRestarts:
         http = http_gateway({"echo": {**ECHO, "call_timeout": 30}})
         old = pid_of(http)
         for mode in ("legacy", "2026-07-28"):
-            async with Client(http.url + "/mcp", mode=mode) as client:
+            async with Client(http.mcp(), mode=mode) as client:
                 await client.list_tools()
                 restarted = await anyio.to_thread.run_sync(http.cli, "restart", "echo", "--no-wait")
                 assert restarted.returncode == 0, restarted.stderr

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from .timing import patience
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
 CLI = [sys.executable, "-m", "supervisor"]
+TOKEN = "test-token-0123456789abcdef"  # the HTTP listener's, unless a test gives its own (or None)
 START_WITHIN = 45.0  # seconds a daemon may take to listen, on a loaded machine (imports take seconds)
 _IDS = itertools.count(1)
 ANNOUNCE_WINDOW = timedelta(seconds=0.5)  # the gateway's 0.1 s coalescing, and a loaded machine
@@ -150,7 +152,7 @@ class Daemon:
         the HTTP listener if asked, and *extensions*."""
         config: dict[str, Any] = {"socket": self.socket, **self.settings, **settings}
         if self.http is not None:
-            listener = {"enabled": True, "host": "127.0.0.1", "port": 0, **self.http}
+            listener = {"enabled": True, "host": "127.0.0.1", "port": 0, "token": TOKEN, **self.http}
             config["gateway"] = {**config.get("gateway", {}), "http": listener}
         self.config.write_text(json.dumps({**config, "extensions": extensions}))
 
@@ -322,8 +324,25 @@ class Daemon:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
+    @property
+    def token(self) -> str:
+        """The listener's bearer token: the one this harness configured, else the one it made."""
+        configured = (self.http or {}).get("token", TOKEN)
+        if configured is not None:
+            return str(configured)
+        return (self.state / "http-token").read_text().strip()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to the listener needs: its bearer token."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def mcp(self, path: str = "/mcp") -> AbstractAsyncContextManager[Any]:
+        """A streamable-HTTP transport to *path* with the token, for ``mcp.client.Client``."""
+        return _transport(self.url + path, self.headers)
+
     def get(self, path: str, **headers: str) -> httpx2.Response:
-        return httpx2.get(self.url + path, headers=headers, timeout=10)
+        return httpx2.get(self.url + path, headers={**self.headers, **headers}, timeout=10)
 
     # ---- what a daemon with its own state keeps ----------------------------------------------
 
@@ -332,3 +351,15 @@ class Daemon:
 
     def catalog_file(self, name: str) -> Path:
         return self.state / "catalogs" / self.instance.rstrip(":") / f"{name}.json"
+
+
+@asynccontextmanager
+async def _transport(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    async with (
+        create_mcp_http_client(headers=headers) as client,
+        streamable_http_client(url, http_client=client) as streams,
+    ):
+        yield streams

@@ -35,7 +35,8 @@ def inspect(interop: Interop, transport: str, era: str, method: str, *args: str)
     if transport == "connect":
         target = [CONNECT, "connect", "--socket", interop.daemon.socket]
     else:
-        target = [interop.http_url, "--transport", "http"]
+        authorization = f"Authorization: Bearer {interop.daemon.token}"
+        target = [interop.http_url, "--transport", "http", "--header", authorization]
     inspector = str(interop.toolchain.bin / "mcp-inspector")
     options = ["--cli", "--format", "json", "--quiet", "--protocol-era", era]
     argv = [inspector, *options, *target, "--method", method, *args]

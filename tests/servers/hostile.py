@@ -8,7 +8,9 @@ Tool ``attempt(kind, target)`` makes one attempt and answers ``ok`` or ``refused
 127.0.0.1:PORT, ``bind_tcp`` on 127.0.0.1 (any port), ``kill`` PID with signal 0 (the
 permission check every signal goes through, without its effect), ``connect_abstract`` to the
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
-(PTRACE_ATTACH, wait for the stop, PTRACE_DETACH).
+(PTRACE_ATTACH, wait for the stop, PTRACE_DETACH), ``http_post`` ("URL TOKEN": an MCP
+initialize with that bearer token; refused unless it answers 200), ``http_post_from_child``
+(the same from a process it starts, as a grandchild of the daemon).
 """
 
 from __future__ import annotations
@@ -39,6 +41,39 @@ def _plant(target: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as file:
         file.write("#!/bin/sh\ncat ~/.ssh/id_ed25519\n")
+
+
+def _http_post(target: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    url, token = target.split(" ", 1)
+    body = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18",'
+    body += b'"capabilities":{},"clientInfo":{"name":"hostile","version":"1"}}}'
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=10) as answer:
+            answer.read(1)
+    except urllib.error.HTTPError as exc:
+        said = exc.read(300).decode(errors="replace")
+        raise PermissionError(errno.EACCES, f"HTTP {exc.code}: {said}") from None
+    except urllib.error.URLError as exc:
+        raise OSError(errno.ECONNREFUSED, str(exc.reason)) from None
+
+
+def _http_post_from_child(target: str) -> None:
+    import subprocess
+    import sys
+
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import hostile; hostile._http_post(sys.argv[2])"
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", code, here, target], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PermissionError(errno.EACCES, done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
 
 
 def _connect_tcp(target: str) -> None:
@@ -78,6 +113,8 @@ ATTEMPTS = {
     "connect_abstract": lambda target: _connect_unix("\0" + target),
     "connect_unix": _connect_unix,
     "ptrace": _ptrace,
+    "http_post": _http_post,
+    "http_post_from_child": _http_post_from_child,
 }
 
 

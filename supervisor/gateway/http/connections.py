@@ -30,6 +30,7 @@ goes to its ASGI task.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -42,22 +43,21 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from supervisor.gateway.http.limits import HttpLimits
 from supervisor.logs import Throttled
 
-__all__ = ("CONNECTION", "MAX_AHEAD", "MAX_HELD", "BoundedProtocol", "Connections", "Quick")
+__all__ = ("CONNECTION", "MAX_AHEAD", "MAX_HELD", "BoundedProtocol", "Connections", "Quick", "Screen")
 
 CONNECTION = "supervisor.connection"  # the scope key of a request's BoundedProtocol
 MAX_AHEAD = 16  # requests that may wait their turn; past it the rest is dropped, closed after the 16
 MAX_HELD = 64 << 10  # bytes received (unparsed) while requests wait, past which reading waits too
+LINGER = 1.0  # seconds a refused connection's bytes are read and dropped after its 403
 
 log = structlog.get_logger(__name__)
 
 
 def _raw_response(status: str, text: str) -> bytes:
-    body = f'{{"jsonrpc":"2.0","id":null,"error":{{"code":-32000,"message":"{text}"}}}}'.encode()
-    head = (
-        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        f"retry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+    error = {"code": -32000, "message": text}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}, separators=(",", ":")).encode()
+    head = f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    return (head + f"retry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
 
 
 _BUSY = _raw_response("503 Service Unavailable", "too many connections, each serving a request")
@@ -72,13 +72,19 @@ class Quick(Protocol):
     def serve(self, connection: BoundedProtocol, cycle: RequestResponseCycle) -> bool: ...  # taken?
 
 
-class Connections:
-    """The connections of one listener: counted, and the idlest found when one must go."""
+Screen = Callable[[socket.socket], "str | None"]  # why the peer of an accepted socket may not call
 
-    def __init__(self, limits: HttpLimits) -> None:
+
+class Connections:
+    """The connections of one listener: counted, and the idlest found when one must go. *screen*
+    says why an accepted socket's peer may not call: 403 before anything it sent is read."""
+
+    def __init__(self, limits: HttpLimits, screen: Screen | None = None) -> None:
         self.limits = limits
+        self.screen = screen
         self.open: dict[BoundedProtocol, None] = {}
         self.refused = Throttled(log, "gateway.http_connection_refused")
+        self.screened = Throttled(log, "gateway.http_caller_refused")
         self.ended = Throttled(log, "gateway.http_connection_ended", level="info")
 
     def __len__(self) -> int:
@@ -133,6 +139,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._served: RequestResponseCycle | None = None  # uvicorn's self.cycle is the newest, maybe waiting
         self._held = bytearray()  # bytes received while requests wait their turn, not parsed yet
         self._dropping = False  # over MAX_AHEAD: what else comes is dropped, the connection ends
+        self._refused: int | None = None  # refused by the screen: the bytes it sent since, dropped
         self._timer: asyncio.TimerHandle | None = None  # the deadline of the request arriving now
         self._unread: asyncio.TimerHandle | None = None  # while the client does not take our answer
         self._phase: str | None = None  # what _timer waits for: "headers" or "body"
@@ -151,17 +158,31 @@ class BoundedProtocol(HttpToolsProtocol):
     # ---- asyncio's callbacks -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
         if not self._bounded.admit(self):
             transport.write(_BUSY)
             transport.close()
             return
         self._admitted = True
-        sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)
         self.flow = _ReadAhead(transport, lambda: len(self._held) <= MAX_HELD and not self._dropping)
+        screen = self._bounded.screen
+        refusal = screen(sock) if screen is not None and sock is not None else None
+        if refusal is not None:
+            self._refuse(refusal)
+            return
         self._watch()
+
+    def _refuse(self, refusal: str) -> None:
+        """403 and our side closed; what the client still sends is dropped (closing with it unread
+        would reset the connection, the answer lost) for LINGER seconds, at most MAX_HELD bytes."""
+        self._bounded.screened("peer", reason=refusal)
+        self._refused = 0
+        self.transport.write(_raw_response("403 Forbidden", f"refused: {refusal}"))
+        self.transport.write_eof()
+        self._timer = self.loop.call_later(LINGER, self.end)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._admitted:
@@ -186,6 +207,11 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.active_at = time.monotonic()
+        if self._refused is not None:
+            self._refused += len(data)
+            if self._refused > MAX_HELD:
+                self.end()
+            return
         if self._dropping:
             return
         if self.pipeline or self._held:  # requests wait their turn: what follows waits unparsed

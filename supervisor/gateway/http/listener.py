@@ -37,7 +37,7 @@ from starlette.types import ASGIApp
 
 from supervisor.errors import SupervisorError
 from supervisor.gateway.http.bodies import Bodies
-from supervisor.gateway.http.connections import BoundedProtocol, Connections
+from supervisor.gateway.http.connections import BoundedProtocol, Connections, Screen
 from supervisor.gateway.http.fastcalls import FastPath
 from supervisor.gateway.http.guard import Guard, ProfilePaths
 from supervisor.gateway.http.limits import HttpLimits
@@ -133,9 +133,12 @@ async def serve_http(
     metrics: Callable[[], str],
     health: Callable[[], Any],
     limits: HttpLimits = DEFAULT_LIMITS,
+    screen: Screen | None = None,
     task_status: anyio.abc.TaskStatus[Listening] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway at ``http://HOST:PORT/mcp`` until cancelled; ``started()`` with :class:`Listening`.
+
+    *screen* turns a connection away before its first byte is read (see :class:`.Connections`).
 
     Raises:
         SupervisorError: the address cannot be bound.
@@ -145,7 +148,7 @@ async def serve_http(
     http = build_app(
         gateway, host=host, port=bound, token=token, metrics=metrics, health=health, limits=limits
     )
-    connections = Connections(limits)
+    connections = Connections(limits, screen)
     config = uvicorn.Config(
         http.app,
         http=functools.partial(BoundedProtocol, connections=connections, quick=http.quick),  # type: ignore[arg-type]

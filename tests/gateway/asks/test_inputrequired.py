@@ -108,7 +108,7 @@ class TestDriver:
 
     async def test_a_stock_client_completes_the_call_over_http(self, start_http) -> None:
         http = start_http({"asker": ASKER})
-        async with Client(http.url + "/mcp", mode=MODERN, **ANSWERING) as client:
+        async with Client(http.mcp(), mode=MODERN, **ANSWERING) as client:
             elicited = await client.call_tool("asker__elicit", {"message": "over http?"})
             assert first_text(elicited) == 'accept {"answer": "yes to over http?"}'
             assert first_text(await client.call_tool("asker__sample", {"prompt": "x"})) == "m1 hi"
@@ -133,7 +133,7 @@ class TestDriver:
         """2026-07-28 HTTP has no sessions: a per-client extension says so rather than spawn a child
         for the call (which its rounds would otherwise have to keep)."""
         http = start_http({"asker": {**ASKER, "instances": "per-client"}})
-        async with Client(http.url + "/mcp", mode=MODERN, **ANSWERING) as client:
+        async with Client(http.mcp(), mode=MODERN, **ANSWERING) as client:
             refused = await client.call_tool("asker__elicit", {"message": "http?"})
             assert refused.is_error and "is per-client (one child per client session" in first_text(refused)
         assert http.status()["asker"]["instances"] == []

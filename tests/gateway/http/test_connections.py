@@ -47,7 +47,7 @@ def _waiting(request_id: int, seconds: float) -> bytes:
 
 async def _session(http: Daemon) -> Raw:
     """A handshake-era session of *http* that listed tools (its calls take the fast path)."""
-    async with httpx2.AsyncClient(timeout=10) as client:
+    async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
         session = Raw(client, http.url + "/mcp")
         await session.open()
     return session

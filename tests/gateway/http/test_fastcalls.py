@@ -51,6 +51,8 @@ class Raw:
 
     def __init__(self, client: httpx2.AsyncClient, url: str) -> None:
         self.client, self.url, self.headers = client, url, dict(HEADERS)
+        if "authorization" in client.headers:  # raw requests on a socket of their own need it too
+            self.headers["authorization"] = client.headers["authorization"]
 
     async def open(self, *, list_tools: bool = True) -> None:
         answer = await self.client.post(self.url, content=_initialize(), headers=self.headers)
@@ -93,7 +95,7 @@ class TestJson:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open(list_tools=False)
             before = await session.post(_call(1, "rich__echo", text="before"))
@@ -112,7 +114,7 @@ class TestJson:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             headers = {**HEADERS, "mcp-session-id": "0" * 32}
             answer = await client.post(
                 http.url + "/mcp", content=_call(1, "rich__echo", text="x"), headers=headers
@@ -127,7 +129,7 @@ class TestJson:
         path) as after (the fast path, or the SDK's again for a name not routed)."""
         http = http_gateway({"rich": RICH})
         calls = [("rich__echo", {}), ("rich__nonexistent", {}), ("rich__echo", {"text": "x"})]
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open(list_tools=False)
             slow = [
@@ -146,7 +148,7 @@ class TestJson:
         """An Accept without event streams (the SDK serves streams: 406), a body not labelled
         JSON (400): refused there, never answered here."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open()
             json_only = await client.post(
@@ -167,7 +169,7 @@ class TestJson:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with Client(http.url + "/mcp", mode="legacy") as client:
+        async with Client(http.mcp(), mode="legacy") as client:
             await client.list_tools()
             assert first_text(await client.call_tool("rich__echo", {"text": "sdk"})) == "sdk"
             with pytest.raises(MCPError, match="unknown tool"):
@@ -191,7 +193,10 @@ class TestCancel:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+        async with (
+            httpx2.AsyncClient(timeout=30, headers=http.headers) as client,
+            anyio.create_task_group() as tg,
+        ):
             session = Raw(client, http.url + "/mcp")
             await session.open()
             answers = await session.calling(tg, _call(7, "rich__wait", seconds=30))
@@ -210,7 +215,7 @@ class TestCancel:
         """The body comes in a read of its own: over uvicorn's 64 KiB high-water mark that pauses
         reading, and a paused connection hears no close unless reading resumes."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open()
         host, port = http.url.removeprefix("http://").split(":")
@@ -231,7 +236,10 @@ class TestCancel:
     ) -> None:
         """Two clients at once: one cancels request id 7, the other's call with id 7 runs on."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+        async with (
+            httpx2.AsyncClient(timeout=30, headers=http.headers) as client,
+            anyio.create_task_group() as tg,
+        ):
             honest, hostile = Raw(client, http.url + "/mcp"), Raw(client, http.url + "/mcp")
             await honest.open()
             await hostile.open()
@@ -255,7 +263,7 @@ class TestQuestions:
             asked.append(params.message)
             return types.ElicitResult(action="accept", content={"answer": "yes"})
 
-        async with Client(http.url + "/mcp", mode="legacy", elicitation_callback=answer) as client:
+        async with Client(http.mcp(), mode="legacy", elicitation_callback=answer) as client:
             await client.list_tools()
             result = await client.call_tool("asker__elicit", {"message": "over http?"})
         assert first_text(result) == 'accept {"answer": "yes"}' and asked == ["over http?"]
@@ -296,7 +304,7 @@ class TestModern:
         http = http_gateway({"rich": RICH})
         calls = [("rich__echo", {"text": "x"}), ("rich__echo", {}), ("rich__nonexistent", {})]
         url = http.url + "/mcp"
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             fast = [await _post_modern(client, url, n, tool, args) for n, (tool, args) in enumerate(calls)]
             slow = [
                 await _post_modern(client, url, n, tool, args, logLevel="emergency")
@@ -317,7 +325,7 @@ class TestModern:
 
     async def test_the_sdk_client_gets_its_answers(self, http_gateway: Callable[..., Daemon]) -> None:
         http = http_gateway({"rich": RICH})
-        async with Client(http.url + "/mcp") as client:  # "auto": 2026-07-28 against this gateway
+        async with Client(http.mcp()) as client:  # "auto": 2026-07-28 against this gateway
             assert client.protocol_version == MODERN
             assert first_text(await client.call_tool("rich__echo", {"text": "modern"})) == "modern"
             result = await client.call_tool("rich__echo", {"text": "structured"})
@@ -331,7 +339,7 @@ class TestModern:
         http = http_gateway({"asker": ASKER})
         url = http.url + "/mcp"
         arguments = {"message": "anyone?"}
-        async with httpx2.AsyncClient(timeout=20) as client:
+        async with httpx2.AsyncClient(timeout=20, headers=http.headers) as client:
             fast = await _post_modern(client, url, 1, "asker__elicit", arguments)
             slow = await _post_modern(client, url, 1, "asker__elicit", arguments, logLevel="emergency")
             asked = await _post_modern(
@@ -348,7 +356,10 @@ class TestModern:
         child), the other's call is answered."""
         http = http_gateway({"rich": RICH})
         host, port = http.url.removeprefix("http://").split(":")
-        async with httpx2.AsyncClient(timeout=30) as client, anyio.create_task_group() as tg:
+        async with (
+            httpx2.AsyncClient(timeout=30, headers=http.headers) as client,
+            anyio.create_task_group() as tg,
+        ):
             answers: list[tuple[int, str, dict[str, Any]]] = []
 
             async def honest() -> None:
@@ -357,6 +368,7 @@ class TestModern:
             with socket.create_connection((host, int(port)), timeout=10) as sock:
                 body, headers = _modern(2, "rich__wait", {"seconds": 30})
                 head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+                headers = {**headers, **http.headers}
                 sock.sendall(
                     (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
                 )
@@ -372,7 +384,7 @@ class TestModern:
     ) -> None:
         http = http_gateway({"rich": RICH})
         body, headers = _modern(1, "rich__echo", {"text": "x"})
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             mismatch = await client.post(
                 http.url + "/mcp", content=body, headers={**headers, "mcp-name": "rich__fail"}
             )
@@ -414,7 +426,7 @@ class TestModern:
             ("odd__video", {}, {}, {}),
             ("odd__nullerror", {}, {}, {}),
         ]
-        async with httpx2.AsyncClient(timeout=10) as client:
+        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
             answers = {}
             for slow in (False, True):
                 for n, (tool, arguments, meta, headers) in enumerate(cases):

@@ -23,7 +23,7 @@ class TestEras:
     @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
     async def test_list_and_call(self, http_gateway, mode: str) -> None:
         http = http_gateway({"rich": RICH})
-        async with Client(http.url + "/mcp", mode=mode) as client:
+        async with Client(http.mcp(), mode=mode) as client:
             assert "rich__echo" in [t.name for t in (await client.list_tools()).tools]
             assert first_text(await client.call_tool("rich__echo", {"text": mode})) == mode
             prompt = await client.get_prompt("rich__greet", {"name": "HTTP"})
@@ -36,7 +36,7 @@ class TestEras:
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
             seen.append(progress)
 
-        async with Client(http.url + "/mcp", mode="legacy") as client:
+        async with Client(http.mcp(), mode="legacy") as client:
             await client.call_tool("rich__progress", {"steps": 2}, progress_callback=on_progress)
         assert seen == [1, 2]
 
@@ -44,7 +44,7 @@ class TestEras:
 class TestEndpoints:
     async def test_metrics_and_healthz(self, http_gateway) -> None:
         http = http_gateway({"rich": RICH})
-        async with Client(http.url + "/mcp", mode="legacy") as client:
+        async with Client(http.mcp(), mode="legacy") as client:
             await client.call_tool("rich__echo", {"text": "count me"})
         metrics = await anyio.to_thread.run_sync(http.get, "/metrics")
         assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
@@ -64,10 +64,10 @@ class TestGuard:
     async def test_token_is_required_when_configured(self, http_gateway) -> None:
         http = http_gateway({"rich": RICH}, host="0.0.0.0", token="s3cret-token-0123456789")
         local = http.url = http.url.replace("0.0.0.0", "127.0.0.1")
-        assert http.get("/metrics").status_code == 401
+        assert httpx2.get(local + "/metrics", timeout=10).status_code == 401
         assert http.get("/metrics", Authorization="Bearer wrong").status_code == 401
         assert http.get("/metrics", Authorization="Bearer s3cret-token-0123456789").status_code == 200
-        assert http.get("/healthz").status_code == 200  # liveness probes carry no secret
+        assert httpx2.get(local + "/healthz", timeout=10).status_code == 200  # probes carry no secret
         headers = {"Authorization": "Bearer s3cret-token-0123456789"}
         async with httpx2.AsyncClient(headers=headers) as authorised:
             from mcp.client.streamable_http import streamable_http_client

@@ -137,7 +137,7 @@ class TestTaken:
         ASGI way serves, start at least one each."""
         async with in_process_daemon(short_tmp, {"rich": RICH}, HttpLimits()) as (_, url):
             base = url.removesuffix("/mcp")
-            session = await _session(SimpleNamespace(url=base))  # type: ignore[arg-type]
+            session = await _session(SimpleNamespace(url=base, headers={}))  # type: ignore[arg-type]
             calls = range(1, 13)  # fewer than a connection may send ahead (16)
             quick = await _tasks_started(base, session.headers, [_echo(n) for n in calls], chunked=False)
             asgi = await _tasks_started(base, session.headers, [_echo(n) for n in calls], chunked=True)

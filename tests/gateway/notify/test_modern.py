@@ -130,7 +130,7 @@ class TestLogMessages:
         http = http_gateway({"rich": RICH})
         asked, on_asked = collector()
         async with Client(
-            http.url + "/mcp", mode="2026-07-28", log_level="info", logging_callback=on_asked
+            http.mcp(), mode="2026-07-28", log_level="info", logging_callback=on_asked
         ) as client:
             await client.call_tool("rich__log", {"level": "warning", "message": "over http"})
             await eventually(lambda: len(asked) == 1)

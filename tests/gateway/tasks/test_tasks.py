@@ -393,7 +393,7 @@ class TestHttp:
         """The same routing for a handshake-era client over HTTP (the SDK client's raw requests:
         its typed ones refuse a CreateTaskResult)."""
         http = http_gateway({"tasks": TASKS})
-        async with Client(http.url + "/mcp", mode="legacy") as client:
+        async with Client(http.mcp(), mode="legacy") as client:
             send = client.session._dispatcher.send_raw_request
             params = {"name": "tasks__slow", "arguments": {"seconds": 0.2, "text": "http"}, "task": {}}
             created = await send("tools/call", params, {})

@@ -3,6 +3,7 @@ reload of a profile, budget warnings, and search mode, on a real daemon with rea
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ from tests.harness import (
     gateway_session,
     until,
 )
+from tests.harness.daemon import TOKEN
 from tests.harness.timing import fail_after
 
 pytestmark = [
@@ -157,19 +159,21 @@ class TestProfiles:
                 await session.call_tool("rich__echo", {"text": "no"})
 
     async def test_profiles_over_http_and_an_unknown_one_is_a_404(self, gateway) -> None:
-        http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}}
+        http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0, "token": TOKEN}}
         daemon = gateway({"rich": RICH, "echo": ECHO}, profiles=PROFILES, gateway=http)
-        url = await anyio.to_thread.run_sync(http_url, daemon)
+        daemon.url = (await anyio.to_thread.run_sync(http_url, daemon)).removesuffix("/mcp")
+        url = daemon.url + "/mcp"
         for mode in ("legacy", "2026-07-28"):
-            async with Client(url + "/echo-only", mode=mode) as client:
+            async with Client(daemon.mcp("/mcp/echo-only"), mode=mode) as client:
                 tools = names(await client.list_tools())
                 assert tools and all(name.startswith("echo__") for name in tools), mode
                 assert first_text(await client.call_tool("echo__echo", {"text": mode})) == mode
                 with pytest.raises(MCPError, match="not in profile 'echo-only'"):
                     await client.call_tool("rich__echo", {"text": "no"})
-        async with Client(url, mode="legacy") as client:  # /mcp itself: everything
+        async with Client(daemon.mcp(), mode="legacy") as client:  # /mcp itself: everything
             assert {"rich__echo", "echo__echo"} <= names(await client.list_tools())
-        response = await anyio.to_thread.run_sync(lambda: httpx2.post(url + "/nope", json={}, timeout=10))
+        nope = functools.partial(httpx2.post, url + "/nope", json={}, headers=daemon.headers, timeout=10)
+        response = await anyio.to_thread.run_sync(nope)
         assert response.status_code == 404
         assert response.json() == {
             "error": "unknown profile 'nope'",
