@@ -19,6 +19,7 @@ from supervisor.config import settings as config
 from supervisor.errors import SupervisorError
 from supervisor.extension.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
 from tests.harness import Daemon, extension_settings, first_text, gateway_session, until
+from tests.harness.daemon import TOKEN
 from tests.harness.timing import fail_after
 
 pytestmark = [
@@ -262,7 +263,7 @@ class TestThroughTheDaemon:
         shown by status and tools, logged without the text; approve brings the new definition."""
         definitions = _definitions_in(short_tmp)
         define(definitions, "Say hi.")
-        http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0}}
+        http = {"http": {"enabled": True, "host": "127.0.0.1", "port": 0, "token": TOKEN}}
         daemon = pinned({"fx": shifty(definitions, tools_on_change="hold")}, gateway=http)
         daemon.wait_state("fx", "running")
         listener = Listener()
@@ -303,7 +304,8 @@ class TestThroughTheDaemon:
             from mcp import Client
 
             events = [e for e in daemon.events() if e.get("event") == "gateway.http_listening"]
-            async with Client(events[0]["url"], mode="legacy") as client:
+            daemon.url = events[0]["url"].removesuffix("/mcp")
+            async with Client(daemon.mcp(), mode="legacy") as client:
                 assert "fx__greet" not in [t.name for t in (await client.list_tools()).tools]
                 with pytest.raises(MCPError, match="mcp-supervisor approve fx greet"):
                     await client.call_tool("fx__greet", {"name": "x"})

@@ -11,6 +11,7 @@ import pytest
 from mcp import Client
 
 from tests.harness import RICH, Streams, eventually, first_text
+from tests.harness.daemon import TOKEN
 
 pytestmark = [
     pytest.mark.anyio,
@@ -87,7 +88,7 @@ class TestGuard:
         port = int(first.url.rsplit(":", 1)[1])
         (short_tmp / "second").mkdir(mode=0o700)
         second = daemons({}, start=False, directory=short_tmp / "second")
-        gateway = {"http": {"enabled": True, "port": port}}
+        gateway = {"http": {"enabled": True, "port": port, "token": TOKEN}}
         second.config.write_text(json.dumps({"socket": second.socket, "gateway": gateway, "extensions": {}}))
         second.start()
         assert second.proc is not None and second.proc.wait(timeout=20) == 1
