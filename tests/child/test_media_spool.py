@@ -166,32 +166,34 @@ def rss(pid: int) -> int:
 
 
 class TestThroughTheDaemon:
-    async def test_100_calls_of_5_mib_leave_memory_flat_and_the_spool_within_quota(
+    async def test_100_calls_of_2_mib_leave_memory_flat_and_the_spool_within_quota(
         self, daemon: Callable[..., tuple[subprocess.Popen[bytes], str]], short_tmp: Path
     ) -> None:
-        """100 calls of 5 MiB images: RSS grows < 16 MiB after warm-up; the spool holds 40 files.
+        """100 calls of 2 MiB images: RSS grows < 16 MiB after warm-up; the spool holds 40 files.
 
-        The bound: one payload held by mistake per call would be 80 x 5 MiB = 400 MiB, one
-        held at a time about 12 MiB (the line plus its parsed string); 16 MiB leaves room for
+        The bound: one payload held by mistake per call would be 80 x 2 MiB = 160 MiB, one
+        held at a time about 5 MiB (the line plus its parsed string); 16 MiB leaves room for
         allocator noise while failing on any per-call retention. The quota holds more than a
         second of calls: files younger than a second are never evicted (their links are new).
+        (bench/media.py measures 20 MiB images, more and longer.)
         """
-        proc, sock = daemon(max_total_bytes=200 * MIB)
+        size = 2 * MIB
+        proc, sock = daemon(max_total_bytes=40 * size)
         await wait_running(sock)
 
         async def call() -> dict[str, Any]:
-            args = {"name": "media", "tool": "image", "arguments": {"bytes": 5 * MIB}}
+            args = {"name": "media", "tool": "image", "arguments": {"bytes": size}}
             return await client.request(sock, "call", args, timeout=60)
 
         for _ in range(20):
             await call()
         warm = rss(proc.pid)
-        for _ in range(80):  # bench/media.py measures more and longer
+        for _ in range(80):
             reply = await call()
             assert reply["content"][1]["type"] == "resource_link"
         growth = rss(proc.pid) - warm
         files = list((short_tmp / "spool").rglob("*.png"))
-        assert len(files) == 40 and sum(f.stat().st_size for f in files) == 200 * MIB
+        assert len(files) == 40 and sum(f.stat().st_size for f in files) == 40 * size
         assert growth < 16 * MIB, f"daemon RSS grew {growth / MIB:.1f} MiB over 80 calls"
         proc.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(proc.wait) == 0
