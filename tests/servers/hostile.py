@@ -4,7 +4,8 @@ Tool ``attempt(kind, target)`` makes one attempt and answers ``ok`` or ``refused
 (message)``; it never raises. Kinds:
 
 ``read`` a file, ``write`` (append to) a file, ``plant`` a new file (its directories made,
-``$VARS`` expanded: what a poisoner leaves for someone else to run), ``list`` a directory, ``connect_tcp`` to
+``$VARS`` expanded: what a poisoner leaves for someone else to run), ``symlink`` ("LINK
+TARGET": plant a link where another extension's grant looks), ``list`` a directory, ``connect_tcp`` to
 127.0.0.1:PORT, ``bind_tcp`` on 127.0.0.1 (any port), ``kill`` PID with signal 0 (the
 permission check every signal goes through, without its effect), ``connect_abstract`` to the
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
@@ -106,6 +107,7 @@ ATTEMPTS = {
     "read": _read,
     "write": _write,
     "plant": _plant,
+    "symlink": lambda target: os.symlink(target.split(" ", 1)[1], target.split(" ", 1)[0]),
     "list": os.listdir,
     "connect_tcp": _connect_tcp,
     "bind_tcp": _bind_tcp,

@@ -112,10 +112,10 @@ class Run:
         host = self.sandbox.host
         launcher += ["-a", str(host.landlock), *([] if host.namespaces else ["-N"])]
         launcher += [] if self.sandbox.spec.seccomp else ["-S"]
-        for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x")):
+        for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x"), ("link", "-l")):
             for path in grants.paths(access):
                 launcher += [flag, path]
-        launcher += ["-t", self.tmp, "-c", cwd or self.sandbox.context.cwd, "--", *argv]
+        launcher += ["-t", os.path.realpath(self.tmp), "-c", cwd or self.sandbox.context.cwd, "--", *argv]
         return launcher, {**env, **grants.environ, "TMPDIR": self.tmp}
 
     async def remove(self) -> None:

@@ -7,7 +7,8 @@ bench/sandbox.py). It never forks: it ``execve``s the command, so no process of 
 
 Options (one value each, repeatable where it makes sense): ``-n MODE`` network
 (``none | outbound | all``), ``-r PATH`` readable, ``-w PATH`` writable, ``-x PATH`` hidden even
-inside a grant, ``-t DIR`` the private temporary directory (writable, bound last), ``-s DIR``
+inside a grant, ``-l PATH`` a symlink leading to a grant (made again inside), ``-t DIR`` the
+private temporary directory (writable, bound last), ``-s DIR``
 an empty directory to build the new root in, ``-c DIR`` the working directory to enter inside
 (made to exist, readable only if granted), ``-a N`` the Landlock ABI to use (0: none; default
 the kernel's), ``-N`` no namespaces (the host refuses them), ``-S`` no seccomp filter.
@@ -57,6 +58,7 @@ class Options:
         self.read: list[str] = []
         self.write: list[str] = []
         self.hide: list[str] = []
+        self.links: list[str] = []
         self.staging = ""
         self.cwd = ""
         self.tmp = ""
@@ -68,8 +70,8 @@ class Options:
 
 
 def parse(argv: list[str]) -> Options:
-    """``-n/-r/-w/-x/-t/-s/-c VALUE ... -- COMMAND ...``; raises ``ValueError`` on anything else."""
-    options, lists = Options(), {"-r": "read", "-w": "write", "-x": "hide"}
+    """``-n/-r/-w/-x/-l/-t/-s/-c VALUE ... -- COMMAND ...``; raises ``ValueError`` on anything else."""
+    options, lists = Options(), {"-r": "read", "-w": "write", "-x": "hide", "-l": "links"}
     singles = {"-n": "network", "-s": "staging", "-c": "cwd", "-t": "tmp"}
     position = 0
     while position < len(argv):
@@ -141,6 +143,7 @@ def confine(options: Options) -> int:
             hide=options.hide,
             tmp=options.tmp,
             cwd=options.cwd,
+            links=options.links,
         )
     try:
         os.chdir(options.cwd or "/")
@@ -188,7 +191,7 @@ def _landlock(options: Options, version: int) -> None:
     budget = [MAX_SPLIT]
     for path, rights in grants:
         try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fd = mounts.open_no_symlinks(path)  # what the daemon checked, or a refusal to start
         except FileNotFoundError:  # skipped by the root as well
             continue
         around = hidden + read_only if rights == landlock.WRITE else hidden

@@ -5,8 +5,11 @@ Standard library only and no relative imports (the exec launcher loads this file
 The launcher enters a new user and mount namespace (and a network namespace for
 ``network: none``), mounts an empty tmpfs as the new root, binds every granted path into it
 at the same path (read-only unless granted for writing), hides the protected paths that a
-grant happens to cover under empty read-only mounts, and pivots into it. Symlinks on the way
-to a granted path are recreated, so paths resolve inside exactly as outside.
+grant happens to cover under empty read-only mounts, and pivots into it. The daemon gives
+real paths, checked: each is opened one component at a time without following a symlink
+(:func:`open_no_symlinks`), and what that opened is what gets bound, so a path swapped for a
+symlink since the check fails the start instead of binding elsewhere. The symlinks that led
+to a grant are made again inside, so paths resolve inside exactly as outside.
 
 Why namespaces and not Landlock alone: Landlock (ABI 7) does not govern connecting to a unix
 socket by path, so without them a sandboxed server could reach the daemon's own sockets, an
@@ -16,6 +19,7 @@ ssh or gpg agent, D-Bus or docker.sock. In the private view those sockets do not
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 
@@ -23,7 +27,7 @@ TYPE_CHECKING = False  # typing and collections.abc cost milliseconds of every l
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ("build_root", "enter_namespaces")
+__all__ = ("build_root", "enter_namespaces", "open_no_symlinks")
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
@@ -82,6 +86,27 @@ def _set_attr(path: str, attrs: int) -> None:
         ctypes.sizeof(attr),
     )
     _check(result, f"mount_setattr {path}")
+
+
+def open_no_symlinks(path: str) -> int:
+    """An ``O_PATH`` descriptor of the absolute *path*, opened one component at a time from ``/``:
+    ``OSError(ELOOP)`` if any component is a symlink (it was not when the daemon checked it)."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                raise OSError(errno.EINVAL, f"{path}: '..' in a path the daemon resolved")
+            child = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise OSError(errno.ELOOP, f"{path} changed since the daemon checked it (a symlink now)")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _write(path: str, text: str) -> None:
@@ -167,13 +192,37 @@ class _Root:
         return host
 
     def bind(self, path: str, *, writable: bool, devices: bool = False) -> bool:
-        """Bind host *path* at the same place inside; False if it does not exist."""
-        real = self.place(path)
-        if real is None:
+        """Bind host *path* (a real path) at the same place inside, as opened without following
+        a symlink; False if it does not exist. Raises ``OSError(ELOOP)`` if it became a symlink."""
+        try:
+            fd = open_no_symlinks(path)
+        except FileNotFoundError:
             return False
-        _mount(real, self.inside(real), None, _MS_BIND | _MS_REC)
+        try:
+            if not self._make(path, directory=stat.S_ISDIR(os.fstat(fd).st_mode)):
+                return False
+            _mount(f"/proc/self/fd/{fd}", self.inside(path), None, _MS_BIND | _MS_REC)
+        finally:
+            os.close(fd)
         attrs = _ATTR_NOSUID | (0 if devices else _ATTR_NODEV) | (0 if writable else _ATTR_RDONLY)
-        _set_attr(self.inside(real), attrs)
+        _set_attr(self.inside(path), attrs)
+        return True
+
+    def _make(self, path: str, *, directory: bool) -> bool:
+        """Make *path* exist inside, as a mount point: its missing components in our tmpfs (never
+        on the host). False if a component is missing inside a bound directory."""
+        inner = self.staging
+        parts = [part for part in path.split("/") if part]
+        for n, part in enumerate(parts):
+            inner = os.path.join(inner, part)
+            if os.path.lexists(inner):
+                continue
+            if os.lstat(os.path.dirname(inner)).st_dev not in self.devs:
+                return False
+            if n < len(parts) - 1 or directory:
+                os.mkdir(inner, 0o755)
+            else:
+                os.close(os.open(inner, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
         return True
 
     def hide(self, path: str) -> None:
@@ -225,6 +274,7 @@ def build_root(
     hide: Iterable[str],
     tmp: str = "",
     cwd: str = "",
+    links: Iterable[str] = (),
 ) -> None:
     """Replace this process's view of the file system with the granted paths only.
 
@@ -232,7 +282,8 @@ def build_root(
     missing ones skipped. Deeper grants are bound after shallower ones, so a write grant
     inside a read grant stays writable. *hide* paths are covered in the same order, so a grant
     inside a hidden path still shows. /dev, /proc and /sys are provided; then *tmp* is bound
-    writable (it may lie in a hidden directory) and *cwd* is made to exist (empty unless granted).
+    writable (it may lie in a hidden directory), the symlinks *links* that lead to grants are
+    made again, and *cwd* is made to exist (empty unless granted).
     """
     root = _Root(staging)
     os.close(os.open(root.inside("/.empty"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0))  # covers files
@@ -248,6 +299,8 @@ def build_root(
         root.bind(path, writable=False)
     if tmp and not root.bind(tmp, writable=True):
         raise OSError(0, f"the private temporary directory {tmp} is missing")
+    for link in links:
+        root.place(link)
     if cwd:
         root.place(cwd)
     root.enter()

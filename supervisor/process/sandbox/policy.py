@@ -223,6 +223,23 @@ def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequenc
     return found
 
 
+def _ways_through(args: Sequence[str], base: str) -> list[str]:
+    """The directories a file argument walks through before a ``..`` (``tools`` of
+    ``tools/../bb/server.py``): the kernel looks each up, so each must exist inside (empty)."""
+    found: list[str] = []
+    for arg in args:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        parts = value.split("/")
+        if ".." not in parts or value.startswith("-") or not os.path.isfile(os.path.join(base, value)):
+            continue
+        for n, part in enumerate(parts):
+            if part == ".." and n > 0:
+                way = os.path.normpath(os.path.join(base, "/".join(parts[:n])))
+                if os.path.isdir(way):
+                    found.append(way)
+    return found
+
+
 def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterable[str]) -> dict[str, str]:
     """*grants* without those inside another of *covering* (unless a hidden path lies between)."""
 
@@ -235,9 +252,20 @@ def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterabl
     return {path: reason for path, reason in grants.items() if not covered(path)}
 
 
-def _redirected_into(path: str, directories: Sequence[str]) -> bool:
-    real = os.path.realpath(path)
-    return real != os.path.normpath(path) and any(_within(real, d) for d in directories)
+def _resolved(grants: dict[str, str], hidden: Mapping[str, str], links: dict[str, str]) -> dict[str, str]:
+    """*grants* by their real paths: what the launcher binds, refusing a symlink on the way then (a
+    swap after this check fails the start). A grant that reaches a *hidden* path only through a
+    symlink (one a server planted where a glob of the grants looks, a link to ``~/.ssh``) is
+    dropped; the other symlinks go to *links*, to be made again inside."""
+    found: dict[str, str] = {}
+    for path, reason in grants.items():
+        real = os.path.realpath(path)
+        if real != path:
+            if any(_within(real, h) and not _within(path, h) for h in hidden):
+                continue
+            links[path] = real
+        found.setdefault(real, reason)
+    return found
 
 
 def _within(path: str, directory: str) -> bool:
@@ -287,12 +315,16 @@ def grants_for(
     base = cwd or context.cwd
     protected = [os.path.normpath(p) for p in context.protected]
     read: dict[str, str] = {path: "system" for path in SYSTEM if os.path.lexists(path)}
-    read |= _system_links()
+    if spec.network != "none":  # /etc/resolv.conf's target: systemd-resolved's sockets beside it
+        read |= _system_links()
     installed, executables = installation(command, path_env=env.get("PATH", ""), home=home)
     uv = _uv_interpreters(executables, env, home)
+    links: dict[str, str] = {}
+    for way in _ways_through(args, base):  # `tools/../x/server.py`: `tools` must exist to walk through
+        links[way] = os.path.realpath(way)
     for extra in (installed, uv, _script_grants(args, base, home, protected)):
         read |= {p: r for p, r in extra.items() if p not in read}  # first reason wins: "system"
-    if cwd:
+    if cwd and not is_broad(cwd, home):  # a home as cwd: its files are no more readable than named
         read[os.path.normpath(cwd)] = "cwd"
     read |= {os.path.normpath(root): "roots" for root in roots}
     private = _private_caches(executables, cache, own) if cache else {}
@@ -307,23 +339,22 @@ def grants_for(
     hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
     if context.caches:
         hidden[os.path.normpath(context.caches)] = "the extensions' private package caches"
-    given = [path for pattern in (*spec.read, *spec.write) for path in _expand(pattern, home, base)]
+    # Named plainly (no glob), a hidden path or one inside it is the user's choice to show.
+    given = [pattern for pattern in (*spec.read, *spec.write) if not glob.has_magic(pattern)]
+    named = [path for pattern in given for path in _expand(pattern, home, base)]
     for secret in HOME_SECRETS:
         path = os.path.join(home, secret)
-        if not any(_within(n, path) for n in given):  # a grant naming it (or inside it) shows it
+        if not any(_within(n, path) for n in named):
             hidden[path] = "credentials"
-    hidden |= {os.path.realpath(p): r for p, r in hidden.items() if os.path.islink(p)}  # its target too
-    # A grant reaching the daemon's own through a symlink (one a server planted where a glob of
-    # its grants looks) is dropped; named plainly, a path inside them is the user's choice.
-    ours = [os.path.realpath(p) for p in (*protected, context.tmp)]
-    write = {p: r for p, r in write.items() if not _redirected_into(p, ours)}
-    read = {p: r for p, r in read.items() if not _redirected_into(p, ours)}
-    frozen = _executed_by_others(uv, context.environ)
+    hidden = {os.path.realpath(p): r for p, r in hidden.items()} | hidden
+    read, write = _resolved(read, hidden, links), _resolved(write, hidden, links)
+    frozen = {os.path.realpath(p): r for p, r in _executed_by_others(uv, context.environ).items()}
     for path in [p for p in write if any(_within(p, f) for f in frozen)]:
         outer = next(f for f in frozen if _within(path, f))
         read.setdefault(path, f"read-only: inside {frozen[outer]} ({write.pop(path)})")
     if private:  # made by the daemon in its own caches, for this extension alone: wherever they are
-        write[os.path.normpath(cache or "")] = f"{CACHE}, private to it ({', '.join(sorted(private))})"
+        reason = f"{CACHE}, private to it ({', '.join(sorted(private))})"
+        write |= _resolved({os.path.normpath(cache or ""): reason}, {}, links)
     write = _outermost(write, write, hidden)
     read = _outermost(read, {**read, **write}, hidden)  # a write grant covers reading
     # ... except what others execute: bound read-only over the write grant that holds it.
@@ -338,6 +369,9 @@ def grants_for(
     entries = [Grant(p, "read", r) for p, r in read.items()]
     entries += [Grant(p, "write", r) for p, r in write.items()]
     entries += [Grant(p, "hidden", r) for p, r in hidden.items()]
-    order = {"read": 0, "write": 1, "hidden": 2}
+    for path, real in links.items():
+        made = f"a symlink to {real}, made again inside" if path != real else "on a path's way, made empty"
+        entries.append(Grant(path, "link", made))
+    order = {"read": 0, "write": 1, "hidden": 2, "link": 3}
     entries.sort(key=lambda g: (order[g.access], g.path))
     return Grants(spec.network, tuple(entries), private)

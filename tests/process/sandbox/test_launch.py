@@ -15,7 +15,12 @@ from supervisor.process import sandbox
 from supervisor.process.sandbox import landlock, launch
 
 LAUNCH = [sys.executable, "-I", "-S", str(sandbox.LAUNCHER)]
-SYSTEM = ["-r", "/usr", "-r", "/bin", "-r", "/lib", "-r", "/lib64", "-r", "/etc"]
+# As the daemon gives them: real paths, and the symlinks that lead there (/bin -> usr/bin).
+SYSTEM = [
+    arg
+    for path in ("/usr", "/bin", "/lib", "/lib64", "/etc")
+    for arg in (["-r", os.path.realpath(path)] + (["-l", path] if os.path.islink(path) else []))
+]
 PROBE = "from supervisor.process import sandbox as s\nh = s.probe_host()\nprint({})"  # what the host has
 
 

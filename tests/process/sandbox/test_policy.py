@@ -12,6 +12,7 @@ import pytest
 from supervisor.config.settings import ExtensionConfig, Settings
 from supervisor.errors import SpawnError
 from supervisor.process import sandbox
+from supervisor.process.sandbox import policy
 from supervisor.process.sandbox.install import installation
 from supervisor.process.sandbox.policy import Context, Spec, grants_for, package_caches
 
@@ -162,6 +163,29 @@ class TestGrants:
             Spec(), command="/bin/sh", args=[], cwd=str(cwd), roots=[str(root)], context=context(home)
         )
         assert access(grants)[str(cwd)] == access(grants)[str(root)] == "read"
+
+    def test_a_home_as_cwd_is_not_granted_as_a_whole(self, home: Path) -> None:
+        """`cwd: ~` would show shell history, ~/.npmrc tokens and every client's config: the
+        process starts there, but reads only what is granted (as a file argument in it would)."""
+        grants = grants_for(
+            Spec(), command="/bin/sh", args=[], cwd=str(home), roots=[], context=context(home)
+        )
+        assert str(home) not in access(grants)
+
+    def test_network_none_does_not_get_what_resolv_conf_points_at(
+        self, home: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """systemd-resolved's varlink socket sits beside its resolv.conf: no use, and a way out.
+        (This host's /etc/resolv.conf is a plain file: the host's links are played.)"""
+        resolve = home.parent / "run" / "systemd" / "resolve"
+        resolve.mkdir(parents=True)
+        monkeypatch.setattr(
+            policy, "_system_links", lambda: {str(resolve): "what /etc/resolv.conf points at"}
+        )
+        for network, shown in (("all", True), ("outbound", True), ("none", False)):
+            spec = Spec(network=network)
+            grants = grants_for(spec, command="/bin/sh", args=[], cwd=None, roots=[], context=context(home))
+            assert (str(resolve) in access(grants)) is shown, network
 
     def test_the_digest_follows_the_grants(self, home: Path) -> None:
         """Same config, same digest; one more path or another network mode, another digest."""

@@ -1,0 +1,105 @@
+"""Paths checked by name, used by fd (issue 32, §4).
+
+What the review got past the grants: a `read:` grant of a symlink to `~/.ssh`; a glob (`~/.*`)
+counting as naming the hidden paths it matches; a symlink planted by one extension where
+another's glob grant looks (`~/projects/*` -> `~/.aws`); a path swapped for a symlink between
+the daemon's check and the launcher's bind; and a script path walking through a directory
+outside the grants (`tools/../bb/server.py`), which never started. At the full level and at
+Landlock alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.process.sandbox import launch
+from tests.harness import Daemon, extension_settings
+from tests.harness.servers import SERVERS
+from tests.process.sandbox.test_launch import LAUNCH, SYSTEM
+from tests.process.sandbox.test_levels import NO_USERNS
+from tests.process.sandbox.test_sandbox import attempt
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.anyio]
+
+LEVELS = {"full": (None, False), "landlock 4 alone": (4, True)}
+
+
+def hostile(**sandbox: Any) -> dict[str, Any]:
+    return extension_settings("hostile.py", sandbox=sandbox)
+
+
+@pytest.fixture
+def home(short_tmp: Path) -> Path:
+    """The daemon's home (see `sandboxed`), with cloud keys, a link to ~/.ssh and projects."""
+    home = short_tmp / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = x\n")
+    (home / "keys").symlink_to(home / ".ssh")
+    (home / "projects" / "app").mkdir(parents=True)
+    (home / "projects" / "app" / "README").write_text("readable\n")
+    (home / ".profile").write_text("# a dotfile like any other\n")
+    return home
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+async def test_a_symlink_or_a_glob_never_uncovers_a_hidden_path(
+    sandboxed: Callable[..., Daemon], home: Path, short_tmp: Path, level: str
+) -> None:
+    work = short_tmp / "work"  # `python work/tools/../bb/quick.py`, with work/tools granted nothing
+    (work / "tools").mkdir(parents=True)
+    (work / "bb").mkdir()
+    for name in ("quick.py", "_raw.py"):
+        shutil.copy(SERVERS / name, work / "bb" / name)
+    walker = extension_settings("quick.py")
+    walker["args"] = [f"{work}/tools/../bb/quick.py"]
+    extensions = {
+        "linked": hostile(read=["~/keys"]),
+        "dotglob": hostile(read=["~/.*"]),
+        "planter": hostile(write=["~/projects"]),
+        "globber": hostile(read=["~/projects/*"]),
+        "walker": walker,
+    }
+    abi, no_userns = LEVELS[level]
+    env = {} if abi is None else {"MCP_SUPERVISOR_SANDBOX_ABI": str(abi)}
+    daemon = sandboxed({"extensions": extensions}, prefix=NO_USERNS if no_userns else None, env=env)
+    daemon.wait_running(*extensions)
+    key, aws = home / ".ssh" / "id_ed25519", home / ".aws" / "credentials"
+
+    for target in (home / "keys" / "id_ed25519", key):
+        assert attempt(daemon, "linked", "read", target).startswith("refused"), target
+    for target in (key, aws):
+        assert attempt(daemon, "dotglob", "read", target).startswith("refused"), target
+    assert attempt(daemon, "dotglob", "read", home / ".profile") == "ok"  # what the glob grants
+
+    assert attempt(daemon, "planter", "symlink", f"{home / 'projects' / 'evil'} {home / '.aws'}") == "ok"
+    restarted = daemon.cli("restart", "globber")  # its grants are computed again: the link is there
+    assert restarted.returncode == 0, restarted.stderr
+    daemon.wait_running("globber")
+    planted = home / "projects" / "evil" / "credentials"
+    assert attempt(daemon, "globber", "read", planted).startswith("refused")
+    assert attempt(daemon, "globber", "read", aws).startswith("refused")
+    assert attempt(daemon, "globber", "read", home / "projects" / "app" / "README") == "ok"
+
+
+def test_a_path_swapped_for_a_symlink_after_the_check_fails_the_start(tmp_path: Path) -> None:
+    """The daemon checked a directory; by the launch it is a link to a secret: nothing runs."""
+    staging, secret, checked = tmp_path / "r", tmp_path / "secret", tmp_path / "grant"
+    staging.mkdir()
+    secret.mkdir()
+    (secret / "key").write_text("secret\n")
+    checked.symlink_to(secret)  # swapped in after the daemon's check
+    for namespaces in ([], ["-N"]):
+        done = subprocess.run(
+            [*LAUNCH, *namespaces, "-n", "all", "-s", str(staging), *SYSTEM, "-r", str(checked), "--",
+             sys.executable, "-c", f"print(open({str(checked / 'key')!r}).read())"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == launch.EXIT_SANDBOX, (namespaces, done.stdout, done.stderr)
+        assert "changed since the daemon checked it" in done.stderr and "secret" not in done.stdout
