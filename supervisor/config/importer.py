@@ -268,6 +268,7 @@ FILE_SERVERS = (
     "server-git",
 )
 _PATHLIKE = ("/", "~", "${", "./", "../")
+_HOMES = ("/home", "/Users")
 _DEFAULT_SANDBOX = (
     "the default (the system and its own installation read-only, a package cache of its own, network all)"
 )
@@ -291,11 +292,30 @@ def sandbox_of(entry: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
         if value and (value.startswith(_PATHLIKE) or named or served):
             paths.append(value)
     if where is None:
-        given = f"; it is given {', '.join(paths)}: grant what it must read or write" if paths else ""
-        return None, _DEFAULT_SANDBOX + given
+        return None, _DEFAULT_SANDBOX + _hint(paths, entry.get("env") or {})
     if not paths:
         return None, _DEFAULT_SANDBOX + "; it is given no directory to serve"
     return {"write": paths}, f"may write {', '.join(paths)} (the directories it serves), network all"
+
+
+def _hint(paths: list[str], env: Mapping[str, Any]) -> str:
+    """What the report says of the paths a server is given, in its args or its env
+    (``MEMORY_FILE_PATH``): the directory to grant for a file (SQLite and others write beside it)."""
+    given = [(path, "") for path in paths]
+    given += [(str(v), f" (env {k})") for k, v in env.items() if str(v).startswith(_PATHLIKE)]
+    if not given:
+        return ""
+    said = []
+    for path, where in given:
+        directory = os.path.dirname(path.rstrip("/"))
+        broad = directory in ("", "/", "~", "${HOME}", "/root") or os.path.dirname(directory) in _HOMES
+        if not os.path.splitext(path)[1]:  # a directory, most likely
+            said.append(f"{path}{where}")
+        elif broad:
+            said.append(f"{path}{where}: a file in a home; move it into a directory of its own to grant that")
+        else:
+            said.append(f"{path}{where}: grant {directory}, as it may write beside it (a journal)")
+    return f"; it is given {'; '.join(said)}. Grant (sandbox.write) what it must write"
 
 
 def _map_variables(text: str, *, home: str, workspace: str | None, inputs: Mapping[Any, Any]) -> str:

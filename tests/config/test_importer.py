@@ -140,7 +140,16 @@ class TestFormats:
         ("args", "granted", "report"),
         [
             (["mcp-server-git", "--repository", "~/src/x"], {"write": ["~/src/x"]}, "may write ~/src/x"),
-            (["notes-mcp", "--db", "/home/me/.notes.db"], None, "it is given /home/me/.notes.db"),
+            (
+                ["notes-mcp", "--db", "/home/me/.notes.db"],
+                None,
+                "it is given /home/me/.notes.db: a file in a home",
+            ),
+            (
+                ["mcp-server-sqlite", "--db-path", "/srv/data/x.db"],
+                None,
+                "/srv/data/x.db: grant /srv/data, as it",
+            ),
             (["-y", "@modelcontextprotocol/server-memory"], None, "the default"),
         ],
     )
@@ -148,6 +157,14 @@ class TestFormats:
         made, said = importer.sandbox_of({"command": "uvx", "args": args})
         assert made == granted
         assert report in said
+
+    def test_a_path_in_its_env_is_reported_with_the_directory_to_grant(self) -> None:
+        """server-memory's file is named by MEMORY_FILE_PATH: the report names it and its directory."""
+        entry = {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"]}
+        entry["env"] = {"MEMORY_FILE_PATH": "/srv/mem/memory.jsonl", "DEBUG": "1"}
+        made, said = importer.sandbox_of(entry)
+        assert made is None
+        assert "/srv/mem/memory.jsonl (env MEMORY_FILE_PATH): grant /srv/mem" in said and "DEBUG" not in said
 
     def test_workspace_variables_without_a_workspace_are_reported(self) -> None:
         found = planned("vscode/.vscode/mcp.json", workspace=None)
