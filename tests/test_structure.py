@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # higher. Together with LAYERS this is the architecture; docs/architecture.md draws it.
 INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "config": (
-        ("secrets", "clientkeys", "runners", "snippets", "file"),
+        ("secrets", "clientkeys", "runners", "snippets", "file", "sandboxes"),
         ("fields",),
         ("extension",),
         ("settings", "importer"),

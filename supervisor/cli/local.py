@@ -68,9 +68,30 @@ def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
         fail(f"no extension named {', '.join(map(repr, unknown))} in {config_path}")
         return EXIT_USAGE
     context = sandbox_context(settings, config_path=config_path, environ=os.environ)
+    running = anyio.run(_explained_by_the_daemon, settings.socket, names)
     for name in names:
-        print("\n".join(sandbox.explain_extension(name, settings.extensions[name], context)))
+        lines = running.get(name)
+        if lines is None:
+            lines = sandbox.explain_extension(name, settings.extensions[name], context)
+            lines.insert(1, "  (no daemon runs it: as one started from this shell would confine it)")
+        else:
+            lines.insert(1, f"  (as the daemon on {settings.socket} confines it, in its running config)")
+        print("\n".join(lines))
     return EXIT_OK
+
+
+async def _explained_by_the_daemon(socket: str, names: list[str]) -> dict[str, list[str]]:
+    """What the daemon on *socket* says of each of *names* it runs: its environment, state and
+    spool are what its extensions are confined by (a systemd unit's ``STATE_DIRECTORY``, say)."""
+    from supervisor.control.client import request
+
+    found: dict[str, list[str]] = {}
+    for name in names:
+        try:
+            found[name] = list((await request(socket, "explain", {"name": name}, timeout=30))["lines"])
+        except SupervisorError:  # no daemon there, or not one that has this extension (yet)
+            continue
+    return found
 
 
 def import_servers(args: argparse.Namespace) -> int:

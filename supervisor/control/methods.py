@@ -46,6 +46,7 @@ class Backend(Protocol):
     async def reload(self) -> dict[str, list[str]]: ...
     def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
+    async def explain(self, name: str) -> list[str]: ...  # its sandbox's grants, as this daemon sees them
 
 
 class _Params(BaseModel):
@@ -54,6 +55,10 @@ class _Params(BaseModel):
 
 class _OptionalName(_Params):
     name: str | None = Field(None, min_length=1)
+
+
+class _Name(_Params):
+    name: str = Field(min_length=1)
 
 
 class _Action(_Params):
@@ -169,6 +174,10 @@ async def _approve(backend: Backend, params: _Approve) -> dict[str, Any]:
     return {"approved": await backend.approve(params.name, params.tool)}
 
 
+async def _explain(backend: Backend, params: _Name) -> dict[str, Any]:
+    return {"lines": await backend.explain(params.name)}
+
+
 async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
     if params.format == "prometheus":
         return {"text": backend.metrics_text()}
@@ -187,5 +196,6 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "reload": Method(_Params, _reload),
         "health": Method(_Health, _health),
         "approve": Method(_Approve, _approve),
+        "explain": Method(_Name, _explain),
     }
 )

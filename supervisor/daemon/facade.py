@@ -21,6 +21,7 @@ from supervisor.errors import UnknownExtension
 from supervisor.extension.instances import Instances, figures
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
+from supervisor.process import sandbox
 from supervisor.process import usage as resources
 
 __all__ = ("Facade",)
@@ -105,6 +106,12 @@ class Facade:
 
     def logs(self, name: str, lines: int) -> list[str]:
         return self.get(name).logs(lines)
+
+    async def explain(self, name: str) -> list[str]:
+        """``check-config --explain``, as this daemon confines *name*: its environment, state and
+        spool, not those of the shell that asks. In a thread: it reads the file system."""
+        config = self.get(name).config
+        return await anyio.to_thread.run_sync(sandbox.explain_extension, name, config, self.sandbox_context)
 
     def tool_changes(self, name: str) -> list[dict[str, Any]]:
         """The tools of *name* whose definition changed since it was pinned (see :mod:`.pins`)."""

@@ -139,6 +139,10 @@ class FakeBackend:
         self._get(name)
         return []
 
+    async def explain(self, name: str) -> list[str]:
+        self._get(name)
+        return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
+
     def profiles(self) -> list[dict[str, Any]]:
         return []
 

@@ -153,3 +153,19 @@ def test_what_each_host_lacks_is_said_in_words() -> None:
     ]
     assert Host(0, True, True).lacks("all")[0] == "no Landlock: files are confined by the private root only"
     assert Host(0, False, False, failure="no seccomp").level() == "none"
+
+
+def test_check_config_explain_asks_the_daemon_that_runs_it(daemons: Callable[..., Daemon]) -> None:
+    """The daemon's environment decides what is hidden (a unit's STATE_DIRECTORY), not the shell's
+    that asks: the running daemon explains; with none running, the shell's view, said as such."""
+    extensions = {"fx": extension_settings("quick.py", sandbox={"read": ["${HERE}"]})}
+    daemon = daemons(extensions, state=True, env={"HERE": "/tmp"}, end="exit 0")
+    daemon.extra_env.pop("HERE")
+    shell = {k: v for k, v in daemon.env.items() if k != "STATE_DIRECTORY"} | {"HERE": "/tmp"}
+    explain = [*CLI, "check-config", str(daemon.config), "--explain", "fx"]
+    running = subprocess.run(explain, capture_output=True, text=True, timeout=60, env=shell, check=True)
+    assert f"as the daemon on {daemon.socket} confines it" in running.stdout
+    assert f"hidden  {daemon.state}" in running.stdout  # its state, inside the /tmp it may read
+    assert daemon.terminate() == 0
+    alone = subprocess.run(explain, capture_output=True, text=True, timeout=60, env=shell, check=True)
+    assert "no daemon runs it" in alone.stdout and f"hidden  {daemon.state}" not in alone.stdout
