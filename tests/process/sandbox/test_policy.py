@@ -6,6 +6,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,12 @@ def access(grants: sandbox.Grants) -> dict[str, str]:
 def home(tmp_path: Path) -> Path:
     (tmp_path / "home" / ".ssh").mkdir(parents=True)
     return tmp_path / "home"
+
+
+def of_npx(home: Path, spec: Spec, context: Context, **options: Any) -> sandbox.Grants:
+    """The grants of an extension whose command is a package manager's (`npx`)."""
+    tool = executable(home.parent / "tools" / "bin" / "npx")
+    return grants_for(spec, command=str(tool), args=[], cwd=None, roots=[], context=context, **options)
 
 
 def context(home: Path, *protected: Path, cwd: Path | None = None) -> Context:
@@ -247,15 +254,11 @@ class TestPackageCaches:
 
     def test_a_cache_its_own_env_names_is_its_own(self, home: Path) -> None:
         """npm_config_cache in the extension's env: that directory, writable; no private one for it."""
-        tool = executable(home.parent / "tools" / "bin" / "npx")
         named = home.parent / "its-npm"
-        grants = grants_for(
+        grants = of_npx(
+            home,
             Spec(),
-            command=str(tool),
-            args=[],
-            cwd=None,
-            roots=[],
-            context=context(home),
+            context(home),
             own_env={"npm_config_cache": str(named)},
             cache=str(home.parent / "caches" / "ext"),
         )
@@ -266,15 +269,8 @@ class TestPackageCaches:
     def test_the_other_extensions_caches_are_hidden_inside_a_grant(self, home: Path) -> None:
         caches = home / ".cache" / "mcp-supervisor" / "extensions"
         (caches / "other").mkdir(parents=True)
-        tool = executable(home.parent / "tools" / "bin" / "npx")
-        grants = grants_for(
-            Spec(read=("~",)),
-            command=str(tool),
-            args=[],
-            cwd=None,
-            roots=[],
-            context=replace(context(home), caches=str(caches)),
-            cache=str(caches / "mine"),
+        grants = of_npx(
+            home, Spec(read=("~",)), replace(context(home), caches=str(caches)), cache=str(caches / "mine")
         )
         granted = access(grants)
         assert granted[str(caches)] == "hidden"
@@ -298,14 +294,8 @@ class TestExecutedByOthers:
 
     def test_inside_a_write_grant_they_are_bound_read_only(self, home: Path, layout: dict[str, Path]) -> None:
         environ = {"HOME": str(home), "PATH": f"{layout['bin']}:/usr/bin"}
-        tool = executable(home.parent / "tools" / "bin" / "npx")
-        grants = grants_for(
-            Spec(write=("~",)),
-            command=str(tool),
-            args=[],
-            cwd=None,
-            roots=[],
-            context=Context(environ, cwd=str(home.parent), tmp=str(home.parent / "tmp")),
+        grants = of_npx(
+            home, Spec(write=("~",)), Context(environ, cwd=str(home.parent), tmp=str(home.parent / "tmp"))
         )
         granted = access(grants)
         assert granted[str(home)] == "write"
@@ -315,15 +305,7 @@ class TestExecutedByOthers:
         assert granted[str(layout["bin"])] == "read"  # on PATH: the user runs what is there
 
     def test_a_write_grant_of_a_shared_cache_is_read_only(self, home: Path, layout: dict[str, Path]) -> None:
-        tool = executable(home.parent / "tools" / "bin" / "npx")
-        grants = grants_for(
-            Spec(write=("~/.npm", "~/.local/share/uv/tools/x")),
-            command=str(tool),
-            args=[],
-            cwd=None,
-            roots=[],
-            context=context(home),
-        )
+        grants = of_npx(home, Spec(write=("~/.npm", "~/.local/share/uv/tools/x")), context(home))
         by_path = {grant.path: grant for grant in grants.entries}
         assert by_path[str(home / ".npm")].access == "read"
         assert "shared package cache" in by_path[str(home / ".npm")].reason
