@@ -241,13 +241,14 @@ class Extension(Calls, Watcher):
         *head_start*: a run the daemon already launched for it (:mod:`supervisor.daemon.headstart`),
         served as the first run instead of spawning; ended here if a watcher is live.
         """
-        self._launching = False  # from here its state says what a call waits for
         while self._done is not None and not self._done.is_set():
             if not (self._stop_requested or self._ending):
+                self._launching = False  # a live watcher's state says what a call waits for
                 if head_start is not None:
                     await launch.discard(head_start)
                 return
-            await self._done.wait()
+            await self._done.wait()  # a call meanwhile still waits: the start is coming
+        self._launching = False  # from here the watcher's state (STARTING before any await) says it
         self._head_start = head_start  # the watcher takes it before its first await
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()

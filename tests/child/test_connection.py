@@ -26,7 +26,7 @@ from supervisor.extension.supervised import Extension
 from supervisor.process import tree as proctree
 from supervisor.process.children import spawn
 from tests.harness import eventually, fast_config, first_text, running, server_argv
-from tests.harness.timing import fail_after
+from tests.harness.timing import fail_after, patience
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
@@ -177,7 +177,8 @@ class TestExit:
     ) -> None:
         """2 x 30 MiB images, then exit 0: the call gets both links, not 'exited during the call'."""
         spool = Spool(tmp_path, instance="t", max_inline_bytes=1 << 18, max_total_bytes=1 << 30)
-        config = fast_config("last_words.py", max_message_bytes=128 << 20)
+        # 60 MiB of base64 to decode and spool: seconds on a loaded machine
+        config = fast_config("last_words.py", max_message_bytes=128 << 20, call_timeout=patience(60))
         ext = Extension(
             "lw",
             config,

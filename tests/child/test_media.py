@@ -254,19 +254,19 @@ class TestBounds:
         assert near["blob"].startswith("file:///") and not bottom["blob"].startswith("file:")
 
     def test_the_walk_is_linear(self) -> None:
-        """Ten times the nodes costs about ten times the time, not a hundred (slack for noise)."""
+        """Ten times the nodes costs about ten times the time, not a hundred (slack for a loaded machine)."""
 
         def cost(n: int) -> float:
             tree = {"structuredContent": [{"k": [i, {"x": "y"}]} for i in range(n)], "content": []}
             times = []
-            for _ in range(3):
+            for _ in range(7):  # the fastest of seven: a loaded machine slows some of them
                 started = time.perf_counter()
                 media.find(tree, LIMIT)
                 times.append(time.perf_counter() - started)
             return min(times)
 
         small, large = cost(5_000), cost(50_000)
-        assert large < 30 * small, (small, large)
+        assert large < 50 * small, (small, large)  # quadratic: 100x; linear: 10x, 30x seen loaded
 
     def test_the_result_is_not_copied(self, spool: Spool) -> None:
         """Containers keep their identity: the rewrite changes them in place."""

@@ -28,11 +28,11 @@ from supervisor import cli, sockets
 from supervisor.control import client, codes
 from supervisor.control import server as control
 from tests.harness import Daemon
-from tests.harness.timing import fail_after
+from tests.harness.timing import fail_after, patience
 
 pytestmark = pytest.mark.anyio
 
-WAIT = 10  # seconds any single step may take
+WAIT = patience(30)  # seconds any single step may take (a daemon's start imports for seconds, loaded)
 MiB = 1 << 20
 RSS_GROWTH_LIMIT = 16 * MiB  # what hostile clients may add to the daemon's resident set
 FLOODERS = 3  # whether asyncio reads ahead depended on a race in each connection's first read

@@ -41,7 +41,7 @@ from tests.harness import (
     gateway_session,
     list_home,
 )
-from tests.harness.timing import fail_after
+from tests.harness.timing import fail_after, patience
 
 pytestmark = [
     pytest.mark.anyio,
@@ -400,10 +400,10 @@ class TestDisconnect:
                 with fail_after(10):
                     await asked.wait()
                 tg.cancel_scope.cancel()
-        started = time.monotonic()
-        await eventually(lambda: daemon.status()["asker"]["in_flight"] == 0, within=3)
-        await eventually(lambda: "asker: elicit -> " in logs(daemon), within=3)
-        assert time.monotonic() - started < 3
+        started = time.monotonic()  # a child left waiting would wait out call_timeout (60 s)
+        await eventually(lambda: daemon.status()["asker"]["in_flight"] == 0, within=10)
+        await eventually(lambda: "asker: elicit -> " in logs(daemon), within=10)
+        assert time.monotonic() - started < patience(10)
 
 
 class TestRootsChanged:

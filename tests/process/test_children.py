@@ -73,7 +73,7 @@ async def main():
         spawning = False
     for child in children:
         await process.terminate_tree(child, grace=0)
-    print(round(max(gaps) * 1000, 1))
+    print(round(sorted(gaps)[-3] * 1000, 1))  # the third longest: a fork on the loop stalls all five
 anyio.run(main)
 """
 
@@ -160,7 +160,8 @@ class TestSpawn:
         assert info.value.permanent
 
     def test_spawning_does_not_stall_the_event_loop(self, marker_prefix: str) -> None:
-        """Forking happens off the event loop: spawning from a 1 GiB process stalls it < 25 ms.
+        """Forking happens off the event loop: spawning from a 1 GiB process stalls it < 25 ms (the
+        third longest gap of five spawns: one or two a loaded machine's scheduler may take).
 
         Before, Popen with a preexec_fn forked (no vfork) on the loop's thread: about 60 ms
         here per spawn, all of it with the loop stopped.
