@@ -47,6 +47,7 @@ def load_settings(
 
 
 def check_config(args: argparse.Namespace) -> int:
+    args.config = args.config or paths.default_config_path()  # the daemon's, as `daemon` finds it
     warnings: list[str] = []
     settings = load_settings(args.config, warnings=warnings)
     names = list(settings.extensions)

@@ -168,7 +168,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = add(
         "check-config", "local:check_config", "validate a config file", asks_daemon=False, is_async=False
     )
-    sub.add_argument("config", metavar="CONFIG")
+    sub.add_argument(
+        "config", metavar="CONFIG", nargs="?", help="default: $MCP_SUPERVISOR_CONFIG, else the system's"
+    )
     sub.add_argument(
         "--explain",
         metavar="NAME",

@@ -456,6 +456,17 @@ class TestCheckConfig:
         assert cli.main(["check-config", str(path)]) == cli.EXIT_OK
         assert capsys.readouterr().out == f"{path}: OK (2 extensions: time, notes)\n"
 
+    def test_without_a_file_it_checks_the_daemons(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """No CONFIG: the one `daemon` would read ($MCP_SUPERVISOR_CONFIG), so a hint naming only
+        `check-config --explain NAME` works."""
+        path = tmp_path / "config.yaml"
+        path.write_text("extensions:\n  notes: {command: notes}\n")
+        monkeypatch.setenv("MCP_SUPERVISOR_CONFIG", str(path))
+        assert cli.main(["check-config"]) == cli.EXIT_OK
+        assert capsys.readouterr().out == f"{path}: OK (1 extension: notes)\n"
+
     def test_every_error_is_printed(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An invalid file exits 2 and prints every problem config.load found."""
         path = tmp_path / "config.yaml"
