@@ -23,10 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import structlog
 
 from supervisor.errors import SpawnError
 from supervisor.process.sandbox.host import Host, probe_host, probed
-from supervisor.process.sandbox.policy import CACHE, MAX_GRANTS, Context, Grant, Grants, Spec, grants_for
+from supervisor.process.sandbox.policy import (
+    CACHE,
+    MAX_GRANTS,
+    Context,
+    Grant,
+    Grants,
+    Spec,
+    grants_for,
+    ungranted_paths,
+)
 
 __all__ = (
     "LAUNCHER",
@@ -49,6 +59,9 @@ __all__ = (
 )
 
 LAUNCHER = Path(__file__).with_name("launch.py")
+_GRANT_HINT = "it will find them missing: grant them in its sandbox.read or sandbox.write"
+
+log = structlog.get_logger(__name__)
 
 
 def daemon_context(
@@ -101,6 +114,7 @@ class Run:
         Error handling: raises a permanent :class:`SpawnError` when the grants are too many.
         """
         grants = self.sandbox.grants(argv[0], env)
+        self.sandbox.warn_once(grants)
         if grants.environ and self.sandbox.context.caches:
             with contextlib.suppress(OSError):
                 os.makedirs(self.sandbox.context.caches, 0o700, exist_ok=True)
@@ -155,6 +169,7 @@ class Sandbox:
         self.own_env = dict(own_env or {})  # the config's env: a package cache it names is its own
         self._last: Grants | None = None
         self._described = False
+        self._warned = False  # of a path argument no grant covers: once
         self.host = Host(0, False, False, failure="not probed yet")  # prepare() probes it
 
     def grants(self, command: str, env: Mapping[str, str] | None = None) -> Grants:
@@ -181,10 +196,21 @@ class Sandbox:
         self._last = grants
         return grants
 
+    def warn_once(self, grants: Grants) -> None:
+        """Say once (a restart does not again) which path arguments *grants* leave out."""
+        if self._warned:
+            return
+        self._warned = True
+        missing = ungranted_paths(
+            self.args, grants, home=self.context.home, base=self.cwd or self.context.cwd
+        )
+        if missing:
+            log.warning("sandbox.path_not_granted", extension=self.name, paths=missing, hint=_GRANT_HINT)
+
     def took(self, run: Run) -> None:
         """*run*, prepared by another :class:`Sandbox` of this extension (the daemon's head
         start), is this one's now: its grants are the ones :meth:`describe` shows."""
-        self._last, run.sandbox = run.sandbox._last, self
+        self._last, self._warned, run.sandbox = run.sandbox._last, run.sandbox._warned, self
 
     def describe(self, command: str) -> dict[str, Any]:
         """The status record: mode, network, the grants digest (computed once if never run), and
@@ -292,7 +318,10 @@ def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     found = command if "/" in command else shutil.which(command, path=env.get("PATH"))
     lines = [] if found else [f"{name}: command {command!r} is not found on PATH; as if it were {command}"]
     base = config.cwd or context.cwd
-    lines += explain(name, confined.grants(os.path.join(base, found or command), env))
+    grants = confined.grants(os.path.join(base, found or command), env)
+    lines += explain(name, grants)
+    missing = ungranted_paths(config.args, grants, home=context.home, base=base)
+    lines += [f"  not granted: {path} (an argument of it: {_GRANT_HINT})" for path in missing]
     host = probe_host(context.max_abi)
     refusal = refused(confined.spec, host)
     lines.append(f"  confined by: {host.level()}" if host.failure is None else "  confined by: nothing")

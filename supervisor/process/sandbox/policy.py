@@ -37,6 +37,7 @@ __all__ = (
     "Spec",
     "grants_for",
     "package_caches",
+    "ungranted_paths",
 )
 
 CACHE = "package cache"  # the reason of a cache grant: the daemon creates these when missing
@@ -375,3 +376,20 @@ def grants_for(
     order = {"read": 0, "write": 1, "hidden": 2, "link": 3}
     entries.sort(key=lambda g: (order[g.access], g.path))
     return Grants(spec.network, tuple(entries), private)
+
+
+def ungranted_paths(args: Sequence[str], grants: Grants, *, home: str, base: str) -> list[str]:
+    """The paths among *args* (``/x``, ``~/x``, ``--dir=/x``) that exist and that *grants* neither
+    grant nor hide: a directory a file server is told to serve, say, which it will find missing."""
+    granted = [g.path for g in grants.entries if g.access in ("read", "write")]
+    hidden = [g.path for g in grants.entries if g.access == "hidden"]
+    found: list[str] = []
+    for arg in args:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if not value.startswith(("/", "~")):
+            continue
+        path = os.path.realpath(os.path.join(base, os.path.expanduser(value) if value[0] == "~" else value))
+        shown = any(_within(path, g) for g in granted) and not any(_within(path, h) for h in hidden)
+        if os.path.exists(path) and not shown and path not in found:
+            found.append(path)
+    return found

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from supervisor.process.sandbox import launch
-from tests.harness import Daemon, extension_settings
+from tests.harness import CLI, Daemon, extension_settings
 from tests.harness.servers import SERVERS
 from tests.process.sandbox.test_launch import LAUNCH, SYSTEM
 from tests.process.sandbox.test_levels import NO_USERNS
@@ -103,3 +103,23 @@ def test_a_path_swapped_for_a_symlink_after_the_check_fails_the_start(tmp_path: 
         )  # fmt: skip
         assert done.returncode == launch.EXIT_SANDBOX, (namespaces, done.stdout, done.stderr)
         assert "changed since the daemon checked it" in done.stderr and "secret" not in done.stdout
+
+
+def test_a_path_argument_no_grant_covers_is_said_at_start_and_by_explain(
+    daemons: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    """A file server told to serve a directory it is not granted finds it missing: the daemon
+    says so once at its start (not at each restart), and `check-config --explain` too."""
+    served = short_tmp / "served"
+    served.mkdir()
+    server = extension_settings("quick.py", str(served), "--verbose")
+    daemon = daemons({"fs": server}, end="exit 0")
+    daemon.wait_running("fs")
+    warned = daemon.find("sandbox.path_not_granted")
+    assert [event["paths"] for event in warned] == [[str(served)]], warned
+    assert warned[0]["extension"] == "fs"
+    explained = subprocess.run(
+        [*CLI, "check-config", str(daemon.config), "--explain", "fs"],
+        capture_output=True, text=True, timeout=60, env=daemon.env, check=True,
+    )  # fmt: skip
+    assert f"not granted: {served} (an argument of it" in explained.stdout
