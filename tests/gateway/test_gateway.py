@@ -33,7 +33,7 @@ from tests.harness import (
     raw_exchange,
     unix_transport,
 )
-from tests.harness.timing import fail_after
+from tests.harness.timing import fail_after, patience
 
 pytestmark = [
     pytest.mark.anyio,
@@ -487,7 +487,8 @@ class TestSlowClients:
                     latencies.append(anyio.current_time() - started)
             grown = psutil.Process(daemon.proc.pid).memory_info().rss - rss
             tg.cancel_scope.cancel()
-        assert max(latencies) < 2.0, latencies  # typically a few ms; the hog holds 64 answers at most
+        # typically a few ms (2.4 s seen with two suites at once); the hog holds 64 answers at most
+        assert max(latencies) < patience(5), latencies
         assert grown < 64 << 20, grown  # 2,000 answers of 100 kB would be 200 MB
         async with gateway_session(daemon.mcp_sock) as after:  # the hog hung up mid-answer: all is well
             assert first_text(await after.call_tool("echo__echo", {"text": "after"})) == "after"

@@ -233,7 +233,7 @@ class Daemon:
         """Every extension's status record, by name."""
         return {record["name"]: record for record in self.request("status")["extensions"]}
 
-    def wait_state(self, name: str, state: str, within: float = 15.0) -> dict[str, Any]:
+    def wait_state(self, name: str, state: str, within: float = 30.0) -> dict[str, Any]:
         """*name*'s record once it is in *state*."""
         found: dict[str, Any] = {}
 

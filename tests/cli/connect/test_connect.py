@@ -35,7 +35,7 @@ from tests.harness import INITIALIZE, SERVERS
 from tests.harness.timing import fail_after
 
 pytestmark = pytest.mark.anyio
-WAIT = 30  # seconds any single step may take: a fixture's start on a loaded machine included
+WAIT = 60  # seconds any single step may take: a fixture's start on a loaded machine (30 s was missed)
 
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
