@@ -6,9 +6,8 @@ globs expanded here; ``${VAR}`` was expanded when the config loaded), minus what
 hidden even inside a grant: the daemon's config, state, sockets, spool, sandboxes and the other
 extensions' caches, the host's password and key files, and the credential stores in a home
 (unless a grant names them); and never writable, even inside a write grant, what someone else
-executes: the daemon's installation and Python, the directories on ``PATH``, the command's
-installation, the user's shared package caches (an ``npx -y`` or ``uvx`` runs what it finds
-there).
+executes: the daemon's installation and Python, the directories on ``PATH``, the user's
+shared package caches (an ``npx -y`` or ``uvx`` runs what it finds there) and uv's interpreters.
 
 Reads the file system (stats, symlinks, ``#!`` lines, globs) but changes nothing: the
 daemon creates missing package caches and the private temporary directory itself.
@@ -209,7 +208,7 @@ def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequenc
     readable (its modules beside it), or the file alone when the directory is too broad."""
     found: dict[str, str] = {}
     for arg in args:
-        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        value = _value(arg)
         if not value or value.startswith("-"):
             continue
         path = os.path.normpath(os.path.join(base, os.path.expanduser(value) if value[0] == "~" else value))
@@ -224,12 +223,17 @@ def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequenc
     return found
 
 
+def _value(arg: str) -> str:
+    """What an argument names: ``--config=x.json`` names ``x.json``."""
+    return arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+
+
 def _ways_through(args: Sequence[str], base: str) -> list[str]:
     """The directories a file argument walks through before a ``..`` (``tools`` of
     ``tools/../bb/server.py``): the kernel looks each up, so each must exist inside (empty)."""
     found: list[str] = []
     for arg in args:
-        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        value = _value(arg)
         parts = value.split("/")
         if ".." not in parts or value.startswith("-") or not os.path.isfile(os.path.join(base, value)):
             continue
@@ -385,10 +389,11 @@ def ungranted_paths(args: Sequence[str], grants: Grants, *, home: str, base: str
     hidden = [g.path for g in grants.entries if g.access == "hidden"]
     found: list[str] = []
     for arg in args:
-        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        value = _value(arg)
         if not value.startswith(("/", "~")):
             continue
-        path = os.path.realpath(os.path.join(base, os.path.expanduser(value) if value[0] == "~" else value))
+        mine = value == "~" or value.startswith("~/")  # the extension's home; ~user is theirs
+        path = os.path.realpath(os.path.join(base, home + value[1:] if mine else os.path.expanduser(value)))
         shown = any(_within(path, g) for g in granted) and not any(_within(path, h) for h in hidden)
         if os.path.exists(path) and not shown and path not in found:
             found.append(path)
