@@ -71,6 +71,8 @@ class SandboxConfig(Frozen):
     require: Literal["full"] | None = None  # full: refuse to start where the host lacks a layer
     seccomp: bool = True  # false: no filter of system calls (a server that makes user namespaces)
     gateway: bool = False  # true: it may call the gateway's HTTP listener (other extensions' tools)
+    tmp_max: MemorySize = 512 * 1024**2  # TMPDIR and /dev/shm: memory (tmpfs) of this size each
+    pids_max: int | None = Field(1024, ge=8, le=4_194_304)  # tasks (processes, threads) of its tree
 
 
 def _sandbox_switch(value: Any) -> Any:
@@ -81,7 +83,8 @@ def _sandbox_switch(value: Any) -> Any:
         return value
     raise PydanticCustomError(
         "sandbox",
-        "sandbox must be false, true or a mapping (network, read, write, require, seccomp, gateway)",
+        "sandbox must be false, true or a mapping (network, read, write, require, seccomp, gateway, "
+        "tmp_max, pids_max)",
     )
 
 

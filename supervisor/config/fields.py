@@ -255,7 +255,7 @@ def memory_size(value: Any) -> int:
     if not MIN_MEMORY_MAX <= size <= 1024**5:
         raise PydanticCustomError(
             "memory_size",
-            "memory_max '{value}' is out of range: at least 1M, at most 1024T",
+            "size '{value}' is out of range: at least 1M, at most 1024T",
             {"value": value},
         )
     return size

@@ -174,8 +174,9 @@ class Settings(BaseSettings):
     def _sandbox_defaults_merged(
         cls, extensions: dict[str, ExtensionConfig], info: ValidationInfo
     ) -> dict[str, ExtensionConfig]:
-        """Each extension's sandbox on top of ``sandbox_defaults``: network, require, seccomp and
-        gateway from the extension if it gives them, paths from both. The result is what a reload compares."""
+        """Each extension's sandbox on top of ``sandbox_defaults``: network, require, seccomp,
+        gateway, tmp_max and pids_max from the extension if it gives them, paths from both. The
+        result is what a reload compares."""
         defaults = info.data.get("sandbox_defaults")
         if defaults is None or defaults == SandboxConfig():
             return extensions
@@ -192,6 +193,8 @@ class Settings(BaseSettings):
                     require=own.require if "require" in given else defaults.require,
                     seccomp=own.seccomp if "seccomp" in given else defaults.seccomp,
                     gateway=own.gateway if "gateway" in given else defaults.gateway,
+                    tmp_max=own.tmp_max if "tmp_max" in given else defaults.tmp_max,
+                    pids_max=own.pids_max if "pids_max" in given else defaults.pids_max,
                 )
                 extension = extension.model_copy(update={"sandbox": own})
             merged[name] = extension

@@ -102,7 +102,8 @@ class Watcher:
                 stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
             ) as connection:
                 try:
-                    return await self._serve(connection, ticket)
+                    scratch = launched.jail.scratch if launched.jail is not None else ()
+                    return await self._serve(connection, ticket, scratch)
                 finally:
                     if self._stop_requested:
                         self._set(State.STOPPING)  # the context's exit tears the tree down
@@ -147,7 +148,9 @@ class Watcher:
             )
         return said
 
-    async def _serve(self, connection: transport.Connection, ticket: startup.Ticket) -> bool:
+    async def _serve(
+        self, connection: transport.Connection, ticket: startup.Ticket, scratch: tuple[str, ...]
+    ) -> bool:
         child = connection.child
         self._set(State.STARTING, pid=child.pid)
         try:
@@ -183,7 +186,7 @@ class Watcher:
                 in_flight = lambda: self._in_flight  # noqa: E731
                 helpers.start_soon(self._demand.serve, listing, in_flight, self._stop_idle, working)
             self._answered_at = started
-            self._start_guards(helpers, connection)
+            self._start_guards(helpers, connection, scratch)
             await connection.ended.wait()
             helpers.cancel_scope.cancel()
         self._connection = None
@@ -257,8 +260,11 @@ class Watcher:
         self._set(State.STOPPING, **changes)
         return False
 
-    def _start_guards(self, helpers: TaskGroup, connection: transport.Connection) -> None:
-        """Liveness and memory_max, when set: each ends the connection like a crash (see their modules)."""
+    def _start_guards(
+        self, helpers: TaskGroup, connection: transport.Connection, scratch: tuple[str, ...]
+    ) -> None:
+        """Liveness and memory_max, when set: each ends the connection like a crash (see their
+        modules). *scratch*: the run's private tmpfs mounts, memory its tree holds as files."""
         config, child = self.config, connection.child
         if config.ping_interval is not None:
             watch = functools.partial(
@@ -279,9 +285,8 @@ class Watcher:
                 connection.end(error)
 
             limit = config.memory_max
-            helpers.start_soon(
-                resources.enforce_memory_max, child.pid, child.marker, child.cgroup, limit, exceeded
-            )
+            enforce = functools.partial(resources.enforce_memory_max, scratch=scratch)
+            helpers.start_soon(enforce, child.pid, child.marker, child.cgroup, limit, exceeded)
 
     async def _answer(
         self, connection: transport.Connection, request: types.ServerRequest

@@ -9,8 +9,10 @@ processes plus what their exited children used once reaped inside the tree (``cu
 ``cstime``); with a cgroup, ``cpu.stat`` counts every process that ever ran in it.
 
 ``memory_max`` is enforced by :func:`enforce_memory_max`: cgroup v2 ``memory.max`` where the
-run's cgroup has the memory controller (an OOM kill there is reported as the limit), else a
-check of the tree's RSS every :data:`MEMORY_CHECK_INTERVAL` seconds, only while a limit is set.
+run's cgroup has the memory controller (an OOM kill there is reported as the limit; the kernel
+charges tmpfs pages to it too), else a check every :data:`MEMORY_CHECK_INTERVAL` seconds, only
+while a limit is set, of the tree's RSS plus what its sandbox's private tmpfs mounts hold
+(TMPDIR and /dev/shm: files there are memory no process's RSS shows).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = (
     "enforce_memory_max",
     "mib",
     "run_usage",
+    "scratch_bytes",
 )
 
 log = structlog.get_logger(__name__)
@@ -190,6 +193,21 @@ def _oom_kills(cgroup: Path) -> int:
     return 0
 
 
+def scratch_bytes(pid: int, mounts: tuple[str, ...]) -> int:
+    """Bytes held in the tmpfs *mounts* of the root *pid* sees (0 for any it cannot reach)."""
+    held = 0
+    for mount in mounts:
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(f"/proc/{pid}/root{mount}")
+            held += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+    return held
+
+
+def _held(pid: int, marker: str, cgroup: Path | None, scratch: tuple[str, ...]) -> tuple[int, int]:
+    """(RSS of the tree, bytes in its *scratch* mounts). Blocking."""
+    return run_usage(pid, marker, cgroup).rss_bytes, scratch_bytes(pid, scratch) if scratch else 0
+
+
 async def enforce_memory_max(
     pid: int,
     marker: str,
@@ -197,13 +215,15 @@ async def enforce_memory_max(
     limit: int,
     exceeded: Callable[[str], None],
     *,
+    scratch: tuple[str, ...] = (),
     interval: float = MEMORY_CHECK_INTERVAL,
 ) -> None:
     """Call *exceeded* with the error once the run's tree is over *limit* bytes, then return.
 
     Runs until then or until cancelled (the run's helper task group). With a cgroup memory
     controller the kernel enforces the limit and this only reads ``memory.events``; otherwise
-    it sums the tree's RSS every *interval* seconds (one ``/proc`` scan each, in a thread).
+    it sums the tree's RSS and the bytes in its private tmpfs mounts *scratch* (paths inside
+    its root, read through ``/proc/PID/root``) every *interval* seconds, in a thread.
     """
     kernel = cgroup is not None and await anyio.to_thread.run_sync(cgroup_memory_limit, cgroup, limit)
     while True:
@@ -214,7 +234,8 @@ async def enforce_memory_max(
                 exceeded(f"memory_max {mib(limit)} exceeded: killed by the kernel's OOM killer")
                 return
             continue
-        usage = await anyio.to_thread.run_sync(run_usage, pid, marker, cgroup)
-        if usage.rss_bytes > limit:
-            exceeded(f"memory_max {mib(limit)} exceeded: {mib(usage.rss_bytes)}")
+        rss, files = await anyio.to_thread.run_sync(_held, pid, marker, cgroup, scratch)
+        if rss + files > limit:
+            held = f" ({mib(files)} of it files in its TMPDIR and /dev/shm)" if files >= 1024**2 else ""
+            exceeded(f"memory_max {mib(limit)} exceeded: {mib(rss + files)}{held}")
             return

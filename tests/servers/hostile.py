@@ -9,7 +9,9 @@ TARGET": plant a link where another extension's grant looks), ``list`` a directo
 127.0.0.1:PORT, ``bind_tcp`` on 127.0.0.1 (any port), ``kill`` PID with signal 0 (the
 permission check every signal goes through, without its effect), ``connect_abstract`` to the
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
-(PTRACE_ATTACH, wait for the stop, PTRACE_DETACH), ``http_post`` ("URL TOKEN": an MCP
+(PTRACE_ATTACH, wait for the stop, PTRACE_DETACH), ``fork`` N processes that wait (all
+killed again; refused with how many started), ``fill`` ("PATH BYTES": write that many bytes to
+a file, ``$VARS`` expanded, and keep it), ``http_post`` ("URL TOKEN": an MCP
 initialize with that bearer token; refused unless it answers 200), ``http_post_from_child``
 (the same from a process it starts, as a grandchild of the daemon).
 """
@@ -103,6 +105,34 @@ def _ptrace(target: str) -> None:
     libc.ptrace(_PTRACE_DETACH, pid, None, None)
 
 
+def _fork(target: str) -> None:
+    """A fork bomb, bounded: *target* processes at once, then all of them gone again."""
+    started: list[int] = []
+    try:
+        for _ in range(int(target)):
+            pid = os.fork()
+            if pid == 0:
+                os.kill(os.getpid(), 19)  # SIGSTOP: held, costing nothing, until killed
+                os._exit(0)
+            started.append(pid)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror} after {len(started)} processes") from None
+    finally:
+        for pid in started:
+            os.kill(pid, 9)
+        for pid in started:
+            os.waitpid(pid, 0)
+
+
+def _fill(target: str) -> None:
+    path, size = target.rsplit(" ", 1)
+    chunk, left = b"\0" * (1 << 20), int(size)
+    with open(os.path.expandvars(path), "wb") as file:
+        while left > 0:
+            left -= file.write(chunk[:left])
+            file.flush()
+
+
 ATTEMPTS = {
     "read": _read,
     "write": _write,
@@ -115,6 +145,8 @@ ATTEMPTS = {
     "connect_abstract": lambda target: _connect_unix("\0" + target),
     "connect_unix": _connect_unix,
     "ptrace": _ptrace,
+    "fork": _fork,
+    "fill": _fill,
     "http_post": _http_post,
     "http_post_from_child": _http_post_from_child,
 }

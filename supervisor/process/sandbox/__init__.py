@@ -105,6 +105,7 @@ class Run:
         self.staging = os.path.join(directory, "r")
         os.mkdir(self.tmp, 0o700)
         os.mkdir(self.staging, 0o700)
+        self.scratch: tuple[str, ...] = ()  # its tmpfs mounts (paths inside its root): memory it holds
 
     def wrap(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
@@ -125,7 +126,13 @@ class Run:
         launcher = [sys.executable, "-I", "-S", str(LAUNCHER), "-n", grants.network, "-s", self.staging]
         host = self.sandbox.host
         launcher += ["-a", str(host.landlock), *([] if host.namespaces else ["-N"])]
-        launcher += [] if self.sandbox.spec.seccomp else ["-S"]
+        spec = self.sandbox.spec
+        launcher += [] if spec.seccomp else ["-S"]
+        if host.namespaces and spec.tmp_max:
+            launcher += ["-m", str(spec.tmp_max)]
+            self.scratch = (os.path.realpath(self.tmp), "/dev/shm")
+        if host.tasks_limited and spec.pids_max:  # never the user's own RLIMIT_NPROC: only in its namespace
+            launcher += ["-p", str(spec.pids_max)]
         for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x"), ("link", "-l")):
             for path in grants.paths(access):
                 launcher += [flag, path]
@@ -210,7 +217,8 @@ class Sandbox:
     def took(self, run: Run) -> None:
         """*run*, prepared by another :class:`Sandbox` of this extension (the daemon's head
         start), is this one's now: its grants are the ones :meth:`describe` shows."""
-        self._last, self._warned, run.sandbox = run.sandbox._last, run.sandbox._warned, self
+        self._last, self._warned, self.host = run.sandbox._last, run.sandbox._warned, run.sandbox.host
+        run.sandbox = self
 
     def describe(self, command: str) -> dict[str, Any]:
         """The status record: mode, network, the grants digest (computed once if never run), and
@@ -285,7 +293,15 @@ def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
     given = config.sandbox
     if not given.enabled:
         return None
-    spec = Spec(given.network, tuple(given.read), tuple(given.write), given.require, given.seccomp)
+    spec = Spec(
+        given.network,
+        tuple(given.read),
+        tuple(given.write),
+        given.require,
+        given.seccomp,
+        tmp_max=given.tmp_max,
+        pids_max=given.pids_max,
+    )
     return Sandbox(
         name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots, own_env=config.env
     )

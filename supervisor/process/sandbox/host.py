@@ -9,6 +9,7 @@ refusal to start; ``network: none`` without a network namespace is always refuse
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,8 @@ class Host:
     *landlock*: the Landlock ABI used (0: none); *namespaces*: user and mount namespaces (the
     private root); *network_namespace*: a network namespace besides; *failure*: why the
     launcher cannot confine anything here (then nothing runs confined), else None; *refused*:
-    why namespaces are not there, as the kernel said.
+    why namespaces are not there, as the kernel said; *root*: the daemon runs as root, whose
+    processes ``RLIMIT_NPROC`` does not bind (so ``pids_max`` cannot).
     """
 
     landlock: int
@@ -41,6 +43,12 @@ class Host:
     network_namespace: bool
     failure: str | None = None
     refused: str | None = None
+    root: bool = False
+
+    @property
+    def tasks_limited(self) -> bool:
+        """Whether ``pids_max`` binds: ``RLIMIT_NPROC`` counted in the run's own user namespace."""
+        return self.namespaces and not self.root
 
     def level(self) -> str:
         """``landlock 6, namespaces, seccomp``: the layers, as status shows them."""
@@ -65,6 +73,14 @@ class Host:
                 if self.landlock
                 else "no private root (user namespaces refused)"
             )
+        if not self.namespaces:
+            lacking.append(
+                "TMPDIR on disk and the host's /dev/shm (shared with the user's other processes) are "
+                "neither sized (tmp_max) nor counted in memory_max"
+            )
+        if not self.tasks_limited:
+            why = "root's processes are exempt from RLIMIT_NPROC" if self.namespaces else "no user namespace"
+            lacking.append(f"no limit on its tasks (pids_max): {why}")
         if not self.landlock:
             lacking.append(
                 "no Landlock: files are confined by the private root only"
@@ -105,7 +121,7 @@ def _probe(max_abi: int | None) -> Host:
     for network, namespaces in (("none", True), ("all", True), ("all", False)):
         found, why = _run([*cap, "-n", network, *([] if namespaces else ["-N"])])
         if found is not None:
-            return Host(found, namespaces, network == "none", refused=refused)
+            return Host(found, namespaces, network == "none", refused=refused, root=os.getuid() == 0)
         refused = refused or why
     return Host(0, False, False, failure=refused)
 

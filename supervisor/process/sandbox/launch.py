@@ -8,7 +8,10 @@ bench/sandbox.py). It never forks: it ``execve``s the command, so no process of 
 Options (one value each, repeatable where it makes sense): ``-n MODE`` network
 (``none | outbound | all``), ``-r PATH`` readable, ``-w PATH`` writable, ``-x PATH`` hidden even
 inside a grant, ``-l PATH`` a symlink leading to a grant (made again inside), ``-t DIR`` the
-private temporary directory (writable, bound last), ``-s DIR``
+private temporary directory (writable, placed last), ``-m BYTES`` the size of the memory it and
+``/dev/shm`` are given (each its own tmpfs, with a private root; default: the directory as is),
+``-p N`` the most tasks (processes and threads) the extension's tree may have (``RLIMIT_NPROC``
+in its own user namespace, so it counts that tree alone), ``-s DIR``
 an empty directory to build the new root in, ``-c DIR`` the working directory to enter inside
 (made to exist, readable only if granted), ``-a N`` the Landlock ABI to use (0: none; default
 the kernel's), ``-N`` no namespaces (the host refuses them), ``-S`` no seccomp filter.
@@ -27,6 +30,7 @@ stderr: the command never runs less confined than asked.
 from __future__ import annotations
 
 import os
+import resource
 import stat
 import sys
 
@@ -62,6 +66,8 @@ class Options:
         self.staging = ""
         self.cwd = ""
         self.tmp = ""
+        self.tmp_size = 0  # bytes of each private tmpfs; 0: TMPDIR bound from the host, /dev/shm unsized
+        self.pids_max = 0  # 0: no limit
         self.command: list[str] = []
         self.probe = False
         self.abi: int | None = None  # None: the kernel's
@@ -80,8 +86,9 @@ def parse(argv: list[str]) -> Options:
             setattr(options, "namespaces" if flag == "-N" else "seccomp", False)
             position += 1
             continue
-        if flag == "-a" and position + 1 < len(argv) and argv[position + 1].isdigit():
-            options.abi = int(argv[position + 1])
+        numbers = {"-a": "abi", "-m": "tmp_size", "-p": "pids_max"}
+        if flag in numbers and position + 1 < len(argv) and argv[position + 1].isdigit():
+            setattr(options, numbers[flag], int(argv[position + 1]))
             position += 2
             continue
         if flag == "--":
@@ -136,12 +143,15 @@ def confine(options: Options) -> int:
     version = landlock.abi() if options.abi is None else min(options.abi, landlock.abi())
     if options.namespaces:
         mounts.enter_namespaces(network=options.network != "none")
+        if options.pids_max:  # counted per user namespace: this tree's tasks, not the user's
+            resource.setrlimit(resource.RLIMIT_NPROC, (options.pids_max, options.pids_max))
         mounts.build_root(
             options.staging,
             read=options.read,
             write=options.write,
             hide=options.hide,
             tmp=options.tmp,
+            tmp_size=options.tmp_size,
             cwd=options.cwd,
             links=options.links,
         )

@@ -238,8 +238,9 @@ class _Root:
             _mount(self.inside("/.empty"), inner, None, _MS_BIND)
             _set_attr(inner, _ATTR_RDONLY | _ATTR_NOSUID | _ATTR_NODEV)
 
-    def devices(self) -> None:
-        """A minimal /dev: the harmless devices, a private devpts and /dev/shm."""
+    def devices(self, shm_size: int) -> None:
+        """A minimal /dev: the harmless devices, a private devpts and a /dev/shm of *shm_size*
+        bytes (0: the kernel's default, half the memory)."""
         os.makedirs(self.inside("/dev/pts"), 0o755)
         os.mkdir(self.inside("/dev/shm"), 0o755)
         for name in ("null", "zero", "full", "random", "urandom", "tty"):
@@ -247,11 +248,16 @@ class _Root:
         _mount(
             "devpts", self.inside("/dev/pts"), "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666"
         )
-        _mount("tmpfs", self.inside("/dev/shm"), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777")
+        self.scratch("/dev/shm", shm_size, mode=0o1777)
         links = {"ptmx": "pts/ptmx", "fd": "/proc/self/fd", "stdin": "/proc/self/fd/0"}
         links |= {"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"}
         for name, target in links.items():
             os.symlink(target, self.inside(f"/dev/{name}"))
+
+    def scratch(self, path: str, size: int, *, mode: int) -> None:
+        """A tmpfs of its own at *path* (which exists inside), *size* bytes at most (0: the default)."""
+        options = f"mode={mode:o}" + (f",size={size}" if size else "")
+        _mount("tmpfs", self.inside(path), "tmpfs", _MS_NOSUID | _MS_NODEV, options)
 
     def enter(self) -> None:
         """Make the new root the process's root, with the tmpfs itself read-only."""
@@ -273,6 +279,7 @@ def build_root(
     write: Iterable[str],
     hide: Iterable[str],
     tmp: str = "",
+    tmp_size: int = 0,
     cwd: str = "",
     links: Iterable[str] = (),
 ) -> None:
@@ -282,8 +289,10 @@ def build_root(
     missing ones skipped. Deeper grants are bound after shallower ones, so a write grant
     inside a read grant stays writable. *hide* paths are covered in the same order, so a grant
     inside a hidden path still shows. /dev, /proc and /sys are provided; then *tmp* is bound
-    writable (it may lie in a hidden directory), the symlinks *links* that lead to grants are
-    made again, and *cwd* is made to exist (empty unless granted).
+    writable (it may lie in a hidden directory), or with *tmp_size* it is a tmpfs of that many
+    bytes, as /dev/shm is (memory the daemon counts in ``memory_max``, gone with the namespace);
+    the symlinks *links* that lead to grants are made again, and *cwd* is made to exist (empty
+    unless granted).
     """
     root = _Root(staging)
     os.close(os.open(root.inside("/.empty"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0))  # covers files
@@ -294,11 +303,13 @@ def build_root(
             root.hide(path)
         else:
             root.bind(path, writable=step == "write")
-    root.devices()
+    root.devices(tmp_size)
     for path in ("/proc", "/sys"):
         root.bind(path, writable=False)
     if tmp and not root.bind(tmp, writable=True):
         raise OSError(0, f"the private temporary directory {tmp} is missing")
+    if tmp and tmp_size:
+        root.scratch(tmp, tmp_size, mode=0o700)
     for link in links:
         root.place(link)
     if cwd:

@@ -64,6 +64,8 @@ class Spec:
     write: tuple[str, ...] = ()
     require: str | None = None  # full: no layer may be missing
     seccomp: bool = True
+    tmp_max: int = 0  # bytes of TMPDIR and of /dev/shm, each a tmpfs where there is a private root
+    pids_max: int | None = None  # tasks of its tree, counted in its user namespace
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,7 +149,13 @@ def test_what_each_host_lacks_is_said_in_words() -> None:
     open_sockets = Host(6, False, False).lacks("all", seccomp=False)
     assert open_sockets == [
         "no private root and no seccomp filter: unix sockets are reachable by path (the daemon's "
-        "control socket, an ssh agent, D-Bus)"
+        "control socket, an ssh agent, D-Bus)",
+        "TMPDIR on disk and the host's /dev/shm (shared with the user's other processes) are neither "
+        "sized (tmp_max) nor counted in memory_max",
+        "no limit on its tasks (pids_max): no user namespace",
+    ]
+    assert Host(7, True, True, root=True).lacks("all") == [
+        "no limit on its tasks (pids_max): root's processes are exempt from RLIMIT_NPROC"
     ]
     assert Host(0, True, True).lacks("all")[0] == "no Landlock: files are confined by the private root only"
     assert Host(0, False, False, failure="no seccomp").level() == "none"

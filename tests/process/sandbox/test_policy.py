@@ -334,7 +334,9 @@ class TestSandboxOf:
             extensions={"x": {"command": "ls", "sandbox": {"write": ["/b"]}}, "y": {"command": "ls"}},
         )
         made = sandbox.sandbox_for("x", settings.extensions["x"], Context({}))
-        assert made is not None and made.spec == Spec("none", ("/a",), ("/b",))
+        assert made is not None and made.spec == Spec(
+            "none", ("/a",), ("/b",), tmp_max=512 * 1024**2, pids_max=1024
+        )
         assert settings.extensions["y"].sandbox.network == "none"
 
     def test_true_is_the_default_and_a_change_of_the_defaults_changes_every_extension(self) -> None:
