@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +44,8 @@ __all__ = (
 
 CACHE = "package cache"  # the reason of a cache grant: the daemon creates these when missing
 MAX_GRANTS = 1000  # paths in one sandbox: a glob matching more is a mistake (and they pass on argv)
+MAX_PRIVATE_SCAN = 20_000  # entries of /etc looked at for files others may not read (1,200 is usual)
+PRIVATE_SCAN_SECONDS = 60.0  # how long one look at /etc serves
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 SYSTEM_SECRETS = (
@@ -298,6 +303,48 @@ def _system_links() -> dict[str, str]:
     return found
 
 
+def _not_for_others(top: str = "/etc", limit: int = MAX_PRIVATE_SCAN) -> list[str]:
+    """What under *top* others may not read and the daemon may (a root daemon: ``/etc/default/cacerts``
+    at 0600, ``pg_hba.conf``): a file without the world's read bit, a directory without its
+    search bit (not entered). At most *limit* entries are looked at. Blocking: a few ms."""
+    found: list[str] = []
+    stack, seen = [top], 0
+    while stack and seen < limit:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            is_dir = stat.S_ISDIR(info.st_mode)
+            if not (is_dir or stat.S_ISREG(info.st_mode)):
+                continue
+            for_others = info.st_mode & (stat.S_IXOTH if is_dir else stat.S_IROTH)
+            if not for_others and os.access(entry.path, os.R_OK | (os.X_OK if is_dir else 0)):
+                found.append(entry.path)
+            elif is_dir and for_others:
+                stack.append(entry.path)
+    return sorted(found)
+
+
+_scanned: tuple[float, list[str]] = (-math.inf, [])
+
+
+def _not_for_others_cached() -> list[str]:
+    """:func:`_not_for_others` of /etc, again after :data:`PRIVATE_SCAN_SECONDS` (it takes tens of
+    ms here, and grants are computed on the event loop at each start and status)."""
+    global _scanned
+    taken, found = _scanned
+    if time.monotonic() - taken > PRIVATE_SCAN_SECONDS:
+        _scanned = (time.monotonic(), found := _not_for_others())
+    return found
+
+
 def grants_for(
     spec: Spec,
     *,
@@ -344,6 +391,8 @@ def grants_for(
     hidden = {p: "the daemon's own" for p in protected}
     hidden[os.path.normpath(context.tmp)] = "the sandboxes' temporary directories"
     hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
+    for path in _not_for_others_cached():
+        hidden.setdefault(path, "readable by the daemon's user, not by others")
     if context.caches:
         hidden[os.path.normpath(context.caches)] = "the extensions' private package caches"
     # Named plainly (no glob), a hidden path or one inside it is the user's choice to show.

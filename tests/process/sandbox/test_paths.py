@@ -10,10 +10,12 @@ Landlock alone.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,32 @@ def test_a_path_argument_no_grant_covers_is_said_at_start_and_by_explain(
         capture_output=True, text=True, timeout=60, env=daemon.env, check=True,
     )  # fmt: skip
     assert f"not granted: {served} (an argument of it" in explained.stdout
+
+
+@pytest.fixture
+def root_only_file() -> Iterator[Path]:
+    """A file in /etc that only root may read, as /etc/default/cacerts (0600) is."""
+    path = Path(f"/etc/mcps-test-{uuid.uuid4().hex[:12]}.conf")
+    path.write_text("password=hunter2\n")
+    path.chmod(0o600)
+    yield path
+    path.unlink()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a root daemon's view: only root reads a 0600 file of root's")
+@pytest.mark.parametrize("level", list(LEVELS))
+async def test_a_root_daemons_extensions_read_in_etc_only_what_others_may(
+    sandboxed: Callable[..., Daemon], root_only_file: Path, level: str
+) -> None:
+    """Beyond the named secrets (/etc/shadow, ...): what the daemon's user alone may read is hidden."""
+    abi, no_userns = LEVELS[level]
+    env = {} if abi is None else {"MCP_SUPERVISOR_SANDBOX_ABI": str(abi)}
+    extensions = {"reader": hostile()}
+    daemon = sandboxed({"extensions": extensions}, prefix=NO_USERNS if no_userns else None, env=env)
+    daemon.wait_running("reader")
+    assert attempt(daemon, "reader", "read", root_only_file).startswith("refused"), level
+    assert attempt(daemon, "reader", "read", "/etc/passwd") == "ok"  # what anyone may read
+    explain = [*CLI, "check-config", str(daemon.config), "--explain", "reader"]
+    explained = subprocess.run(explain, capture_output=True, text=True, timeout=60, check=True).stdout
+    hidden = next(line for line in explained.splitlines() if str(root_only_file) in line)
+    assert hidden.split()[0] == "hidden" and "readable by the daemon's user, not by others" in hidden
