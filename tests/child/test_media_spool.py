@@ -147,7 +147,7 @@ def daemon(
 
 
 async def wait_running(sock: str) -> None:
-    with fail_after(20):
+    with fail_after(30):  # an SDK server's start, two suites at once: 20 s was missed (pair 3)
         while True:
             try:
                 records = (await client.request(sock, "status"))["extensions"]

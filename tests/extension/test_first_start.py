@@ -159,10 +159,15 @@ class TestFirstStartTimeout:
         restarted = daemon.cli("restart", "warm")  # the package is "downloaded": start_timeout now
         assert restarted.returncode == 1
         warm = daemon.status()["warm"]
-        assert (warm["state"], warm["last_error"]) == (
-            "failed",
-            "no MCP handshake within 0.5s (no answer to initialize)",
-        )
+        # Loaded, its interpreter's start alone is busy past 0.5 s: then the error says so (pair 3).
+        said = [
+            f"{why} (no answer to initialize)"
+            for why in (
+                "no MCP handshake within 0.5s",
+                "slow start: busy past 0.5s, then idle without an MCP handshake",
+            )
+        ]
+        assert warm["state"] == "failed" and warm["last_error"] in said, warm
         assert daemon.terminate() == 0
 
 

@@ -28,6 +28,7 @@ import psutil
 from supervisor.control.client import DaemonUnreachable, RemoteError
 from supervisor.daemon.identity import instance_key
 from supervisor.errors import SupervisorError
+from supervisor.process.sandbox import seccomp
 
 from . import zygote
 from .timing import patience
@@ -35,6 +36,9 @@ from .timing import patience
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
 CLI = [sys.executable, "-m", "supervisor"]
+# A host that refuses user namespaces (AppArmor's restriction on Ubuntu 24.04, a container's
+# profile): the daemon under a seccomp filter that refuses them; the zygote applies it itself.
+NO_USER_NAMESPACES = [sys.executable, "-I", "-S", seccomp.__file__, "--only-user-namespaces", "--"]
 TOKEN = "test-token-0123456789abcdef"  # the HTTP listener's, unless a test gives its own (or None)
 START_WITHIN = 45.0  # seconds a daemon may take to listen, on a loaded machine (imports take seconds)
 _IDS = itertools.count(1)
@@ -179,8 +183,15 @@ class Daemon:
 
         argv = [*self.prefix, *CLI, "daemon", "-c", str(self.config)]
         readies = len(self.find("daemon.ready")) if self.log.exists() else 0  # the log spans restarts
-        if not self.prefix and zygote.enabled():  # the same process, without a second of imports
-            self.proc = zygote.spawn(argv[len(CLI) :], env=self.env, log=self.log, nofile=nofile)
+        forkable = not self.prefix or self.prefix == NO_USER_NAMESPACES  # the zygote does that one
+        if forkable and zygote.enabled():  # the same process, without a second of imports
+            self.proc = zygote.spawn(
+                argv[len(self.prefix) + len(CLI) :],
+                env=self.env,
+                log=self.log,
+                nofile=nofile,
+                no_user_namespaces=bool(self.prefix),
+            )
         else:
             with self.log.open("ab") as log:
                 self.proc = subprocess.Popen(

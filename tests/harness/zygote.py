@@ -168,12 +168,19 @@ class Forked:
 
 
 def spawn(
-    args: list[str], *, env: dict[str, str], log: Path, nofile: tuple[int, int] | None = None
+    args: list[str],
+    *,
+    env: dict[str, str],
+    log: Path,
+    nofile: tuple[int, int] | None = None,
+    no_user_namespaces: bool = False,
 ) -> Forked:
-    """``mcp-supervisor`` with *args* (``daemon -c ...``), forked from the worker's zygote."""
+    """``mcp-supervisor`` with *args* (``daemon -c ...``), forked from the worker's zygote;
+    *no_user_namespaces*: under the seccomp filter that refuses them (a host that does)."""
     zygote = _the_zygote()
     log.touch()  # the harness reads it at once
     request = {"args": args, "env": env, "log": str(log), "nofile": nofile, "cwd": os.getcwd()}
+    request["no_user_namespaces"] = no_user_namespaces
     return Forked(zygote, zygote.ask({"spawn": request})["pid"], [sys.executable, "-m", "supervisor", *args])
 
 
@@ -194,6 +201,10 @@ def _become(request: dict[str, Any]) -> None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_NOFILE, tuple(request["nofile"]))
+        if request["no_user_namespaces"]:  # what `seccomp.py --only-user-namespaces --` would do
+            from supervisor.process.sandbox import seccomp
+
+            seccomp.install(only_user_namespaces=True)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from supervisor.process.sandbox import Host, seccomp
+from supervisor.process.sandbox import Host
 from tests.harness import CLI, ROOT, Daemon, extension_settings
+from tests.harness.daemon import NO_USER_NAMESPACES
 from tests.process.sandbox.test_sandbox import attempt
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.anyio]
 
-NO_USERNS = [sys.executable, "-I", "-S", seccomp.__file__, "--only-user-namespaces", "--"]
+NO_USERNS = NO_USER_NAMESPACES
 # name: (Landlock ABI cap, user namespaces refused)
 LEVELS = {
     "abi 1": (1, False),

@@ -139,7 +139,7 @@ def root_only_file() -> Iterator[Path]:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="a root daemon's view: only root reads a 0600 file of root's")
 @pytest.mark.parametrize("level", list(LEVELS))
-async def test_a_root_daemons_extensions_read_in_etc_only_what_others_may(
+def test_a_root_daemons_extensions_read_in_etc_only_what_others_may(
     sandboxed: Callable[..., Daemon], root_only_file: Path, level: str
 ) -> None:
     """Beyond the named secrets (/etc/shadow, ...): what the daemon's user alone may read is hidden."""
