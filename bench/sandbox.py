@@ -8,6 +8,11 @@
   tools listed), then stopped; confined and unconfined interleaved, median of each and their
   ratio; ``quick.py`` (stdlib only, the fastest start there is) and ``echo.py`` (the MCP SDK,
   as most Python servers);
+* ``start_by_level``: ``quick.py`` started confined at each level a host may offer (Landlock at
+  this kernel's ABI and capped at 6, 4 and 1; and, in a second run of this script under the
+  seccomp filter that refuses user namespaces, without namespaces at this ABI and at 4),
+  interleaved with unconfined starts in the same process; median of each and its ratio to
+  unconfined;
 * ``call``: ``echo`` calls on a running confined and a running unconfined extension, interleaved
   in rounds; median and p90 per call, and the ratio of medians (it must stay about 1: once
   started, a confined server talks over the same pipes).
@@ -88,9 +93,12 @@ def _config(confined: bool, script: str = QUICK) -> ExtensionConfig:
     )
 
 
-async def _start_once(confined: bool, tg: Any, script: str) -> float:
+async def _start_once(confined: bool, tg: Any, script: str, abi: int | None = None) -> float:
     config = _config(confined, script)
-    ext = Extension("bench", config, environ=dict(os.environ), marker_prefix="bench-sandbox:")
+    context = sandbox.Context(dict(os.environ), max_abi=abi)
+    ext = Extension(
+        "bench", config, environ=dict(os.environ), marker_prefix="bench-sandbox:", sandbox_context=context
+    )
     started = time.perf_counter()
     await ext.start(tg)
     snapshot = await ext.wait_for(lambda s: s.state in (State.RUNNING, State.FAILED))
@@ -110,6 +118,37 @@ async def starts(repeat: int, script: str) -> dict[str, Any]:
         tg.cancel_scope.cancel()
     ratio = statistics.median(samples["confined"]) / statistics.median(samples["unconfined"])
     return {**{name: _ms(values) for name, values in samples.items()}, "ratio": round(ratio, 3)}
+
+
+ABIS = {"kernel": None, "abi 6": 6, "abi 4": 4, "abi 1": 1}
+
+
+async def starts_by_level(repeat: int, abis: dict[str, int | None]) -> dict[str, Any]:
+    """quick.py started at each of *abis* and unconfined, interleaved; medians and ratios."""
+    samples: dict[str, list[float]] = {name: [] for name in (*abis, "unconfined")}
+    async with anyio.create_task_group() as tg:
+        for abi in abis.values():
+            await _start_once(True, tg, QUICK, abi)  # warm: each cap's kernel probe
+        for _ in range(repeat):
+            for name, abi in abis.items():
+                samples[name].append(await _start_once(True, tg, QUICK, abi))
+            samples["unconfined"].append(await _start_once(False, tg, QUICK))
+        tg.cancel_scope.cancel()
+    floor = statistics.median(samples["unconfined"])
+    return {
+        name: {**_ms(values), "ratio": round(statistics.median(values) / floor, 3)}
+        for name, values in samples.items()
+    }
+
+
+def _without_user_namespaces(repeat: int) -> dict[str, Any]:
+    """This script again, under the seccomp filter that refuses user namespaces."""
+    seccomp = Path(sandbox.__file__).with_name("seccomp.py")
+    argv = [sys.executable, "-I", "-S", str(seccomp), "--only-user-namespaces", "--"]
+    argv += [sys.executable, __file__, "--levels-only", "--repeat", str(repeat)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=ROOT)
+    found: dict[str, Any] = json.loads(done.stdout)
+    return {f"no user namespaces, {name}": figures for name, figures in found.items()}
 
 
 async def calls(count: int) -> dict[str, Any]:
@@ -145,12 +184,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--levels-only", action="store_true", help="only start_by_level (kernel, abi 4)")
     args = parser.parse_args()
     logs.configure(level=logging.WARNING)  # a state line per start would bury the JSON
+    if args.levels_only:
+        abis = {name: ABIS[name] for name in ("kernel", "abi 4")}
+        print(json.dumps(anyio.run(starts_by_level, args.repeat, abis)))
+        return
+    by_level = anyio.run(starts_by_level, args.repeat, ABIS)
+    by_level |= _without_user_namespaces(args.repeat)
     result = {
         "launcher": launcher(args.repeat),
         "start_quick": anyio.run(starts, args.repeat, QUICK),
         "start_sdk": anyio.run(starts, max(3, args.repeat // 2), str(SERVERS / "echo.py")),
+        "start_by_level": by_level,
         "call": anyio.run(calls, args.calls),
     }
     print(json.dumps(result, indent=2))
