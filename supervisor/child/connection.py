@@ -80,6 +80,12 @@ class Connection:
         self.ready = False  # the handshake completed: only then is the stop graceful (stdin, then wait)
         self.watched = Watched()  # requests we stopped waiting for: their late answers and progress
 
+    @property
+    def run(self) -> str:
+        """This run's id: what tells it from the extension's earlier and later runs (and, not
+        being a pid, what any upstream has). The tail of the child's marker."""
+        return self.child.marker.rsplit(":", 1)[-1]
+
     def end(self, failure: str | None = None) -> None:
         if not self.ended.is_set():
             self.failure = failure

@@ -174,20 +174,19 @@ class Calls:
         touch: bool = True,
     ) -> tuple[dict[str, Any], str]:
         """Forward any request as plain JSON (see :meth:`transport.Connection.request_raw`);
-        returns the child's result and the :attr:`run_marker` of the run that answered.
+        returns the child's result and the id of the run that answered (:attr:`run_id`).
 
-        With *run* (a :attr:`run_marker`), only that run of the child may answer: another one
+        With *run* (a :attr:`run_id`), only that run of the child may answer: another one
         fails with :class:`CallFailed` (``INVALID_PARAMS``) saying the extension restarted.
         *blocking*: the request waits for work done elsewhere (``tasks/result``), so only
         ``call_timeout_max`` bounds it. *touch* False: it does not renew ``idle_stop``'s period.
         """
 
         async def send(connection: transport.Connection, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
-            marker = connection.child.marker
-            if run is not None and marker != run:
+            if run is not None and connection.run != run:
                 message = f"extension {self.name!r} restarted since; the request was for its earlier run"
                 raise CallFailed(message, code=types.INVALID_PARAMS)
-            return await connection.request_raw(method, params, progress=progress), marker
+            return await connection.request_raw(method, params, progress=progress), connection.run
 
         return await self._forward(repr(method), send, progress, caller, blocking=blocking, touch=touch)
 

@@ -95,6 +95,7 @@ class Snapshot:
     state: State
     since: datetime
     pid: int | None = None
+    run: str | None = None  # the running run's id (see Extension.run_id); None between runs
     restarts: int = 0  # automatic restarts since the extension was created
     failures: int = 0  # consecutive runs that did not stay up for backoff.reset_after
     last_exit: ExitStatus | None = None

@@ -158,6 +158,11 @@ class Extension(Calls, Watcher):
         )
 
     @property
+    def run_id(self) -> str | None:
+        """The running run's id (None until one runs): a request meant for one run is refused by the next."""
+        return self._connection.run if self._connection is not None else None
+
+    @property
     def run_marker(self) -> str | None:
         """The marker of the running child's tree (None until it runs): tells this run's processes
         from those of another instance of the same extension."""

@@ -65,7 +65,7 @@ class Watcher:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._spool.remove)
                 final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
-                self._set(final, pid=None, next_restart=None)
+                self._set(final, pid=None, run=None, next_restart=None)
                 done.set()
 
     async def _run_once(self) -> bool:
@@ -152,7 +152,7 @@ class Watcher:
         self, connection: transport.Connection, ticket: startup.Ticket, scratch: tuple[str, ...]
     ) -> bool:
         child = connection.child
-        self._set(State.STARTING, pid=child.pid)
+        self._set(State.STARTING, pid=child.pid, run=connection.run)
         try:
             listing = await self._handshake(connection)
         except startup.StartTimeout as exc:
@@ -253,7 +253,8 @@ class Watcher:
         if self.policy.should_restart(outcome, failures):
             delay = self.policy.backoff.delay(failures)
             self._restart_at = time.monotonic() + delay
-            self._set(State.BACKOFF, pid=None, next_restart=_now() + timedelta(seconds=delay), **changes)
+            next_restart = _now() + timedelta(seconds=delay)
+            self._set(State.BACKOFF, pid=None, run=None, next_restart=next_restart, **changes)
             return True
         self._ending = True
         self._gave_up = self.policy.gave_up(outcome, failures)

@@ -93,7 +93,7 @@ class Gateway(Handlers):
         self.fanout.on_released = self.releases.released
         # extension name (an instance: its id) -> its resubscribe task; one per run at most
         self._resubscribing: dict[Hashable, anyio.CancelScope] = {}
-        self._runs: dict[str, int | None] = {}  # extension -> pid of the run we last saw running
+        self._runs: dict[str, str | None] = {}  # extension -> id of the run we last saw running
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
         self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
@@ -137,10 +137,10 @@ class Gateway(Handlers):
         self._changed.set()
         if snapshot is None:
             names = {ext.name for ext in self._backend.extensions()}
-            self._runs = {name: pid for name, pid in self._runs.items() if name in names}
-        elif snapshot.state is State.RUNNING and self._runs.get(snapshot.name) != snapshot.pid:
+            self._runs = {name: run for name, run in self._runs.items() if name in names}
+        elif snapshot.state is State.RUNNING and self._runs.get(snapshot.name) != snapshot.run:
             restarted = snapshot.name in self._runs
-            self._runs[snapshot.name] = snapshot.pid
+            self._runs[snapshot.name] = snapshot.run
             if restarted:
                 self._resubscribe(snapshot.name)
 

@@ -24,13 +24,12 @@ __all__ = (
     "encode_cursor",
     "invalid",
     "parse_task_id",
-    "run_of",
     "task_id",
 )
 
 MAX_ID_LENGTH = 4096  # a task id or cursor from a client, in characters
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # extension names (config.py), which never hold ":"
-_RUN = re.compile(r"[0-9a-f]{12}")  # the tail of a run marker (Extension._run_once)
+_RUN = re.compile(r"[0-9a-f]{12}")  # a run id (Extension.run_id)
 
 
 def task_id(extension: str, run: str, child_id: str) -> str:
@@ -63,10 +62,6 @@ def declare(capabilities: types.ServerCapabilities, protocol_version: str | None
         requests=types.ServerTasksRequestsCapability(tools=tools),
     )
     return capabilities.model_copy(update={"tasks": tasks})
-
-
-def run_of(marker: str | None) -> str | None:
-    return marker.rsplit(":", 1)[-1] if marker else None
 
 
 def invalid(message: str, **data: Any) -> MCPError:

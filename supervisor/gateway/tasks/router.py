@@ -47,7 +47,6 @@ from supervisor.gateway.tasks.ids import (
     encode_cursor,
     invalid,
     parse_task_id,
-    run_of,
     task_id,
 )
 from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
@@ -130,15 +129,14 @@ class TaskRouter:
             forwarded["arguments"] = arguments
         try:
             ext = await self._router.serving_when_room(ext, session_of(ctx))
-            result, marker = await ext.request_raw(
+            result, run = await ext.request_raw(
                 "tools/call", forwarded, progress=_relay(ctx), caller=SessionCaller(ctx)
             )
         except (ExtensionUnavailable, CallFailed) as exc:
             if is_tool_error(exc):
                 return raw_tool_error(str(exc))
             raise MCPError(exc.code, str(exc), exc.data) from None
-        run = run_of(marker) or ""  # the run that answered: the task is in its process
-        if isinstance(result.get("task"), dict):
+        if isinstance(result.get("task"), dict):  # it lives in the run that answered
             task = self._renamed(result["task"], ext.name, run)
             if len(task["taskId"]) > MAX_ID_LENGTH:  # no client could name it back: never kept
                 message = f"extension {ext.name!r} answered with a task id over {MAX_ID_LENGTH} characters"
@@ -192,7 +190,7 @@ class TaskRouter:
                 reason="stopped",
             )
         ext = serving
-        now = run_of(ext.run_marker)
+        now = ext.run_id
         if now != run:
             state = ext.snapshot().state
             if now is not None:
@@ -216,10 +214,10 @@ class TaskRouter:
         bounds it, as nothing renews ``call_timeout`` (the task's progress goes to its creating call).
         """
         try:
-            run = run_of(ext.run_marker) or ""
+            run = ext.run_id or ""
             caller = TaskCaller(SessionCaller(ctx), lambda child_id: task_id(ext.name, run, child_id))
             result, _ = await ext.request_raw(
-                method, params, run=ext.run_marker, progress=_relay(ctx), caller=caller, blocking=blocking
+                method, params, run=ext.run_id, progress=_relay(ctx), caller=caller, blocking=blocking
             )
             return result
         except ExtensionUnavailable as exc:
@@ -286,7 +284,7 @@ class TaskRouter:
             ext = self._router.existing(shared, session_of(ctx)) if view.sees(shared.name) else None
             if ext is None:
                 continue
-            capabilities, run = ext.capabilities, run_of(ext.run_marker)
+            capabilities, run = ext.capabilities, ext.run_id
             tasks = capabilities.tasks if capabilities is not None else None
             if (
                 tasks is not None
@@ -302,7 +300,7 @@ class TaskRouter:
         params = {"cursor": cursor} if cursor else {}
         try:
             with anyio.fail_after(LIST_TIMEOUT):
-                page, _ = await ext.request_raw("tasks/list", params, run=ext.run_marker, touch=False)
+                page, _ = await ext.request_raw("tasks/list", params, run=ext.run_id, touch=False)
                 return page
         except (TimeoutError, SupervisorError) as exc:
             log.warning("gateway.tasks_list_failed", extension=ext.name, error=str(exc)[:300])

@@ -222,7 +222,8 @@ class Sandbox:
 
     def describe(self, command: str) -> dict[str, Any]:
         """The status record: mode, network, the grants digest (computed once if never run), and
-        once the host is known, the layers it has (``confined``) and what it lacks (``lacks``)."""
+        once the host is known, the layers it has (``confined``), what it lacks (``lacks``) and
+        the limits of its config that do not bind (``unlimited``)."""
         if self._last is None and not self._described:
             self._described = True  # once: a command not found or too many paths is not retried here
             found = (
@@ -242,6 +243,7 @@ class Sandbox:
             record |= {
                 "confined": host.level(),
                 "lacks": host.lacks(self.spec.network, seccomp=self.spec.seccomp),
+                "unlimited": host.unlimited() if self.spec.pids_max else [],
             }
         return record
 
@@ -343,6 +345,7 @@ def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     lines.append(f"  confined by: {host.level()}" if host.failure is None else "  confined by: nothing")
     lacks = host.lacks(confined.spec.network, seccomp=confined.spec.seccomp)
     lines += [f"  not enforced here: {lack}" for lack in lacks]
+    lines += [f"  not enforced here: {limit}" for limit in host.unlimited() if confined.spec.pids_max]
     if refusal is not None:
         lines.append(f"  it will not start: {refusal}")
     return lines

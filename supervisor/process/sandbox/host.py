@@ -57,6 +57,15 @@ class Host:
         files = f"landlock {self.landlock}" if self.landlock else "no landlock"
         return f"{files}, {'namespaces' if self.namespaces else 'no namespaces'}, seccomp"
 
+    def unlimited(self) -> list[str]:
+        """The resource limits an extension's config may set that do not bind here, in plain
+        words. Not a lack of confinement: no ``sandbox.partial`` warning, no refusal under
+        ``require: full``."""
+        if self.tasks_limited:
+            return []
+        why = "root's processes are exempt from RLIMIT_NPROC" if self.namespaces else "no user namespace"
+        return [f"pids_max is not enforced: {why}"]
+
     def lacks(self, network: str, *, seccomp: bool = True) -> list[str]:
         """What an extension with *network* (and *seccomp* on or off) is not confined in here, in
         plain words."""
@@ -78,9 +87,6 @@ class Host:
                 "TMPDIR on disk and the host's /dev/shm (shared with the user's other processes) are "
                 "neither sized (tmp_max) nor counted in memory_max"
             )
-        if not self.tasks_limited:
-            why = "root's processes are exempt from RLIMIT_NPROC" if self.namespaces else "no user namespace"
-            lacking.append(f"no limit on its tasks (pids_max): {why}")
         if not self.landlock:
             lacking.append(
                 "no Landlock: files are confined by the private root only"

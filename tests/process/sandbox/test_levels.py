@@ -153,11 +153,13 @@ def test_what_each_host_lacks_is_said_in_words() -> None:
         "control socket, an ssh agent, D-Bus)",
         "TMPDIR on disk and the host's /dev/shm (shared with the user's other processes) are neither "
         "sized (tmp_max) nor counted in memory_max",
-        "no limit on its tasks (pids_max): no user namespace",
     ]
-    assert Host(7, True, True, root=True).lacks("all") == [
-        "no limit on its tasks (pids_max): root's processes are exempt from RLIMIT_NPROC"
+    assert Host(6, False, False).unlimited() == ["pids_max is not enforced: no user namespace"]
+    root = Host(7, True, True, root=True)  # not a lack of confinement: no warning, no require: full refusal
+    assert root.lacks("all") == [] and root.unlimited() == [
+        "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC"
     ]
+    assert Host(7, True, True).unlimited() == []
     assert Host(0, True, True).lacks("all")[0] == "no Landlock: files are confined by the private root only"
     assert Host(0, False, False, failure="no seccomp").level() == "none"
 

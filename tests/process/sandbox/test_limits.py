@@ -19,7 +19,7 @@ import pytest
 
 from supervisor.daemon.identity import instance_key
 from supervisor.process import sandbox
-from tests.harness import SERVERS, Daemon, extension_settings
+from tests.harness import CLI, SERVERS, Daemon, extension_settings
 from tests.harness.daemon import until
 from tests.process.sandbox.test_levels import start_at
 from tests.process.sandbox.test_sandbox import attempt
@@ -86,10 +86,16 @@ def test_pids_max_stops_a_fork_bomb_in_its_own_user_namespace_only(world_readabl
 
 
 def test_a_root_daemon_says_pids_max_is_not_enforced(sandboxed: Callable[..., Daemon]) -> None:
+    """Said in status and by explain; not a sandbox.partial warning (the confinement is whole)."""
     daemon = sandboxed({"extensions": {"bomb": extension_settings("hostile.py", sandbox={"pids_max": 32})}})
-    lacks = " ".join(daemon.wait_running("bomb")["bomb"]["sandbox"]["lacks"])
+    record = daemon.wait_running("bomb")["bomb"]["sandbox"]
     root = os.getuid() == 0
-    assert ("no limit on its tasks (pids_max): root's processes are exempt" in lacks) is root, lacks
+    said = "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC"
+    assert record["unlimited"] == ([said] if root else []) and record["lacks"] == [], record
+    assert not daemon.find("sandbox.partial")
+    explain = [*CLI, "check-config", str(daemon.config), "--explain", "bomb"]
+    explained = subprocess.run(explain, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert (f"  not enforced here: {said}" in explained) is root, explained
     outcome = attempt(daemon, "bomb", "fork", 64)
     assert outcome == "ok" if root else outcome.startswith("refused: EAGAIN"), outcome
 
@@ -127,7 +133,7 @@ def test_memory_max_counts_files_in_tmpdir_and_dev_shm(sandboxed: Callable[..., 
 
 def test_without_user_namespaces_the_limits_are_said_missing(sandboxed: Callable[..., Daemon]) -> None:
     daemon = start_at(sandboxed, "no user namespaces", {"plain": extension_settings("hostile.py")})
-    lacks = " ".join(daemon.wait_running("plain")["plain"]["sandbox"]["lacks"])
-    assert "no limit on its tasks (pids_max): no user namespace" in lacks
-    assert "neither sized (tmp_max) nor counted in memory_max" in lacks
+    record = daemon.wait_running("plain")["plain"]["sandbox"]
+    assert record["unlimited"] == ["pids_max is not enforced: no user namespace"]
+    assert "neither sized (tmp_max) nor counted in memory_max" in " ".join(record["lacks"])
     assert attempt(daemon, "plain", "fork", 40) == "ok"  # the user's own RLIMIT_NPROC is left alone

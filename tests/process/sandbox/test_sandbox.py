@@ -132,8 +132,7 @@ class TestVisible:
         assert table[2].split()[-1] == "SANDBOX"
         rows = {line.split()[0]: line for line in table[3:5]}
         level = "landlock 7, namespaces, seccomp"  # this kernel's: test_levels.py plays older ones
-        root = ["no limit on its tasks (pids_max): root's processes are exempt from RLIMIT_NPROC"]
-        assert shown["confined"] == level and shown["lacks"] == (root if os.getuid() == 0 else [])
+        assert shown["confined"] == level and shown["lacks"] == []
         assert rows["confined"].endswith(f"network outbound, {shown['digest'][:8]}, {level}")
         assert rows["free"].endswith("off")
 
