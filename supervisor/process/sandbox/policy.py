@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import math
 import os
 import shutil
-import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from supervisor.process.sandbox.install import installation, is_broad
+from supervisor.process.sandbox.system import (
+    HOME_SECRETS,
+    SSH_HOST_KEYS,
+    SYSTEM,
+    SYSTEM_SECRETS,
+    private_to_the_daemon,
+    system_links,
+    within,
+)
 
 __all__ = (
     "CACHE",
@@ -44,20 +50,6 @@ __all__ = (
 
 CACHE = "package cache"  # the reason of a cache grant: the daemon creates these when missing
 MAX_GRANTS = 1000  # paths in one sandbox: a glob matching more is a mistake (and they pass on argv)
-MAX_PRIVATE_SCAN = 20_000  # entries of /etc looked at for files others may not read (1,200 is usual)
-PRIVATE_SCAN_SECONDS = 60.0  # how long one look at /etc serves
-
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-SYSTEM_SECRETS = (
-    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
-    "/etc/ssl/private", "/etc/credstore", "/etc/credstore.encrypted", "/etc/mcp-supervisor",
-)  # fmt: skip
-SSH_HOST_KEYS = "/etc/ssh/ssh_host_*_key"
-HOME_SECRETS = (
-    ".ssh", ".gnupg", ".aws", ".azure", ".config/gcloud", ".kube", ".docker", ".netrc", ".git-credentials",
-    ".config/gh", ".password-store", ".local/share/keyrings", ".mozilla", ".config/google-chrome",
-    ".config/chromium", ".pki",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +214,7 @@ def _script_grants(args: Sequence[str], base: str, home: str, protected: Sequenc
         if not os.path.isfile(path):
             continue
         directory = os.path.dirname(path)
-        covers = any(_within(p, directory) for p in protected)
+        covers = any(within(p, directory) for p in protected)
         if is_broad(directory, home) or covers or directory in SYSTEM:
             found[path] = f"the file argument {arg!r}"
         else:
@@ -256,10 +248,10 @@ def _outermost(grants: dict[str, str], covering: dict[str, str], hidden: Iterabl
     """*grants* without those inside another of *covering* (unless a hidden path lies between)."""
 
     def between(path: str, outer: str) -> bool:
-        return any(_within(path, h) and _within(h, outer) and h != outer for h in hidden)
+        return any(within(path, h) and within(h, outer) and h != outer for h in hidden)
 
     def covered(path: str) -> bool:
-        return any(outer != path and _within(path, outer) and not between(path, outer) for outer in covering)
+        return any(outer != path and within(path, outer) and not between(path, outer) for outer in covering)
 
     return {path: reason for path, reason in grants.items() if not covered(path)}
 
@@ -273,75 +265,10 @@ def _resolved(grants: dict[str, str], hidden: Mapping[str, str], links: dict[str
     for path, reason in grants.items():
         real = os.path.realpath(path)
         if real != path:
-            if any(_within(real, h) and not _within(path, h) for h in hidden):
+            if any(within(real, h) and not within(path, h) for h in hidden):
                 continue
             links[path] = real
         found.setdefault(real, reason)
-    return found
-
-
-def _within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip("/") + "/")
-
-
-def _system_links() -> dict[str, str]:
-    """What symlinks at the top of /etc point at outside the system directories
-    (``/etc/resolv.conf`` -> ``/run/systemd/resolve/...``): the target's directory."""
-    found: dict[str, str] = {}
-    try:
-        names = os.listdir("/etc")
-    except OSError:
-        return found
-    for name in names:
-        link = os.path.join("/etc", name)
-        if not os.path.islink(link):
-            continue
-        target = os.path.realpath(link)
-        if not any(_within(target, s) for s in (*SYSTEM, "/proc", "/sys", "/dev")) and os.path.exists(target):
-            parent = os.path.dirname(target)
-            found[target if is_broad(parent, "") else parent] = f"what {link} points at"
-    return found
-
-
-def _not_for_others(top: str = "/etc", limit: int = MAX_PRIVATE_SCAN) -> list[str]:
-    """What under *top* others may not read and the daemon may (a root daemon: ``/etc/default/cacerts``
-    at 0600, ``pg_hba.conf``): a file without the world's read bit, a directory without its
-    search bit (not entered). At most *limit* entries are looked at. Blocking: a few ms."""
-    found: list[str] = []
-    stack, seen = [top], 0
-    while stack and seen < limit:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            continue
-        for entry in entries:
-            seen += 1
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            is_dir = stat.S_ISDIR(info.st_mode)
-            if not (is_dir or stat.S_ISREG(info.st_mode)):
-                continue
-            for_others = info.st_mode & (stat.S_IXOTH if is_dir else stat.S_IROTH)
-            if not for_others and os.access(entry.path, os.R_OK | (os.X_OK if is_dir else 0)):
-                found.append(entry.path)
-            elif is_dir and for_others:
-                stack.append(entry.path)
-    return sorted(found)
-
-
-_scanned: tuple[float, list[str]] = (-math.inf, [])
-
-
-def _not_for_others_cached() -> list[str]:
-    """:func:`_not_for_others` of /etc, again after :data:`PRIVATE_SCAN_SECONDS` (it takes tens of
-    ms here, and grants are computed on the event loop at each start and status)."""
-    global _scanned
-    taken, found = _scanned
-    if time.monotonic() - taken > PRIVATE_SCAN_SECONDS:
-        _scanned = (time.monotonic(), found := _not_for_others())
     return found
 
 
@@ -370,7 +297,7 @@ def grants_for(
     protected = [os.path.normpath(p) for p in context.protected]
     read: dict[str, str] = {path: "system" for path in SYSTEM if os.path.lexists(path)}
     if spec.network != "none":  # /etc/resolv.conf's target: systemd-resolved's sockets beside it
-        read |= _system_links()
+        read |= system_links()
     installed, executables = installation(command, path_env=env.get("PATH", ""), home=home)
     uv = _uv_interpreters(executables, env, home)
     links: dict[str, str] = {}
@@ -391,7 +318,7 @@ def grants_for(
     hidden = {p: "the daemon's own" for p in protected}
     hidden[os.path.normpath(context.tmp)] = "the sandboxes' temporary directories"
     hidden |= {p: "the host's secrets" for p in (*SYSTEM_SECRETS, *sorted(glob.glob(SSH_HOST_KEYS)))}
-    for path in _not_for_others_cached():
+    for path in private_to_the_daemon():
         hidden.setdefault(path, "readable by the daemon's user, not by others")
     if context.caches:
         hidden[os.path.normpath(context.caches)] = "the extensions' private package caches"
@@ -400,13 +327,13 @@ def grants_for(
     named = [path for pattern in given for path in _expand(pattern, home, base)]
     for secret in HOME_SECRETS:
         path = os.path.join(home, secret)
-        if not any(_within(n, path) for n in named):
+        if not any(within(n, path) for n in named):
             hidden[path] = "credentials"
     hidden = {os.path.realpath(p): r for p, r in hidden.items()} | hidden
     read, write = _resolved(read, hidden, links), _resolved(write, hidden, links)
     frozen = {os.path.realpath(p): r for p, r in _executed_by_others(uv, context.environ).items()}
-    for path in [p for p in write if any(_within(p, f) for f in frozen)]:
-        outer = next(f for f in frozen if _within(path, f))
+    for path in [p for p in write if any(within(p, f) for f in frozen)]:
+        outer = next(f for f in frozen if within(path, f))
         read.setdefault(path, f"read-only: inside {frozen[outer]} ({write.pop(path)})")
     if private:  # made by the daemon in its own caches, for this extension alone: wherever they are
         reason = f"{CACHE}, private to it ({', '.join(sorted(private))})"
@@ -417,11 +344,11 @@ def grants_for(
     inside = {
         p: f"read-only: {r}"
         for p, r in frozen.items()
-        if os.path.lexists(p) and any(_within(p, w) and p != w for w in write)
+        if os.path.lexists(p) and any(within(p, w) and p != w for w in write)
     }
     read |= _outermost(inside, inside, hidden)
     granted = [*read, *write]
-    hidden = {p: r for p, r in hidden.items() if os.path.lexists(p) and any(_within(p, g) for g in granted)}
+    hidden = {p: r for p, r in hidden.items() if os.path.lexists(p) and any(within(p, g) for g in granted)}
     entries = [Grant(p, "read", r) for p, r in read.items()]
     entries += [Grant(p, "write", r) for p, r in write.items()]
     entries += [Grant(p, "hidden", r) for p, r in hidden.items()]
@@ -445,7 +372,7 @@ def ungranted_paths(args: Sequence[str], grants: Grants, *, home: str, base: str
             continue
         mine = value == "~" or value.startswith("~/")  # the extension's home; ~user is theirs
         path = os.path.realpath(os.path.join(base, home + value[1:] if mine else os.path.expanduser(value)))
-        shown = any(_within(path, g) for g in granted) and not any(_within(path, h) for h in hidden)
+        shown = any(within(path, g) for g in granted) and not any(within(path, h) for h in hidden)
         if os.path.exists(path) and not shown and path not in found:
             found.append(path)
     return found

@@ -186,9 +186,7 @@ class TestGrants:
         (This host's /etc/resolv.conf is a plain file: the host's links are played.)"""
         resolve = home.parent / "run" / "systemd" / "resolve"
         resolve.mkdir(parents=True)
-        monkeypatch.setattr(
-            policy, "_system_links", lambda: {str(resolve): "what /etc/resolv.conf points at"}
-        )
+        monkeypatch.setattr(policy, "system_links", lambda: {str(resolve): "what /etc/resolv.conf points at"})
         for network, shown in (("all", True), ("outbound", True), ("none", False)):
             spec = Spec(network=network)
             grants = grants_for(spec, command="/bin/sh", args=[], cwd=None, roots=[], context=context(home))
