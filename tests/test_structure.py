@@ -55,7 +55,10 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("migrate",),
     ),
     "process": (
-        ("tree", "cgroups", "sandbox.install", "sandbox.landlock", "sandbox.mounts", "sandbox.seccomp"),
+        (
+            "tree", "cgroups", "sandbox.install", "sandbox.system", "sandbox.landlock", "sandbox.mounts",
+            "sandbox.seccomp",
+        ),
         ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch", "sandbox.host"),
         ("spawner", "sandbox"),
         ("teardown",),
@@ -69,6 +72,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("connection",),
     ),
     "extension": (
+        ("upstream",),
         ("state", "asking", "saved", "startup", "liveness", "launch"),
         ("backoff", "pins", "demand", "inline"),
         ("calls", "watcher"),

@@ -183,6 +183,10 @@ class Connection:
         assert self.raw is not None, "used outside connect()"
         return await self.raw.request(method, params, progress)
 
+    async def ping(self) -> None:
+        """One ping; returns on its answer. Error handling: an error answer raises ``MCPError``."""
+        await self._session.send_ping()
+
     async def roots_changed(self) -> None:
         """Tell the child its roots changed (it lists them again if it cares)."""
         await self._session.send_notification(types.RootsListChangedNotification())

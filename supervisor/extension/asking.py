@@ -46,7 +46,7 @@ from mcp import MCPError
 from supervisor.child.wire import SENDING, Watched
 
 if TYPE_CHECKING:
-    from supervisor.child.connection import Connection
+    from supervisor.extension.upstream import Upstream
 
 __all__ = (
     "CANCEL_GRACE",
@@ -215,7 +215,7 @@ class Enrolled:
 
     __slots__ = ("_asking", "_call", "_connection", "_token")
 
-    def __init__(self, asking: Asking, connection: Connection, call: _Call) -> None:
+    def __init__(self, asking: Asking, connection: Upstream, call: _Call) -> None:
         self._asking, self._connection, self._call = asking, connection, call
         self._token: Token[Any] | None = None
 
@@ -261,19 +261,19 @@ class Asking:
     def __init__(self, extension: str, roots: Sequence[str] = ()) -> None:
         self._extension = extension
         self._roots = [types.Root(uri=Path(path).as_uri(), name=Path(path).name or path) for path in roots]
-        self._calls: weakref.WeakKeyDictionary[Connection, list[_Call]] = weakref.WeakKeyDictionary()
-        self._left: weakref.WeakKeyDictionary[Connection, _Abandoned] = weakref.WeakKeyDictionary()
-        self._roots_from: weakref.WeakKeyDictionary[Connection, object] = weakref.WeakKeyDictionary()
+        self._calls: weakref.WeakKeyDictionary[Upstream, list[_Call]] = weakref.WeakKeyDictionary()
+        self._left: weakref.WeakKeyDictionary[Upstream, _Abandoned] = weakref.WeakKeyDictionary()
+        self._roots_from: weakref.WeakKeyDictionary[Upstream, object] = weakref.WeakKeyDictionary()
 
-    def in_flight(self, connection: Connection) -> int:
+    def in_flight(self, connection: Upstream) -> int:
         return len(self._calls.get(connection, ()))
 
-    def call(self, connection: Connection, caller: Caller | None, budget: Budget) -> Enrolled:
+    def call(self, connection: Upstream, caller: Caller | None, budget: Budget) -> Enrolled:
         """Record a call from *caller* on *connection* for as long as the ``with`` lasts; one that
         ends cancelled (by its client, or its timeout) stays counted as abandoned."""
         return Enrolled(self, connection, _Call(caller, budget))
 
-    def _abandoned(self, connection: Connection, call: _Call) -> None:
+    def _abandoned(self, connection: Upstream, call: _Call) -> None:
         if connection.ended.is_set():  # the run is over: nothing will ask for it
             return
         left = self._left.get(connection)
@@ -282,7 +282,7 @@ class Asking:
         left.add(call)
 
     async def answer(
-        self, connection: Connection, request: types.ServerRequest
+        self, connection: Upstream, request: types.ServerRequest
     ) -> types.ClientResult | types.ErrorData:
         """The answer to the child's *request*: the caller's, ours, or an error saying why none."""
         method = request.method

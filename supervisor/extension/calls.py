@@ -19,11 +19,11 @@ import structlog
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from supervisor.child import connection as transport
 from supervisor.errors import CallFailed, ExtensionUnavailable, first_line
 from supervisor.extension.asking import Budget, Caller
 from supervisor.extension.inline import Answered, InlineCall
 from supervisor.extension.state import State
+from supervisor.extension.upstream import Upstream
 
 __all__ = ("Calls",)
 
@@ -53,7 +53,7 @@ class Calls:
         while starting or in backoff), :class:`CallFailed` when the call itself fails.
         """
 
-        async def call(connection: transport.Connection, progress: ProgressFnT) -> types.CallToolResult:
+        async def call(connection: Upstream, progress: ProgressFnT) -> types.CallToolResult:
             return await connection.call_tool(tool, arguments, progress=progress)
 
         return await self._call(tool, call, progress, lambda result: not result.is_error, caller)
@@ -72,7 +72,7 @@ class Calls:
         (see :mod:`supervisor.child.rawcalls`). Errors as :meth:`call_tool`.
         """
 
-        async def call(connection: transport.Connection, progress: ProgressFnT) -> dict[str, Any]:
+        async def call(connection: Upstream, progress: ProgressFnT) -> dict[str, Any]:
             return await connection.call_tool_raw(tool, arguments, progress=progress)
 
         return await self._call(
@@ -105,7 +105,7 @@ class Calls:
     async def _call(
         self,
         tool: str,
-        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        send: Callable[[Upstream, ProgressFnT], Awaitable[ResultT]],
         progress: ProgressFnT | None,
         succeeded: Callable[[ResultT], bool],
         caller: Caller | None,
@@ -115,7 +115,7 @@ class Calls:
         self.calls += 1
         try:
 
-            async def call(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
+            async def call(connection: Upstream, progress: ProgressFnT) -> ResultT:
                 if tool not in self._listing.tool_names:
                     unknown = f"extension {self.name!r} has no tool {tool!r}"
                     raise CallFailed(unknown, code=types.INVALID_PARAMS)
@@ -157,7 +157,7 @@ class Calls:
     ) -> ResultT:
         """Forward any other client request (prompts/get, resources/read, ...) like a call."""
 
-        async def send(connection: transport.Connection, progress: ProgressFnT) -> ResultT:
+        async def send(connection: Upstream, progress: ProgressFnT) -> ResultT:
             return await connection.request(request, result_type, progress=progress)
 
         return await self._forward(repr(request.method), send, progress, caller)
@@ -173,7 +173,7 @@ class Calls:
         blocking: bool = False,
         touch: bool = True,
     ) -> tuple[dict[str, Any], str]:
-        """Forward any request as plain JSON (see :meth:`transport.Connection.request_raw`);
+        """Forward any request as plain JSON (see :meth:`Upstream.request_raw`);
         returns the child's result and the id of the run that answered (:attr:`run_id`).
 
         With *run* (a :attr:`run_id`), only that run of the child may answer: another one
@@ -182,7 +182,7 @@ class Calls:
         ``call_timeout_max`` bounds it. *touch* False: it does not renew ``idle_stop``'s period.
         """
 
-        async def send(connection: transport.Connection, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
+        async def send(connection: Upstream, progress: ProgressFnT) -> tuple[dict[str, Any], str]:
             if run is not None and connection.run != run:
                 message = f"extension {self.name!r} restarted since; the request was for its earlier run"
                 raise CallFailed(message, code=types.INVALID_PARAMS)
@@ -202,7 +202,7 @@ class Calls:
     async def _forward(
         self,
         what: str,
-        send: Callable[[transport.Connection, ProgressFnT], Awaitable[ResultT]],
+        send: Callable[[Upstream, ProgressFnT], Awaitable[ResultT]],
         progress: ProgressFnT | None,
         caller: Caller | None,
         *,
@@ -211,7 +211,7 @@ class Calls:
     ) -> ResultT:
         timeout, cap = self.config.call_timeout, self.config.call_timeout_max
         started = time.monotonic()
-        connection: transport.Connection | None = None
+        connection: Upstream | None = None
         demand = self._demand if touch else None  # a tasks/list poll must not keep it alive
         if demand is not None:
             demand.touch()
@@ -263,13 +263,13 @@ class Calls:
             detail = f"did not answer within {self.config.call_timeout:g}s"  # nor report progress
         return CallFailed(f"{what} of {self.name!r} {detail}", code=types.REQUEST_TIMEOUT)
 
-    def _running_connection(self) -> transport.Connection | None:
+    def _running_connection(self) -> Upstream | None:
         """The connection a call may use at once, if the extension runs and is not being stopped."""
         if self._snapshot.state is State.RUNNING and not self._stop_requested:
             return self._connection
         return None
 
-    async def _wait_connection(self) -> transport.Connection:
+    async def _wait_connection(self) -> Upstream:
         started = False
         while True:
             changed = self._changed
@@ -293,7 +293,7 @@ class Calls:
                 )
             await changed.wait()
 
-    def _call_failed(self, what: str, exc: MCPError, connection: transport.Connection) -> CallFailed:
+    def _call_failed(self, what: str, exc: MCPError, connection: Upstream) -> CallFailed:
         # Only a connection that ended (or that a stop cut) is ours to report: -32000 is also the
         # code many servers give their own errors ("database is locked"), from a live child.
         ours = connection.ended.is_set() or self._cut[0] is connection

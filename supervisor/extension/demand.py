@@ -21,7 +21,7 @@ from supervisor.child.listing import Listing
 from supervisor.extension.saved import CatalogStore
 
 if TYPE_CHECKING:
-    from supervisor.child.connection import Connection
+    from supervisor.extension.upstream import Upstream
 
 __all__ = ("BUSY_RECHECK", "Demand", "StartHook", "idle_wait", "tasks_working")
 
@@ -49,7 +49,7 @@ async def _none_working() -> bool:
     return False
 
 
-async def tasks_working(connection: Connection) -> bool:
+async def tasks_working(connection: Upstream) -> bool:
     """Whether the child says a task of its own still works (2025-11-25 ``tasks/list``).
 
     An idle stop would lose it: a server's tasks live in its process. The question is not a

@@ -23,7 +23,7 @@ from supervisor.errors import CallFailed
 from supervisor.extension.asking import Asking, Budget, Caller
 
 if TYPE_CHECKING:
-    from supervisor.child import connection as transport
+    from supervisor.extension.upstream import Upstream
 
 __all__ = ("Answered", "Host", "InlineCall")
 
@@ -45,7 +45,7 @@ class Host(Protocol):
 
     def _inline_ended(self, tool: str, started: float, ok: bool) -> None: ...
 
-    def _call_failed(self, what: str, exc: MCPError, connection: transport.Connection) -> CallFailed: ...
+    def _call_failed(self, what: str, exc: MCPError, connection: Upstream) -> CallFailed: ...
 
     def _invalid_result(self, what: str, exc: Exception) -> CallFailed: ...
 
@@ -85,7 +85,7 @@ class InlineCall:
     def __init__(
         self,
         ext: Host,
-        connection: transport.Connection,
+        connection: Upstream,
         tool: str,
         answered: Answered,
         caller: Caller | None,
@@ -103,7 +103,7 @@ class InlineCall:
     def send(
         cls,
         ext: Host,
-        connection: transport.Connection,
+        connection: Upstream,
         tool: str,
         arguments: dict[str, Any] | None,
         answered: Answered,

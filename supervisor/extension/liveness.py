@@ -17,7 +17,7 @@ from collections.abc import Callable
 import anyio
 import structlog
 
-from supervisor.child import connection as transport
+from supervisor.extension.upstream import Upstream
 
 __all__ = ("NOT_ANSWERING", "is_unresponsive", "watch")
 
@@ -40,7 +40,7 @@ def is_unresponsive(*, answered: bool, in_flight: int, since_answer: float, time
 
 
 async def watch(
-    connection: transport.Connection,
+    connection: Upstream,
     *,
     interval: float,
     ping_timeout: float,
@@ -53,14 +53,12 @@ async def watch(
     *in_flight* and *answered_at* (a ``time.monotonic`` value) describe the calls to the
     child; *on_unresponsive* is told the error before the connection ends (sync).
     """
-    session = connection.session
-    assert session is not None, "watch() needs a connection after its handshake"
     while not connection.ended.is_set():
         await anyio.sleep(interval)
         answered = False
         with anyio.move_on_after(ping_timeout):
             try:
-                await session.send_ping()
+                await connection.ping()
             except Exception:  # an error answer is an answer; a closed connection ends below
                 if connection.ended.is_set():
                     return

@@ -19,7 +19,6 @@ import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup
 
-from supervisor.child import connection as transport
 from supervisor.child.listing import Listing
 from supervisor.child.spool import ExtensionSpool
 from supervisor.extension import launch, startup
@@ -29,6 +28,7 @@ from supervisor.extension.calls import Calls
 from supervisor.extension.demand import Demand
 from supervisor.extension.pins import Pins
 from supervisor.extension.state import Snapshot, State, one_line
+from supervisor.extension.upstream import Upstream
 from supervisor.extension.watcher import Watcher
 from supervisor.process import sandbox
 
@@ -115,14 +115,14 @@ class Extension(Calls, Watcher):
         self._listing = Listing()  # what the running child offers
         self._stale: set[str] = set()  # listings the child said changed, not yet fetched again
         self._stale_event = anyio.Event()
-        self._connection: transport.Connection | None = None
+        self._connection: Upstream | None = None
         self._in_flight = 0
         self._asking = Asking(name, config.roots)  # who the child's sampling/elicitation/roots go to
         self._answered_at = 0.0  # when the child last answered a call or reported progress (liveness)
         self._asked = 0  # the child's requests we are answering: it waits on us, so it is alive
         self._restarting = 0  # restart() calls in progress: calls wait through their stop phase
         self._launching = False  # the daemon starts it shortly (autostart, a reload): calls wait
-        self._cut: tuple[transport.Connection | None, str] = (None, "")  # the connection a stop cut, and how
+        self._cut: tuple[Upstream | None, str] = (None, "")  # the connection a stop cut, and how
         # One lifetime: set by start(), ended by the watcher.
         self._scope: anyio.CancelScope | None = None
         self._done: anyio.Event | None = None
