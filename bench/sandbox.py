@@ -45,7 +45,13 @@ from supervisor.process import sandbox
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / "tests" / "servers"
 QUICK = str(SERVERS / "quick.py")
-SYSTEM = ["-r", "/usr", "-r", "/bin", "-r", "/lib", "-r", "/lib64", "-r", "/etc"]
+# As the daemon gives them: real paths (the launcher binds what it opens without following a
+# symlink), and the symlinks that lead there (/bin -> usr/bin) made again inside.
+SYSTEM = [
+    arg
+    for path in ("/usr", "/bin", "/lib", "/lib64", "/etc")
+    for arg in (["-r", os.path.realpath(path)] + (["-l", path] if os.path.islink(path) else []))
+]
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
