@@ -75,7 +75,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("upstream",),
         ("state", "asking", "saved", "startup", "liveness", "launch"),
         ("backoff", "pins", "demand", "inline"),
-        ("calls", "watcher"),
+        ("calls", "watcher", "served"),
         ("supervised",),
         ("instances",),
     ),

@@ -38,7 +38,7 @@ from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 if TYPE_CHECKING:
     from supervisor.extension.asking import Caller
     from supervisor.extension.calls import InlineCall
-    from supervisor.extension.supervised import Extension
+    from supervisor.extension.served import Served
     from supervisor.gateway.router import Router
     from supervisor.gateway.session import Session
 
@@ -207,7 +207,7 @@ class FastCalls:
         self._running: dict[RequestId, set[anyio.CancelScope]] = {}
         self._inline: dict[RequestId, dict[InlineCall, Done]] = {}  # and their done()
 
-    def route(self, call: FastCall, request: Any = None) -> tuple[Extension, str] | None:
+    def route(self, call: FastCall, request: Any = None) -> tuple[Served, str] | None:
         """The extension and original tool name for *call* in the client's view (its requests'
         context, *request*), if the fast path can serve it."""
         return self._router.route_tool(call.name, request, self._session)
@@ -228,7 +228,7 @@ class FastCalls:
         self,
         tg: anyio.abc.TaskGroup,
         call: FastCall,
-        ext: Extension,
+        ext: Served,
         tool: str,
         done: Done,
     ) -> None:
@@ -242,7 +242,7 @@ class FastCalls:
         self._running.setdefault(call.id, set()).add(scope)
         tg.start_soon(self._serve, call, ext, tool, scope, done)
 
-    def _start_inline(self, call: FastCall, ext: Extension, tool: str, done: Done) -> bool:
+    def _start_inline(self, call: FastCall, ext: Served, tool: str, done: Done) -> bool:
         send_now = self._send_now
         assert send_now is not None
         inline: InlineCall | None = None
@@ -277,7 +277,7 @@ class FastCalls:
     async def _serve(
         self,
         call: FastCall,
-        ext: Extension,
+        ext: Served,
         tool: str,
         scope: anyio.CancelScope,
         done: Done,
@@ -300,7 +300,7 @@ Shape = Callable[[dict[str, Any]], dict[str, Any]]  # a result as the client's e
 
 async def answer_call(
     call: FastCall,
-    ext: Extension,
+    ext: Served,
     tool: str,
     session: Session,
     spool_prefix: str,

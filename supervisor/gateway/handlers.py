@@ -21,8 +21,8 @@ from mcp.server import ServerRequestContext
 from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.errors import CallFailed, ExtensionUnavailable, SupervisorError
+from supervisor.extension.served import Served
 from supervisor.extension.state import State
-from supervisor.extension.supervised import Extension
 from supervisor.gateway import spoollinks
 from supervisor.gateway.asks import parked
 from supervisor.gateway.links import expose_models
@@ -239,7 +239,7 @@ class Handlers:
 
     # ---- forwarding ----------------------------------------------------------------------
 
-    async def _serving(self, ext: Extension, ctx: ServerRequestContext[Any]) -> Extension:
+    async def _serving(self, ext: Served, ctx: ServerRequestContext[Any]) -> Served:
         """The Extension that serves this request's client (:meth:`.Router.serving_when_room`).
         An HTTP session is noted by its id first: at the cap, a long idle one may be reclaimed."""
         self.note_http_session(ctx)

@@ -18,8 +18,8 @@ import anyio
 from supervisor.child.listing import Listing
 from supervisor.errors import ExtensionUnavailable
 from supervisor.extension.pins import held_message
+from supervisor.extension.served import Served
 from supervisor.extension.state import State
-from supervisor.extension.supervised import Extension
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway.catalog import Catalog, Source
 from supervisor.gateway.names import expose
@@ -36,13 +36,13 @@ _NOTHING = Listing()  # what a stopped extension lists (one object: catalogs com
 class Extensions(Protocol):
     """What the gateway needs of the daemon."""
 
-    def extensions(self) -> Sequence[Extension]: ...
+    def extensions(self) -> Sequence[Served]: ...
 
-    def instance_of(self, name: str, client: Any) -> Extension: ...
+    def instance_of(self, name: str, client: Any) -> Served: ...
 
-    async def instance_when_room(self, name: str, client: Any) -> Extension: ...
+    async def instance_when_room(self, name: str, client: Any) -> Served: ...
 
-    def existing_instance(self, name: str, client: Any) -> Extension | None: ...
+    def existing_instance(self, name: str, client: Any) -> Served | None: ...
 
 
 class Router:
@@ -71,7 +71,7 @@ class Router:
         """An extension's listing or state changed: build the catalog again when next asked. Sync."""
         self._stale = True
 
-    def extensions(self) -> Sequence[Extension]:
+    def extensions(self) -> Sequence[Served]:
         return self._backend.extensions()
 
     def catalog(self) -> Catalog:
@@ -109,7 +109,7 @@ class Router:
         routed = self._routes[key] = target if view.admits(*target, name) else None
         return routed
 
-    def route_tool(self, name: str, request: Any, session: Session) -> tuple[Extension, str] | None:
+    def route_tool(self, name: str, request: Any, session: Session) -> tuple[Served, str] | None:
         """:meth:`route`, with the extension that serves *session* (for a per-client one, its own
         instance): for the fast path. None also where the SDK's path must say why not."""
         target = self.route(name, request)
@@ -121,11 +121,11 @@ class Router:
         except ExtensionUnavailable:
             return None  # busy, held: the SDK's path answers as it always does
 
-    def extension(self, name: str) -> Extension | None:
+    def extension(self, name: str) -> Served | None:
         """The configured extension *name* (the shared one of a per-client extension)."""
         return next((ext for ext in self._backend.extensions() if ext.name == name), None)
 
-    def serving(self, ext: Extension, session: Session) -> Extension:
+    def serving(self, ext: Served, session: Session) -> Served:
         """The Extension that serves *session*: its own instance when per-client.
 
         Error handling: :class:`ExtensionUnavailable` when it may not have one (all in use,
@@ -135,7 +135,7 @@ class Router:
             return ext
         return self._backend.instance_of(ext.name, session)
 
-    async def serving_when_room(self, ext: Extension, session: Session) -> Extension:
+    async def serving_when_room(self, ext: Served, session: Session) -> Served:
         """:meth:`serving` for a request that can wait: at ``max_instances``, while an instance is
         on its way out, up to the extension's ``call_timeout`` for its room. Errors as :meth:`serving`."""
         if ext.config.instances != "per-client":
@@ -144,13 +144,13 @@ class Router:
             return await self._backend.instance_when_room(ext.name, session)
         return self.serving(ext, session)  # out of time: room now, or why there is none
 
-    def existing(self, ext: Extension, session: Session) -> Extension | None:
+    def existing(self, ext: Served, session: Session) -> Served | None:
         """:meth:`serving` without making an instance: None when *session* has none."""
         if ext.config.instances != "per-client":
             return ext
         return self._backend.existing_instance(ext.name, session)
 
-    def owner_by_prefix(self, name: str) -> Extension | None:
+    def owner_by_prefix(self, name: str) -> Served | None:
         """The extension whose prefix *name* has (prefixes are unique in the config)."""
         return next(
             (e for e in self._backend.extensions() if name.startswith(expose(e.config.prefix or e.name, ""))),

@@ -21,8 +21,8 @@ from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
 
 from supervisor import __version__
+from supervisor.extension.served import Served
 from supervisor.extension.state import Snapshot, State
-from supervisor.extension.supervised import Extension
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway.asks import inputrequired
 from supervisor.gateway.catalog import Catalog
@@ -153,12 +153,12 @@ class Gateway(Handlers):
         if ext is not None:
             self._subscribe_again_soon(ext, self.fanout.subscribed(), extension)
 
-    def instance_restarted(self, ext: Extension, owner: object) -> None:
+    def instance_restarted(self, ext: Served, owner: object) -> None:
         """A new run of *owner*'s per-client instance *ext*: its client's subscriptions again
         (those of its 2026-07-28 listen streams are counted, not kept by URI: not these). Sync."""
         self._subscribe_again_soon(ext, self.fanout.subscribed_by(owner), id(ext))
 
-    def _subscribe_again_soon(self, ext: Extension, exposed: list[str], key: Hashable) -> None:
+    def _subscribe_again_soon(self, ext: Served, exposed: list[str], key: Hashable) -> None:
         targets = [parse_uri(uri) for uri in exposed]
         uris = [target[1] for target in targets if target and target[0] == ext.name]
         if not uris or self._tg is None:
@@ -169,7 +169,7 @@ class Gateway(Handlers):
         self._tg.start_soon(self._subscribe_again, ext, uris, scope, key)
 
     async def _subscribe_again(
-        self, ext: Extension, uris: list[str], scope: anyio.CancelScope, key: Hashable
+        self, ext: Served, uris: list[str], scope: anyio.CancelScope, key: Hashable
     ) -> None:
         with scope:
             for uri in uris:
@@ -282,7 +282,7 @@ class Gateway(Handlers):
         self,
         extension: str,
         notification: types.ServerNotification,
-        source: Extension | None = None,
+        source: Served | None = None,
         owner: object = None,
     ) -> None:
         """Route a child's log message or resource update (from Extension *source*, the per-client

@@ -57,7 +57,7 @@ from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
 __all__ = ("Cancellable", "FastPath", "Taken", "media_types_taken", "modern_status")
 
 if TYPE_CHECKING:
-    from supervisor.extension.supervised import Extension
+    from supervisor.extension.served import Served
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +78,7 @@ class Taken:
     """A call the fast path takes: what serving it needs."""
 
     call: FastCall
-    ext: Extension
+    ext: Served
     tool: str  # the child's name for it
     session: Session
     connection: BoundedProtocol

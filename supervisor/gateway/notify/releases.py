@@ -26,7 +26,7 @@ from supervisor.gateway.names import parse_uri
 from supervisor.gateway.owner import TaskOwner
 
 if TYPE_CHECKING:
-    from supervisor.extension.supervised import Extension
+    from supervisor.extension.served import Served
 
 __all__ = ("Releases",)
 
@@ -39,7 +39,7 @@ class Releases(TaskOwner):
     """The children's subscriptions to let go of. *find* an extension by name; *held*: whether a
     client holds an exposed URI."""
 
-    def __init__(self, find: Callable[[str], Extension | None], held: Callable[[str], bool]) -> None:
+    def __init__(self, find: Callable[[str], Served | None], held: Callable[[str], bool]) -> None:
         self._find, self._held = find, held
         self._pending: dict[str, dict[str, str]] = {}  # extension -> exposed URI -> the child's
         self._releasing: dict[str, anyio.Event] = {}  # exposed URI -> set once its release ended
@@ -66,7 +66,7 @@ class Releases(TaskOwner):
             self._tg.start_soon(self._release, ext)
         pending[uri] = target[1]
 
-    async def _release(self, ext: Extension) -> None:
+    async def _release(self, ext: Served) -> None:
         try:
             while pending := self._pending.get(ext.name):
                 uri, original = next(iter(pending.items()))

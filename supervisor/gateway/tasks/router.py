@@ -53,7 +53,7 @@ from supervisor.gateway.tasks.owners import RELATED_TASK, Owners, TaskCaller
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
 
 if TYPE_CHECKING:
-    from supervisor.extension.supervised import Extension
+    from supervisor.extension.served import Served
     from supervisor.gateway.router import Router
 
 __all__ = ("MAX_LIST_REQUESTS", "MAX_PAGE", "TaskRouter")
@@ -162,7 +162,7 @@ class TaskRouter:
         result = await self._send(ext, ctx, "tasks/result", {"taskId": child_id}, blocking=True)
         return self._payload(result, ext.name, run)
 
-    def _owner(self, ctx: Context, method: str, value: str) -> tuple[Extension, str, str]:
+    def _owner(self, ctx: Context, method: str, value: str) -> tuple[Served, str, str]:
         """The running extension that holds task *value*, its run and the child's id, or an error now."""
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             raise MCPError(types.METHOD_NOT_FOUND, _UNSUPPORTED_2026.format(method=method))
@@ -206,7 +206,7 @@ class TaskRouter:
         return ext, run, child_id
 
     async def _send(
-        self, ext: Extension, ctx: Context, method: str, params: dict[str, Any], *, blocking: bool = False
+        self, ext: Served, ctx: Context, method: str, params: dict[str, Any], *, blocking: bool = False
     ) -> dict[str, Any]:
         """One request to the run that holds the task; a restart meanwhile fails it, never a newer run.
 
@@ -275,7 +275,7 @@ class TaskRouter:
             result["nextCursor"] = encode_cursor(ext.name, run, child_cursor, offset)
         return result
 
-    def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Extension, str]]:
+    def _listing_sources(self, ctx: Context, runs: set[tuple[str, ...]]) -> list[tuple[Served, str]]:
         """(extension serving this client, its run) for each running one that lists tasks and where
         the client has tasks (*runs*: its (extension, run) pairs), by name. Never makes an instance."""
         view = self._router.views.of(ctx.request)
@@ -296,7 +296,7 @@ class TaskRouter:
                 sources.append((ext, run))
         return sources
 
-    async def _child_page(self, ext: Extension, ctx: Context, cursor: str | None) -> dict[str, Any] | None:
+    async def _child_page(self, ext: Served, ctx: Context, cursor: str | None) -> dict[str, Any] | None:
         params = {"cursor": cursor} if cursor else {}
         try:
             with anyio.fail_after(LIST_TIMEOUT):
@@ -327,7 +327,7 @@ class TaskRouter:
         return result
 
 
-def _task_support(ext: Extension, tool: str) -> str | None:
+def _task_support(ext: Served, tool: str) -> str | None:
     """The tool's ``execution.taskSupport`` in its last known listing (the running child's; else the
     one its gateway names are kept for: a call to it waits for a restart, or says it is stopped)."""
     for candidate in ext.known_listing().tools:
