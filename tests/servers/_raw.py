@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     Content = list[dict[str, Any]]
     ToolFn = Callable[[Args], Content | dict[str, Any]]
 
-__all__ = ("Base64", "Tool", "log", "serve", "text", "write_raw")
+__all__ = ("Base64", "Tool", "log", "send", "serve", "text", "write_raw")
 
 DEFAULT_PROTOCOL = "2025-11-25"
 METHOD_NOT_FOUND = -32601
@@ -91,6 +91,11 @@ def write_raw(data: bytes) -> None:
     """Write bytes to the protocol stream as is and flush (fixtures use it to inject junk)."""
     _out.write(data)
     _out.flush()
+
+
+def send(message: dict[str, Any]) -> None:
+    """Write one message as a line (its :class:`Base64` values encoded as it goes). Not thread-safe."""
+    _send(message)
 
 
 def _send(message: dict[str, Any]) -> None:

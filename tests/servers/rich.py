@@ -1,4 +1,4 @@
-"""Fixture: a real SDK server offering every kind of thing the gateway forwards.
+"""Fixture: a server offering every kind of thing the gateway forwards, on the standard library.
 
 Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then answers), ``wait(seconds)``
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message, count=1)`` (that
@@ -10,38 +10,74 @@ stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI
 ``note://hang...`` is never answered); template ``note://{id}``;
 completion for the ``greet`` prompt's ``name`` argument. ``RICH_TOOL_PREFIX`` renames the tools
 (for collision tests).
+
+It answers as the MCP SDK's lowlevel server does (handshake era: an exception in a handler is
+error code 0 with its message; a cancelled request is answered "Request cancelled"), without
+importing it: 2 s of CPU at each of the suite's ~170 starts of this fixture. Each request is
+served in a thread of its own, so a ``wait`` or a hanging subscribe holds nothing else up; the
+SDK's own servers are tested by ``echo.py``, ``asker.py``, ``tasks.py`` and the interop group.
 """
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import os
 import sys
-from typing import Any
+import threading
 
-import anyio
-import mcp_types as types
-from mcp.server import NotificationOptions, Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
+import _raw
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = os.environ.get("RICH_TOOL_PREFIX", "")
 NOTES = {"a": "note A", "b": "note B"}
 SUBSCRIBED: set[str] = set()
+PROTOCOLS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+CAPABILITIES = {
+    "prompts": {"listChanged": True},
+    "resources": {"subscribe": True, "listChanged": True},
+    "tools": {"listChanged": True},
+    "completions": {},
+}
+
+_cancelled: dict[Any, threading.Event] = {}  # request id -> set when the client cancels it
+_lock = threading.Lock()  # one whole line at a time on stdout; the table above
 
 
-def _tool(name: str, properties: dict[str, Any] | None = None, **extra: Any) -> types.Tool:
+class Cancelled(Exception):
+    pass
+
+
+class NoSuchMethod(Exception):
+    pass
+
+
+def send(message: dict[str, Any]) -> None:
+    with _lock:
+        _raw.send(message)
+
+
+def notify(method: str, params: dict[str, Any]) -> None:
+    send({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+def _tool(name: str, properties: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     schema = {"type": "object", "properties": properties or {}}
-    return types.Tool(name=PREFIX + name, description=f"The {name} tool.", input_schema=schema, **extra)
+    return {"name": PREFIX + name, "description": f"The {name} tool.", "inputSchema": schema, **extra}
 
 
+RESOURCES = [{"uri": f"note://{key}", "name": f"note-{key}", "mimeType": "text/plain"} for key in NOTES]
+TEMPLATES = [{"uriTemplate": "note://{id}", "name": "note"}]
 TOOLS = [
     _tool(
         "echo",
         {"text": {"type": "string"}},
         title="Echo",
-        output_schema={"type": "object", "properties": {"text": {"type": "string"}}},
-        annotations=types.ToolAnnotations(read_only_hint=True),
+        outputSchema={"type": "object", "properties": {"text": {"type": "string"}}},
+        annotations={"readOnlyHint": True},
     ),
     _tool("progress", {"steps": {"type": "integer"}, "interval": {"type": "number"}}),
     _tool("wait", {"seconds": {"type": "number"}}),
@@ -54,145 +90,180 @@ TOOLS = [
 ]
 
 
-def _text(value: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=value)])
+def _text(value: str) -> dict[str, Any]:
+    return {"content": [_raw.text(value)], "isError": False}
 
 
-async def list_tools(ctx: ServerRequestContext, params: Any) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=TOOLS)
+def _sleep(seconds: float, cancel: threading.Event) -> None:
+    if cancel.wait(seconds):
+        raise Cancelled
 
 
-async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
-    args = params.arguments or {}
-    name = params.name.removeprefix(PREFIX)
+def call_tool(params: dict[str, Any], request_id: Any, cancel: threading.Event) -> dict[str, Any]:
+    args = params.get("arguments") or {}
+    name = str(params.get("name", "")).removeprefix(PREFIX)
     if name == "echo":
-        return types.CallToolResult(
-            content=[types.TextContent(text=str(args["text"]))],
-            structured_content={"text": str(args["text"])},
-        )
+        text = str(args["text"])
+        return {"content": [_raw.text(text)], "structuredContent": {"text": text}, "isError": False}
     if name == "progress":
         steps, interval = int(args.get("steps", 3)), float(args.get("interval", 0))
+        token = (params.get("_meta") or {}).get("progressToken")
         for step in range(1, steps + 1):
-            await anyio.sleep(interval)
-            await ctx.session.report_progress(step, steps, f"step {step}")
+            _sleep(interval, cancel)
+            if token is not None:
+                said = {"progressToken": token, "progress": step, "total": steps, "message": f"step {step}"}
+                notify("notifications/progress", said)
         return _text(f"did {steps} steps")
     if name == "wait":
         try:
-            await anyio.sleep(float(args["seconds"]))
-        except anyio.get_cancelled_exc_class():
-            sys.stderr.write("rich: cancelled\n")
-            sys.stderr.flush()
+            _sleep(float(args["seconds"]), cancel)
+        except Cancelled:
+            _raw.log("rich: cancelled")
             raise
         return _text("waited")
     if name == "log":
         for _ in range(int(args.get("count", 1))):
-            await ctx.session.send_log_message(
-                args.get("level", "info"), args.get("message", ""), logger="fixture"
-            )
+            level, data = args.get("level", "info"), args.get("message", "")
+            notify("notifications/message", {"level": level, "logger": "fixture", "data": data})
         return _text("logged")
     if name == "touch":
         if str(args["uri"]) in SUBSCRIBED:  # like a real server: updates only for subscriptions
-            await ctx.session.send_resource_updated(str(args["uri"]))
+            notify("notifications/resources/updated", {"uri": str(args["uri"])})
         return _text("touched")
     if name == "image":
         data = b"\x89PNG\r\n\x1a\n" + b"\0" * max(0, int(args["bytes"]) - 8)
-        image = types.ImageContent(data=base64.b64encode(data).decode(), mime_type="image/png")
-        return types.CallToolResult(content=[types.TextContent(text="an image"), image])
+        image = {"type": "image", "data": _raw.Base64(data), "mimeType": "image/png"}
+        return {"content": [_raw.text("an image"), image], "isError": False}
     if name == "link":
-        link = types.ResourceLink(uri="note://a", name="note-a", mime_type="text/plain")
-        embedded = types.EmbeddedResource(resource=types.TextResourceContents(uri="note://b", text="note B"))
-        return types.CallToolResult(content=[link, embedded])
+        link = {"type": "resource_link", "uri": "note://a", "name": "note-a", "mimeType": "text/plain"}
+        embedded = {"type": "resource", "resource": {"uri": "note://b", "text": "note B"}}
+        return {"content": [link, embedded], "isError": False}
     if name == "crash":
         os._exit(3)
     if name == "request":  # how the request reached us: its id tells the gateway's path apart
-        return _text(json.dumps({"id": ctx.request_id}))
-    return types.CallToolResult(
-        content=[types.TextContent(text=f"unknown tool {params.name}")], is_error=True
-    )
+        return _text(json.dumps({"id": request_id}))
+    return {"content": [_raw.text(f"unknown tool {params.get('name')}")], "isError": True}
 
 
-async def list_prompts(ctx: ServerRequestContext, params: Any) -> types.ListPromptsResult:
-    argument = types.PromptArgument(name="name", description="Who to greet.", required=True)
-    return types.ListPromptsResult(
-        prompts=[types.Prompt(name="greet", description="Greet someone.", arguments=[argument])]
-    )
+def get_prompt(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("name") != "greet":
+        raise ValueError(f"no prompt {params.get('name')}")
+    who = (params.get("arguments") or {}).get("name", "world")
+    message = {"role": "user", "content": _raw.text(f"Hello, {who}!")}
+    return {"description": "A greeting.", "messages": [message]}
 
 
-async def get_prompt(
-    ctx: ServerRequestContext, params: types.GetPromptRequestParams
-) -> types.GetPromptResult:
-    if params.name != "greet":
-        raise ValueError(f"no prompt {params.name}")
-    who = (params.arguments or {}).get("name", "world")
-    message = types.PromptMessage(role="user", content=types.TextContent(text=f"Hello, {who}!"))
-    return types.GetPromptResult(description="A greeting.", messages=[message])
+def read_resource(params: dict[str, Any]) -> dict[str, Any]:
+    uri = str(params["uri"])
+    key = uri.removeprefix("note://")
+    return {"contents": [{"uri": uri, "text": NOTES.get(key, f"note {key} (made up)")}]}
 
 
-async def list_resources(ctx: ServerRequestContext, params: Any) -> types.ListResourcesResult:
-    resources = [
-        types.Resource(uri=f"note://{key}", name=f"note-{key}", mime_type="text/plain") for key in NOTES
-    ]
-    return types.ListResourcesResult(resources=resources)
+def subscribe(params: dict[str, Any], cancel: threading.Event) -> dict[str, Any]:
+    uri = str(params["uri"])
+    if uri.startswith("note://hang"):
+        cancel.wait()  # a child that never answers this subscribe
+        raise Cancelled
+    SUBSCRIBED.add(uri)
+    _raw.log(f"rich: subscribed {uri}")
+    return {}
 
 
-async def list_templates(ctx: ServerRequestContext, params: Any) -> types.ListResourceTemplatesResult:
-    template = types.ResourceTemplate(uri_template="note://{id}", name="note")
-    return types.ListResourceTemplatesResult(resource_templates=[template])
+def unsubscribe(params: dict[str, Any]) -> dict[str, Any]:
+    SUBSCRIBED.discard(str(params["uri"]))
+    _raw.log(f"rich: unsubscribed {params['uri']}")
+    return {}
 
 
-async def read_resource(
-    ctx: ServerRequestContext, params: types.ReadResourceRequestParams
-) -> types.ReadResourceResult:
-    key = str(params.uri).removeprefix("note://")
-    text = NOTES.get(key, f"note {key} (made up)")
-    return types.ReadResourceResult(contents=[types.TextResourceContents(uri=str(params.uri), text=text)])
-
-
-async def subscribe(ctx: ServerRequestContext, params: types.SubscribeRequestParams) -> types.EmptyResult:
-    if str(params.uri).startswith("note://hang"):
-        await anyio.sleep_forever()  # a child that never answers this subscribe
-    SUBSCRIBED.add(str(params.uri))
-    sys.stderr.write(f"rich: subscribed {params.uri}\n")
-    sys.stderr.flush()
-    return types.EmptyResult()
-
-
-async def unsubscribe(ctx: ServerRequestContext, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-    SUBSCRIBED.discard(str(params.uri))
-    sys.stderr.write(f"rich: unsubscribed {params.uri}\n")
-    sys.stderr.flush()
-    return types.EmptyResult()
-
-
-async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> types.CompleteResult:
-    prefix = params.argument.value
+def complete(params: dict[str, Any]) -> dict[str, Any]:
+    prefix = str((params.get("argument") or {}).get("value", ""))
     names = [n for n in ("alice", "albert", "bob") if n.startswith(prefix)]
-    return types.CompleteResult(completion=types.Completion(values=names, total=len(names)))
+    return {"completion": {"values": names, "total": len(names)}}
 
 
-server = Server(
-    "rich",
-    version="0.1.0",
-    on_list_tools=list_tools,
-    on_call_tool=call_tool,
-    on_list_prompts=list_prompts,
-    on_get_prompt=get_prompt,
-    on_list_resources=list_resources,
-    on_list_resource_templates=list_templates,
-    on_read_resource=read_resource,
-    on_subscribe_resource=subscribe,
-    on_unsubscribe_resource=unsubscribe,
-    on_completion=complete,
-)
+def initialize(params: dict[str, Any]) -> dict[str, Any]:
+    asked = params.get("protocolVersion")
+    return {
+        "protocolVersion": asked if asked in PROTOCOLS else PROTOCOLS[0],
+        "capabilities": CAPABILITIES,
+        "serverInfo": {"name": "rich", "version": "0.1.0"},
+    }
 
 
-async def main() -> None:
-    sys.stderr.write("rich: ready\n")
-    sys.stderr.flush()
-    options = NotificationOptions(tools_changed=True, prompts_changed=True, resources_changed=True)
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options(options))
+def answer(method: str, params: dict[str, Any], request_id: Any, cancel: threading.Event) -> dict[str, Any]:
+    """The result of one request; raises as a handler of the SDK's server would."""
+    handlers = {
+        "initialize": lambda: initialize(params),
+        "ping": lambda: {},
+        "tools/list": lambda: {"tools": TOOLS},
+        "tools/call": lambda: call_tool(params, request_id, cancel),
+        "prompts/list": lambda: {
+            "prompts": [
+                {
+                    "name": "greet",
+                    "description": "Greet someone.",
+                    "arguments": [{"name": "name", "description": "Who to greet.", "required": True}],
+                }
+            ]
+        },
+        "prompts/get": lambda: get_prompt(params),
+        "resources/list": lambda: {"resources": RESOURCES},
+        "resources/templates/list": lambda: {"resourceTemplates": TEMPLATES},
+        "resources/read": lambda: read_resource(params),
+        "resources/subscribe": lambda: subscribe(params, cancel),
+        "resources/unsubscribe": lambda: unsubscribe(params),
+        "completion/complete": lambda: complete(params),
+    }
+    if method not in handlers:
+        raise NoSuchMethod(method)
+    return handlers[method]()
+
+
+def serve_one(message: dict[str, Any], cancel: threading.Event) -> None:
+    request_id, method = message["id"], str(message["method"])
+    reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+    try:
+        reply["result"] = answer(method, message.get("params") or {}, request_id, cancel)
+    except Cancelled:
+        reply["error"] = {"code": 0, "message": "Request cancelled"}
+    except NoSuchMethod:
+        reply["error"] = {"code": _raw.METHOD_NOT_FOUND, "message": "Method not found"}
+    except Exception as exc:  # as the SDK's server: code 0, the message
+        reply["error"] = {"code": 0, "message": str(exc)}
+    finally:
+        with _lock:
+            _cancelled.pop(request_id, None)
+    send(reply)
+
+
+def main() -> None:
+    _raw.log("rich: ready")
+    sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol stream
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError:
+            error = {"code": _raw.PARSE_ERROR, "message": "Parse error"}
+            send({"jsonrpc": "2.0", "id": None, "error": error})
+            continue
+        if not isinstance(message, dict) or "method" not in message:
+            continue  # a response to nothing we asked
+        if message["method"] == "notifications/cancelled":
+            with _lock:
+                cancel = _cancelled.get((message.get("params") or {}).get("requestId"))
+            if cancel is not None:
+                cancel.set()
+            continue
+        if "id" not in message:
+            continue  # initialized, roots/list_changed: nothing to do
+        cancel = threading.Event()
+        with _lock:
+            _cancelled[message["id"]] = cancel
+        threading.Thread(target=serve_one, args=(message, cancel), daemon=True).start()
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    with contextlib.suppress(BrokenPipeError):  # the client went away; nothing left to answer
+        main()
