@@ -21,7 +21,7 @@ from supervisor.gateway.http.connections import MAX_AHEAD
 from tests.gateway.http.test_fastcalls import Raw
 from tests.harness import RICH, Daemon, eventually
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]  # a daemon's start and stop, loaded: 60 s missed
 
 
 def _requests(url: str, headers: dict[str, str], bodies: list[bytes]) -> bytes:
