@@ -11,7 +11,9 @@ permission check every signal goes through, without its effect), ``connect_abstr
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
 (PTRACE_ATTACH, wait for the stop, PTRACE_DETACH), ``fork`` N processes that wait (all
 killed again; refused with how many started), ``fill`` ("PATH BYTES": write that many bytes to
-a file, ``$VARS`` expanded, and keep it), ``http_post`` ("URL TOKEN": an MCP
+a file, ``$VARS`` expanded, and keep it), ``syscall`` NAME (a call the seccomp filter refuses:
+``unshare_user`` a new user namespace, ``keyctl`` the session keyring, ``bpf``,
+``userfaultfd``), ``http_post`` ("URL TOKEN": an MCP
 initialize with that bearer token; refused unless it answers 200), ``http_post_from_child``
 (the same from a process it starts, as a grandchild of the daemon).
 """
@@ -133,6 +135,25 @@ def _fill(target: str) -> None:
             file.flush()
 
 
+_SYSCALLS = {  # x86_64, aarch64; each with arguments a permissive kernel accepts or fails harmlessly
+    "unshare_user": ((272, 97), (0x10000000,)),  # unshare(CLONE_NEWUSER)
+    "keyctl": ((250, 219), (0, -3, 0)),  # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING)
+    "bpf": ((321, 280), (0, 0, 0)),  # bpf(BPF_MAP_CREATE, NULL, 0): EFAULT where it is allowed
+    "userfaultfd": ((323, 282), (0,)),
+}
+
+
+def _syscall(target: str) -> None:
+    numbers, args = _SYSCALLS[target]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    number = numbers[0] if os.uname().machine == "x86_64" else numbers[1]
+    if libc.syscall(number, *(ctypes.c_long(a) for a in args)) < 0:
+        code = ctypes.get_errno()
+        if code in (errno.EPERM, errno.ENOSYS):  # refused; anything else reached the kernel's code
+            raise OSError(code, os.strerror(code))
+
+
 ATTEMPTS = {
     "read": _read,
     "write": _write,
@@ -147,6 +168,7 @@ ATTEMPTS = {
     "ptrace": _ptrace,
     "fork": _fork,
     "fill": _fill,
+    "syscall": _syscall,
     "http_post": _http_post,
     "http_post_from_child": _http_post_from_child,
 }

@@ -83,6 +83,8 @@ async def test_each_level_runs_confined_refuses_what_it_can_and_says_what_it_can
     assert ("cannot refuse listening" in " ".join(outbound["lacks"])) is (effective < 4)
     assert ("no private root" in lacks) is no_userns
     assert (daemon.home / ".bashrc").read_text() == "# the user's\n"
+    for call in ("unshare_user", "keyctl", "bpf", "userfaultfd"):  # the seccomp filter, at every level
+        assert attempt(daemon, "confined", "syscall", call).startswith("refused: EPERM"), (level, call)
 
 
 async def test_without_user_namespaces_network_none_and_require_full_refuse_to_start(

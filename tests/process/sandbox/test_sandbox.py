@@ -68,6 +68,8 @@ class TestHostileServer:
             "kill the daemon": ("kill", daemon.proc.pid),
             "connect to an abstract unix socket": ("connect_abstract", abstract_listener),
             "ptrace a sibling": ("ptrace", records["sibling"]["pid"]),
+            "read the session keyring": ("syscall", "keyctl"),
+            "make a user namespace": ("syscall", "unshare_user"),
         }
         for name in ("confined", "no_network", "outbound", "free"):
             for what, (kind, target) in attempts.items():
