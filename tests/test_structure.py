@@ -27,15 +27,16 @@ MODULES = sorted(  # dotted, relative to the package: "daemon", "gateway.names",
     if not info.name.endswith("__main__")
 )
 
-# Bottom first. Foundations, then the way a request travels: config values, processes, a
-# child's stdio, the extension that owns it, the gateway and the control socket that reach
-# extensions, the daemon that composes them, the CLI that drives it.
+# Bottom first. Foundations, then the way a request travels: config values, processes, the MCP
+# session every upstream kind shares, a child's stdio, the extension that owns it, the gateway
+# and the control socket that reach extensions, the daemon that composes them, the CLI.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "paths", "peers"),
     ("logs", "streams", "sockets"),
     ("config",),
     ("process",),
-    ("child",),
+    ("upstream",),
+    ("child", "remote"),
     ("extension",),
     ("gateway",),
     ("control",),
@@ -65,8 +66,10 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("children",),
         ("containment",),
     ),
+    "upstream": (("listing", "wire"), ("session",)),
+    "remote": (("http",), ("connection",)),
     "child": (
-        ("listing", "media", "wire"),
+        ("media", "wire"),
         ("spool", "rawcalls"),
         ("pipes",),
         ("connection",),
@@ -74,7 +77,8 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "extension": (
         ("upstream",),
         ("state", "asking", "saved", "startup", "liveness", "launch"),
-        ("backoff", "pins", "demand", "inline"),
+        ("backoff", "pins", "demand", "inline", "run"),
+        ("childrun", "remoterun"),
         ("calls", "watcher", "served"),
         ("supervised",),
         ("instances",),

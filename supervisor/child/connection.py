@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -20,7 +20,6 @@ from mcp import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 
-from supervisor.child.listing import Listing
 from supervisor.child.pipes import (
     EXIT_FLUSH_GRACE,
     LineSplitter,
@@ -31,39 +30,28 @@ from supervisor.child.pipes import (
 )
 from supervisor.child.rawcalls import RawCalls
 from supervisor.child.spool import ExtensionSpool
-from supervisor.child.wire import InboundRequests, Outbox, Watched, check_encodable
+from supervisor.child.wire import InboundRequests, Outbox
 from supervisor.errors import first_line
 from supervisor.process import children as process
 from supervisor.process.children import ChildProcess
+from supervisor.upstream.session import (
+    LIST_CHANGED,
+    Asked,
+    ListChanged,
+    Notified,
+    SessionUpstream,
+    asking_callbacks,
+)
 
 __all__ = ("EXIT_FLUSH_GRACE", "Connection", "LineSplitter", "connect")
 
 log = structlog.get_logger(__name__)
 
-MAX_LISTED = 10_000  # per listing: a server paginating forever must not grow our cache forever
 MAX_INBOUND_REQUESTS = 32  # requests from the child being answered at once; more are dropped
 STDIN_TIMEOUT = 30.0  # default: a child that reads nothing of a pending message this long is stuck
 
-ListChanged = Callable[[str], None]  # "tools", "prompts" or "resources"; sync, must not block
-Notified = Callable[[types.ServerNotification], None]  # log messages, resource updates; sync
-# The child asks its client something (sampling, elicitation, roots): the answer, or an error for it.
-Asked = Callable[["Connection", types.ServerRequest], Awaitable[types.ClientResult | types.ErrorData]]
-ResultT = TypeVar("ResultT")
 
-_LIST_METHODS = {
-    "tools": "tools/list",
-    "prompts": "prompts/list",
-    "resources": "resources/list",
-    "templates": "resources/templates/list",
-}
-_LIST_CHANGED: dict[str, str] = {
-    "notifications/tools/list_changed": "tools",
-    "notifications/prompts/list_changed": "prompts",
-    "notifications/resources/list_changed": "resources",
-}
-
-
-class Connection:
+class Connection(SessionUpstream):
     """One live child: its process, its MCP session and why the connection ended.
 
     Other tasks may send requests concurrently; only the task that entered :func:`connect`
@@ -71,97 +59,15 @@ class Connection:
     """
 
     def __init__(self, child: ChildProcess) -> None:
+        super().__init__()
         self.child = child
-        self.session: ClientSession | None = None
         self.raw: RawCalls | None = None  # plain-JSON tool calls beside the session (the fast path)
-        self.capabilities = types.ServerCapabilities()  # what the child's initialize declared
-        self.ended = anyio.Event()  # child exited, stdout broke or a message was too large
-        self.failure: str | None = None  # why it ended, unless the child's exit says it all
-        self.ready = False  # the handshake completed: only then is the stop graceful (stdin, then wait)
-        self.watched = Watched()  # requests we stopped waiting for: their late answers and progress
 
     @property
     def run(self) -> str:
         """This run's id: what tells it from the extension's earlier and later runs (and, not
         being a pid, what any upstream has). The tail of the child's marker."""
         return self.child.marker.rsplit(":", 1)[-1]
-
-    def end(self, failure: str | None = None) -> None:
-        if not self.ended.is_set():
-            self.failure = failure
-            self.ended.set()
-
-    async def handshake(self, on_step: Callable[[str], None] | None = None) -> Listing:
-        """``initialize``, then every list the child declares: the extension is usable once this returns.
-
-        Tools must list cleanly; a failing prompt or resource listing is logged and left empty,
-        so one optional feature cannot keep the tools from clients. *on_step* is told each
-        request before it is sent ("initialize", "tools/list", ...), for the status record.
-        """
-        step = on_step or (lambda method: None)
-        step("initialize")
-        result = await self._session.initialize()
-        self.capabilities = result.capabilities
-        step(_LIST_METHODS["tools"])
-        tools = await self.list("tools")
-        optional: dict[str, list[Any]] = {}
-        for kind in ("prompts", "resources", "templates"):
-            if self.offers(kind):
-                step(_LIST_METHODS[kind])
-            try:
-                optional[kind] = await self.list(kind)
-            except Exception as exc:  # MCPError or a malformed listing
-                log.warning("extension.listing_failed", kind=kind, error=first_line(exc))
-                optional[kind] = []
-        self.ready = True
-        return Listing.of(tools, **optional)
-
-    def offers(self, kind: str) -> bool:
-        """Whether the child declared *kind* ("tools", "prompts", "resources", "templates")."""
-        capabilities = self.capabilities
-        return {
-            "tools": capabilities.tools is not None,
-            "prompts": capabilities.prompts is not None,
-            "resources": capabilities.resources is not None,
-            "templates": capabilities.resources is not None,
-        }[kind]
-
-    async def list(self, kind: str) -> list[Any]:
-        """Every page of one listing, at most :data:`MAX_LISTED` items; [] if not declared."""
-        if not self.offers(kind):
-            return []
-        fetch, attribute = {
-            "tools": (self._session.list_tools, "tools"),
-            "prompts": (self._session.list_prompts, "prompts"),
-            "resources": (self._session.list_resources, "resources"),
-            "templates": (self._session.list_resource_templates, "resource_templates"),
-        }[kind]
-        items: list[Any] = []
-        cursor: str | None = None
-        while len(items) < MAX_LISTED:
-            params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await fetch(params=params)
-            found = getattr(page, attribute)
-            items += found
-            if not found or page.next_cursor in (None, "", cursor):  # done, or paging in place
-                break
-            cursor = page.next_cursor
-        return items[:MAX_LISTED]
-
-    async def call_tool(
-        self,
-        name: str,
-        arguments: dict[str, Any] | None,
-        *,
-        progress: ProgressFnT | None = None,
-    ) -> types.CallToolResult:
-        """Forward one call. Bound it with a cancel scope: cancelling sends the child a cancel.
-
-        Error handling: ``MCPError(INVALID_PARAMS)`` when the call cannot be encoded as JSON
-        (a lone surrogate, nesting too deep); nothing is sent then.
-        """
-        check_encodable({"name": name, "arguments": arguments})  # before the SDK trips over it
-        return await self._session.call_tool(name, arguments, progress_callback=progress)
 
     async def call_tool_raw(
         self, name: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT
@@ -182,33 +88,6 @@ class Connection:
         tool result). Errors as :meth:`call_tool_raw`."""
         assert self.raw is not None, "used outside connect()"
         return await self.raw.request(method, params, progress)
-
-    async def ping(self) -> None:
-        """One ping; returns on its answer. Error handling: an error answer raises ``MCPError``."""
-        await self._session.send_ping()
-
-    async def roots_changed(self) -> None:
-        """Tell the child its roots changed (it lists them again if it cares)."""
-        await self._session.send_notification(types.RootsListChangedNotification())
-
-    async def request(
-        self,
-        request: types.ClientRequest,
-        result_type: type[ResultT],
-        *,
-        progress: ProgressFnT | None = None,
-    ) -> ResultT:
-        """Forward any client request as is (prompts/get, resources/read, completion/complete, ...).
-
-        Error handling: as :meth:`call_tool`, for params that cannot be encoded.
-        """
-        check_encodable(request.model_dump(by_alias=True, mode="json", exclude_none=True))
-        return await self._session.send_request(request, result_type, progress_callback=progress)
-
-    @property
-    def _session(self) -> ClientSession:
-        assert self.session is not None, "used outside connect()"
-        return self.session
 
 
 @asynccontextmanager
@@ -271,7 +150,7 @@ async def connect(
                 log.warning("extension.bad_message", error=first_line(message), count=bad_messages)
             return True
         inner = message.message
-        if isinstance(inner, types.JSONRPCNotification) and (kind := _LIST_CHANGED.get(inner.method)):
+        if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
             on_list_changed(kind)
             return True
         return False
@@ -299,7 +178,7 @@ async def connect(
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         log.info("extension.log", level=params.level, logger=params.logger)
 
-    asking = _asking_callbacks(connection, on_asked) if on_asked is not None else {}
+    asking = asking_callbacks(connection, on_asked) if on_asked is not None else {}
     try:
         async with anyio.create_task_group() as pumps:
             drain(pumps, stdout.run)
@@ -328,25 +207,3 @@ async def connect(
     finally:
         if not child.terminated:  # failed before the pumps ran: nothing graceful left to do
             await process.terminate_tree(child, grace=0)
-
-
-def _asking_callbacks(connection: Connection, on_asked: Asked) -> dict[str, Any]:
-    """The session's callbacks for the child's sampling, elicitation and roots requests.
-
-    Giving them is what declares the capabilities to the child at ``initialize``.
-    """
-
-    async def sampling(
-        context: Any, params: types.CreateMessageRequestParams
-    ) -> types.ClientResult | types.ErrorData:
-        return await on_asked(connection, types.CreateMessageRequest(params=params))
-
-    async def elicitation(
-        context: Any, params: types.ElicitRequestParams
-    ) -> types.ClientResult | types.ErrorData:
-        return await on_asked(connection, types.ElicitRequest(params=params))
-
-    async def roots(context: Any) -> types.ClientResult | types.ErrorData:
-        return await on_asked(connection, types.ListRootsRequest())
-
-    return {"sampling_callback": sampling, "elicitation_callback": elicitation, "list_roots_callback": roots}

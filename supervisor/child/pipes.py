@@ -20,8 +20,9 @@ from mcp.shared.message import SessionMessage
 
 from supervisor.child.rawcalls import MARK, RawCalls
 from supervisor.child.spool import ExtensionSpool
-from supervisor.child.wire import InboundRequests, Watched
+from supervisor.child.wire import InboundRequests
 from supervisor.process.children import ChildProcess
+from supervisor.upstream.wire import Watched
 
 __all__ = (
     "EXIT_FLUSH_GRACE",

@@ -27,7 +27,7 @@ import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 
-from supervisor.child.wire import SENDING
+from supervisor.upstream.wire import SENDING
 
 __all__ = ("MARK", "RawCalls", "Waiter", "call_params", "encode", "result", "tool_result")
 

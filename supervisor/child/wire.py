@@ -4,15 +4,13 @@
 it, so a message that cannot be encoded (a lone surrogate in a client's arguments, nesting too
 deep) fails its sender only, never the stdin pump whose failure would end the connection.
 :class:`InboundRequests` bounds the requests from the child that the session answers at once.
-:class:`Watched` hears of late answers and progress for requests we stopped waiting for, and
-:data:`SENDING` tells whoever asks the id of each request the current task sends.
+What every upstream shares (the ids a task sends, late answers) is in :mod:`supervisor.upstream.wire`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from contextvars import ContextVar
 from types import TracebackType
 from typing import Any
 
@@ -23,50 +21,11 @@ from mcp import MCPError
 from mcp.shared.message import SessionMessage
 
 from supervisor.errors import first_line
+from supervisor.upstream.wire import SENDING
 
-__all__ = ("SENDING", "InboundRequests", "Outbox", "Watched", "check_encodable")
+__all__ = ("InboundRequests", "Outbox")
 
 log = structlog.get_logger(__name__)
-
-# Told the id of each request the current task sends to a child (the session's or a raw one).
-SENDING: ContextVar[Callable[[types.RequestId], None] | None] = ContextVar(
-    "mcp_supervisor_sending", default=None
-)
-
-
-class Watched:
-    """Ids of our requests to the child whose late answer or progress someone wants to hear of.
-
-    The stdout pump shows it every message (:meth:`see`) while it watches any; each watcher is
-    told ``True`` when the child answers its request, ``False`` for each progress of it. Sync;
-    its owner (:mod:`supervisor.extension.asking`) bounds how many ids it watches.
-    """
-
-    __slots__ = ("ids",)
-
-    def __init__(self) -> None:
-        self.ids: dict[types.RequestId, Callable[[bool], None]] = {}
-
-    def see(self, message: Any) -> None:
-        """A message from the child: parsed JSON (a dict) or a ``SessionMessage``."""
-        inner = getattr(message, "message", None)
-        if inner is not None:
-            if isinstance(inner, types.JSONRPCResponse | types.JSONRPCError):
-                self._tell(inner.id, True)
-            elif isinstance(inner, types.JSONRPCNotification) and inner.method == "notifications/progress":
-                self._tell((inner.params or {}).get("progressToken"), False)
-        elif isinstance(message, dict):
-            if "method" not in message:
-                self._tell(message.get("id"), True)
-            elif message.get("method") == "notifications/progress":
-                params = message.get("params")
-                self._tell(params.get("progressToken") if isinstance(params, dict) else None, False)
-
-    def _tell(self, request_id: Any, answered: bool) -> None:
-        if isinstance(request_id, str | int) and not isinstance(request_id, bool):
-            watcher = self.ids.get(request_id)
-            if watcher is not None:
-                watcher(answered)
 
 
 class InboundRequests:
@@ -170,21 +129,6 @@ def _encode(message: types.JSONRPCMessage) -> bytes | None:
         error = types.ErrorData(code=types.INTERNAL_ERROR, message="the answer could not be encoded")
         return _dump(types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
     return None  # a notification nobody can encode: dropped
-
-
-def check_encodable(value: Any) -> None:
-    """Raise ``MCPError(INVALID_PARAMS)`` unless *value* can be sent as strict JSON in UTF-8.
-
-    Refused: lone surrogates, NaN and infinities (``NaN`` is not JSON, though a lenient
-    encoder writes it), nesting deeper than Python's recursion limit.
-    """
-    try:
-        json.dumps(value, allow_nan=False, ensure_ascii=False).encode()
-    except (ValueError, TypeError, RecursionError) as exc:
-        reason = first_line(exc)
-        raise MCPError(
-            code=types.INVALID_PARAMS, message=f"the request cannot be encoded as JSON ({reason})"
-        ) from None
 
 
 def _dump(message: types.JSONRPCMessage) -> bytes:

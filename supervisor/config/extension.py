@@ -1,4 +1,4 @@
-"""One extension's settings: the command, its restart policy, timeouts, filters, sandbox and the rest.
+"""One extension's settings: a command or a URL, its restart policy, timeouts, filters, sandbox and the rest.
 
 Client entries (Claude Desktop, Cursor, VS Code, Cline, ...) load as they are: see
 :class:`ExtensionConfig` and :mod:`.clientkeys`.
@@ -6,6 +6,8 @@ Client entries (Claude Desktop, Cursor, VS Code, Cline, ...) load as they are: s
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -13,7 +15,9 @@ from pydantic import (
     AfterValidator,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -32,11 +36,21 @@ from supervisor.config.fields import (
     directory,
     env_name,
     expand,
+    header_name,
     non_empty,
     non_empty_path,
+    remote_url,
 )
 
-__all__ = ("BackoffConfig", "ExtensionConfig", "SandboxConfig", "ToolFilter")
+__all__ = (
+    "AnyExtension",
+    "BackoffConfig",
+    "ExtensionConfig",
+    "RemoteConfig",
+    "SandboxConfig",
+    "StdioConfig",
+    "ToolFilter",
+)
 
 
 class BackoffConfig(Frozen):
@@ -89,6 +103,46 @@ def _sandbox_switch(value: Any) -> Any:
 
 
 class ExtensionConfig(Frozen):
+    """What every extension has, whatever runs it: its restart policy, timeouts, names and views.
+
+    An entry is a :class:`StdioConfig` (``command``: a child the daemon runs) or a
+    :class:`RemoteConfig` (``url``: a server it connects to); see :data:`AnyExtension`.
+    """
+
+    autostart: bool = True
+    restart: Literal["always", "on-failure", "never"] = "on-failure"
+    backoff: BackoffConfig = BackoffConfig()
+    max_restarts: int | None = Field(None, ge=0, le=1_000_000)  # consecutive failures before `failed`
+    start_timeout: Timeout = 30.0  # spawn or connect + initialize + tools/list, from the start slot's grant
+    first_start_timeout: Timeout | None = None  # instead, until a first handshake (npx -y, uvx download)
+    stop_timeout: Delay = 5.0  # grace after stdin close, then SIGTERM, then SIGKILL
+    call_timeout: Timeout = 60.0  # inactivity budget per call; progress renews it
+    call_timeout_max: Timeout = 600.0  # absolute cap per call, progress or not
+    prefix: Name | None = None  # gateway tool prefix; None: the extension's name
+    tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
+    roots: list[Annotated[Expanded, AfterValidator(absolute)]] = []  # roots/list when no client gives any
+    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one JSON-RPC message
+    log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
+    on_demand: bool = False  # started by the first call; lists served from the saved catalog meanwhile
+    idle_stop: Timeout | None = None  # seconds without calls before stopping; None: never
+    instances: Literal["shared", "per-client"] = "shared"  # per-client: one run per gateway connection
+    max_instances: int = Field(16, ge=1, le=1024)  # per-client runs at once
+    ping_interval: Timeout | None = None  # liveness: ping this often; None: off
+    ping_timeout: Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
+    tools_on_change: OnChange | None = None  # a pinned tool's definition changed; None: the top-level one
+
+    @model_validator(mode="after")
+    def _on_demand_is_not_autostart(self) -> ExtensionConfig:
+        if self.on_demand and self.autostart and "autostart" in self.model_fields_set:
+            raise PydanticCustomError(
+                "on_demand_autostart",
+                "give 'on_demand: true' or 'autostart: true', not both (an on-demand extension starts "
+                "with its first call; 'autostart: false' beside it skips the run that learns its tools)",
+            )
+        return self
+
+
+class StdioConfig(ExtensionConfig):
     """One stdio MCP server. ``${VAR}`` expands in command, args, env values and cwd at load time.
 
     ``${file:PATH}`` and ``${credential:NAME}`` in an env value stay references (the value is a
@@ -106,39 +160,8 @@ class ExtensionConfig(Frozen):
     args: list[Expanded] = []
     env: dict[Annotated[str, AfterValidator(env_name)], EnvValue] = {}
     cwd: Annotated[Expanded, AfterValidator(directory)] | None = None
-    autostart: bool = True
-    restart: Literal["always", "on-failure", "never"] = "on-failure"
-    backoff: BackoffConfig = BackoffConfig()
-    max_restarts: int | None = Field(None, ge=0, le=1_000_000)  # consecutive failures before `failed`
-    start_timeout: Timeout = 30.0  # spawn + initialize + tools/list, from the start slot's grant
-    first_start_timeout: Timeout | None = None  # instead, until a first handshake (npx -y, uvx download)
-    stop_timeout: Delay = 5.0  # grace after stdin close, then SIGTERM, then SIGKILL
-    call_timeout: Timeout = 60.0  # inactivity budget per call; progress renews it
-    call_timeout_max: Timeout = 600.0  # absolute cap per call, progress or not
-    prefix: Name | None = None  # gateway tool prefix; None: the extension's name
-    tools: ToolFilter = ToolFilter()  # what gateway clients see of this extension's tools
-    roots: list[Annotated[Expanded, AfterValidator(absolute)]] = []  # roots/list when no client gives any
-    max_message_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=1024**3)  # cap on one stdout JSON-RPC line
-    log_lines: int = Field(500, ge=1, le=100_000)  # stderr ring size
-    on_demand: bool = False  # started by the first call; lists served from the saved catalog meanwhile
-    idle_stop: Timeout | None = None  # seconds without calls before stopping; None: never
-    instances: Literal["shared", "per-client"] = "shared"  # per-client: one child per gateway connection
-    max_instances: int = Field(16, ge=1, le=1024)  # per-client children at once
-    ping_interval: Timeout | None = None  # liveness: ping this often; None: off
-    ping_timeout: Timeout = 10.0  # no answer (nor to any call in flight) this long: restart
     memory_max: MemorySize | None = None  # bytes, or 512M / 1G (binary units): the whole tree's RSS
-    tools_on_change: OnChange | None = None  # a pinned tool's definition changed; None: the top-level one
     sandbox: Annotated[SandboxConfig, BeforeValidator(_sandbox_switch)] = SandboxConfig()
-
-    @model_validator(mode="after")
-    def _on_demand_is_not_autostart(self) -> ExtensionConfig:
-        if self.on_demand and self.autostart and "autostart" in self.model_fields_set:
-            raise PydanticCustomError(
-                "on_demand_autostart",
-                "give 'on_demand: true' or 'autostart: true', not both (an on-demand extension starts "
-                "with its first call; 'autostart: false' beside it skips the run that learns its tools)",
-            )
-        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -147,19 +170,103 @@ class ExtensionConfig(Frozen):
         if not isinstance(data, Mapping):
             return data
         data = dict(data)
-        remote = [key for key in ("url", "serverUrl", "httpUrl") if key in data]  # Windsurf, Gemini CLI
-        if remote:
-            raise PydanticCustomError(
-                "not_stdio",
-                "only stdio servers can be supervised; '{key}' names a remote (HTTP/SSE) server",
-                {"key": remote[0]},
-            )
         kind = data.pop("type", "stdio")
         if kind != "stdio":
             raise PydanticCustomError(
-                "not_stdio", "only stdio servers can be supervised, not type '{kind}'", {"kind": kind}
+                "not_stdio",
+                "type '{kind}' is a remote server: give its 'url' (and no 'command')",
+                {"kind": kind},
             )
         try:  # disabled, timeout, disabledTools, ...: mapped; autoApprove, ...: dropped (load() warns)
             return clientkeys.fold(data)[0]
         except clientkeys.ClientKeyError as exc:
             raise PydanticCustomError("client_key", str(exc)) from None
+
+
+class RemoteConfig(ExtensionConfig):
+    """One remote MCP server: streamable HTTP (both protocol eras) or the older HTTP+SSE.
+
+    ``type: auto`` tries streamable HTTP and falls back to SSE when the server does not speak it.
+    Header values expand like ``env`` values: ``${credential:NAME}`` and ``${file:PATH}`` are read
+    at each connect, never held here nor logged. ``https://`` is verified with the system's trust
+    store; plain ``http://`` is refused except to loopback unless ``allow_http`` says so.
+
+    Client entries load as is: ``serverUrl`` (Windsurf) and ``httpUrl`` (Gemini CLI) are ``url``;
+    ``type``/``transportType`` spelled ``streamable-http``, ``streamableHttp`` or ``http`` are ``http``.
+    """
+
+    url: Annotated[str, Field(strict=True), AfterValidator(expand), AfterValidator(remote_url)]
+    type: Literal["auto", "http", "sse"] = "auto"
+    headers: dict[Annotated[str, AfterValidator(header_name)], EnvValue] = {}
+    allow_http: bool = False  # plain http:// to a host other than loopback (its traffic is readable)
+    ping_interval: Timeout | None = 30.0  # nothing else notices an idle server going away
+
+    @model_validator(mode="after")
+    def _plain_http_stays_local(self) -> RemoteConfig:
+        parsed = urllib.parse.urlsplit(self.url)
+        if parsed.scheme == "http" and not self.allow_http and not _loopback(parsed.hostname or ""):
+            raise PydanticCustomError(
+                "plain_http",
+                "'{url}' is plain http:// to another host: anyone on the way reads its traffic and "
+                "tokens; use https://, or 'allow_http: true' to accept that",
+                {"url": self.url},
+            )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compat(cls, data: Any) -> Any:
+        """Client spellings of the URL and the transport; the stdio-only keys named as such."""
+        if not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for spelling in ("serverUrl", "httpUrl"):
+            if spelling in data and "url" not in data:
+                data["url"] = data.pop(spelling)
+                if spelling == "httpUrl":
+                    data.setdefault("type", "http")
+        kind = data.pop("transportType", None)
+        if kind is not None and "type" not in data:
+            data["type"] = kind
+        if "type" in data:
+            data["type"] = _TRANSPORTS.get(data["type"], data["type"])
+        stdio = [key for key in _STDIO_ONLY if key in data]
+        if stdio:
+            raise PydanticCustomError(
+                "stdio_only",
+                "'{key}' is for stdio servers; this entry has a 'url' (a remote server)",
+                {"key": stdio[0]},
+            )
+        kept = {"headers": data.pop("headers")} if "headers" in data else {}  # clientkeys drops it
+        try:
+            folded = clientkeys.fold(data)[0]
+        except clientkeys.ClientKeyError as exc:
+            raise PydanticCustomError("client_key", str(exc)) from None
+        return {**folded, **kept}
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_STDIO_ONLY = ("command", "args", "env", "cwd", "sandbox", "memory_max")
+_TRANSPORTS = {"streamable-http": "http", "streamableHttp": "http", "streamable_http": "http"}
+
+
+def _kind(value: Any) -> str:
+    """Which kind an entry is: one with a URL (any client's spelling) is remote."""
+    if isinstance(value, Mapping):
+        return "(remote)" if any(key in value for key in ("url", "serverUrl", "httpUrl")) else "(stdio)"
+    return "(remote)" if isinstance(value, RemoteConfig) else "(stdio)"
+
+
+# An extension entry, either kind. The tags never show in an error: config.file leaves them out.
+AnyExtension = Annotated[
+    Annotated[StdioConfig, Tag("(stdio)")] | Annotated[RemoteConfig, Tag("(remote)")],
+    Discriminator(_kind),
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -45,12 +46,14 @@ __all__ = (
     "expand",
     "expand_env",
     "expand_parts",
+    "header_name",
     "loading_environ",
     "memory_size",
     "non_empty",
     "non_empty_path",
     "os_text",
     "reference",
+    "remote_url",
     "socket_path",
 )
 
@@ -215,6 +218,51 @@ def non_empty_path(value: str) -> str:
 def non_empty(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("empty_command", "command must not be empty")
+    return value
+
+
+def remote_url(value: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host, and no credentials in it: a URL shows in
+    ``status`` and logs, so a secret goes in ``headers`` (``${credential:NAME}``)."""
+    try:
+        parsed = urllib.parse.urlsplit(value)
+        parsed.port  # noqa: B018 - raises on a port that is no number
+    except ValueError as exc:
+        raise PydanticCustomError(
+            "bad_url", "'{url}' is not a URL ({reason})", {"url": value, "reason": str(exc)}
+        ) from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PydanticCustomError(
+            "bad_url", "'{url}' is not an http:// or https:// URL with a host", {"url": value}
+        )
+    if parsed.username is not None or parsed.password is not None:
+        raise PydanticCustomError(
+            "url_credentials",
+            "the URL holds credentials (user:password@): give them in 'headers' with "
+            "{reference}, which is never shown or logged",
+            {"reference": "${credential:NAME}"},
+        )
+    if parsed.fragment:
+        raise PydanticCustomError(
+            "bad_url", "'{url}' has a fragment (#...), which no server sees", {"url": value}
+        )
+    return value
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP field name (RFC 9110 5.1)
+_TRANSPORT_HEADERS = frozenset(  # set by the transport itself: a config must not override them
+    {"host", "content-length", "content-type", "transfer-encoding", "connection", "accept",
+     "mcp-session-id", "mcp-protocol-version", "last-event-id"}
+)  # fmt: skip
+
+
+def header_name(value: str) -> str:
+    if not _TOKEN.fullmatch(value):
+        raise PydanticCustomError("bad_header", "'{name}' is not an HTTP header name", {"name": value})
+    if value.lower() in _TRANSPORT_HEADERS:
+        raise PydanticCustomError(
+            "transport_header", "header '{name}' is set by the MCP transport itself", {"name": value}
+        )
     return value
 
 

@@ -124,6 +124,12 @@ def _duplicate_keys(node: yaml.Node | None, path: str, seen: set[int] | None = N
     return errors
 
 
+def _is_tag(part: Any) -> bool:
+    """A tagged union's tag in an error's location, "(stdio)" or "(remote)" (the extension kinds
+    of :mod:`.extension`): no name or key the file holds looks like that."""
+    return isinstance(part, str) and part.startswith("(") and part.endswith(")")
+
+
 def _locate(root: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int, int | None]:
     """How many parts of *loc* exist in the file, and the line of the deepest one (its key, for mappings)."""
     node, line, depth = root, None if root is None else root.start_mark.line + 1, 0
@@ -158,7 +164,7 @@ def _depth(data: Any, loc: tuple[Any, ...]) -> int:
 
 def describe(error: Any, root: yaml.Node | None, higher: tuple[Mapping[str, Any], ...]) -> str:
     """``path (line N): msg``; no line when the value came from the overrides or the environment."""
-    loc = tuple(part for part in error["loc"] if part != "[key]")
+    loc = tuple(part for part in error["loc"] if part != "[key]" and not _is_tag(part))
     path = ".".join(_shown(part) for part in loc) or "<top level>"
     file_depth, line = _locate(root, loc)
     from_higher = max(_depth(data, loc) for data in higher)

@@ -101,8 +101,11 @@ def _failed(reference: Reference, why: str) -> SpawnError:
     return SpawnError(f"{reference}: {why}", permanent=True)
 
 
-async def resolve(env: Mapping[str, str | EnvTemplate], credentials: str | None) -> Mapping[str, str]:
+async def resolve(
+    env: Mapping[str, str | EnvTemplate], credentials: str | None, *, field: str = "env"
+) -> Mapping[str, str]:
     """*env* with every :class:`EnvTemplate` filled in (read in a thread); *env* itself if none.
+    *field*: what the values are, for the error (``env``, ``headers``).
 
     Error handling: :class:`SpawnError` (permanent) naming the variable and the reference.
     """
@@ -119,7 +122,7 @@ async def resolve(env: Mapping[str, str | EnvTemplate], credentials: str | None)
                     for part in template.parts
                 )
             except SpawnError as exc:
-                raise SpawnError(f"env {name}: {exc}", permanent=True) from None
+                raise SpawnError(f"{field} {name}: {exc}", permanent=True) from None
         return filled
 
     return {**env, **await anyio.to_thread.run_sync(fill)}  # type: ignore[dict-item]

@@ -25,7 +25,15 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSetti
 from pydantic_settings.exceptions import SettingsError
 
 from supervisor.config import clientkeys
-from supervisor.config.extension import BackoffConfig, ExtensionConfig, SandboxConfig, ToolFilter
+from supervisor.config.extension import (
+    AnyExtension,
+    BackoffConfig,
+    ExtensionConfig,
+    RemoteConfig,
+    SandboxConfig,
+    StdioConfig,
+    ToolFilter,
+)
 from supervisor.config.fields import (
     LOADING,
     Frozen,
@@ -49,9 +57,11 @@ __all__ = (
     "GatewayConfig",
     "HttpConfig",
     "ProfileConfig",
+    "RemoteConfig",
     "SandboxConfig",
     "Settings",
     "SpoolConfig",
+    "StdioConfig",
     "ToolFilter",
     "default_config_path",
     "default_socket_path",
@@ -165,23 +175,26 @@ class Settings(BaseSettings):
     sandbox_defaults: SandboxConfig = (
         SandboxConfig()
     )  # the base of every extension's sandbox: (before extensions)
-    extensions: dict[Name, ExtensionConfig] = {}  # the file may call it `mcpServers`
+    extensions: dict[Name, AnyExtension] = {}  # the file may call it `mcpServers`
     profiles: dict[Name, ProfileConfig] = {}  # client views, by name
     tools_on_change: OnChange = "warn"  # extensions without their own tools_on_change
 
     @field_validator("extensions")
     @classmethod
     def _sandbox_defaults_merged(
-        cls, extensions: dict[str, ExtensionConfig], info: ValidationInfo
-    ) -> dict[str, ExtensionConfig]:
+        cls, extensions: dict[str, AnyExtension], info: ValidationInfo
+    ) -> dict[str, AnyExtension]:
         """Each extension's sandbox on top of ``sandbox_defaults``: network, require, seccomp,
         gateway, tmp_max and pids_max from the extension if it gives them, paths from both. The
         result is what a reload compares."""
         defaults = info.data.get("sandbox_defaults")
         if defaults is None or defaults == SandboxConfig():
             return extensions
-        merged = {}
+        merged: dict[str, AnyExtension] = {}
         for name, extension in extensions.items():
+            if not isinstance(extension, StdioConfig):  # a remote server runs nothing here
+                merged[name] = extension
+                continue
             own = extension.sandbox
             if own.enabled:
                 given = own.model_fields_set
@@ -202,7 +215,7 @@ class Settings(BaseSettings):
 
     @field_validator("extensions")
     @classmethod
-    def _prefixes_are_unique(cls, extensions: dict[str, ExtensionConfig]) -> dict[str, ExtensionConfig]:
+    def _prefixes_are_unique(cls, extensions: dict[str, AnyExtension]) -> dict[str, AnyExtension]:
         """Two extensions on one gateway prefix would take each other's names as they start and stop."""
         owners: dict[str, str] = {}
         for name, ext in extensions.items():
@@ -293,6 +306,8 @@ def _dropped_client_keys(extensions: Any) -> list[str]:
     """One line per extension naming the client keys (autoApprove, ...) that its entry loses."""
     lines = []
     for name, entry in extensions.items() if isinstance(extensions, Mapping) else ():
+        if isinstance(entry, Mapping) and any(key in entry for key in ("url", "serverUrl", "httpUrl")):
+            entry = {key: value for key, value in entry.items() if key != "headers"}  # a remote's own
         try:
             dropped = clientkeys.fold(entry)[1] if isinstance(entry, Mapping) else []
         except clientkeys.ClientKeyError:  # validation reports it as an error

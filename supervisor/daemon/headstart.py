@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import anyio
 import structlog
 
-from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.config.settings import ExtensionConfig, Settings, StdioConfig
 from supervisor.errors import SpawnError
 from supervisor.extension import launch
 from supervisor.extension.startup import StartSlots
@@ -43,7 +43,7 @@ class HeadStart:
     """
 
     def __init__(self) -> None:
-        self._runs: dict[str, tuple[ExtensionConfig, launch.Launched]] = {}
+        self._runs: dict[str, tuple[StdioConfig, launch.Launched]] = {}
 
     @classmethod
     async def launch(
@@ -97,7 +97,7 @@ class HeadStart:
 
 async def _launch(
     name: str,
-    config: ExtensionConfig,
+    config: StdioConfig,
     environ: Mapping[str, str],
     prefix: str,
     context: sandbox.Context,
@@ -127,17 +127,17 @@ async def _launch(
     return run
 
 
-def first_starts(settings: Settings, slots: int) -> list[tuple[str, ExtensionConfig]]:
+def first_starts(settings: Settings, slots: int) -> list[tuple[str, StdioConfig]]:
     """The plain spawns among the starts that the autostart of *settings* gives the first
     *slots* start slots, in order. Every autostart extension is counted as taking a slot (an
     on-demand one may start to learn its listing), though only the plain ones are chosen."""
-    chosen: list[tuple[str, ExtensionConfig]] = []
+    chosen: list[tuple[str, StdioConfig]] = []
     for name, config in settings.extensions.items():
         if slots <= 0:
             break
         if not config.autostart:
             continue
         slots -= 1
-        if not config.on_demand and config.instances == "shared":
+        if isinstance(config, StdioConfig) and not config.on_demand and config.instances == "shared":
             chosen.append((name, config))
     return chosen

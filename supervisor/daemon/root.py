@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup
 
 from supervisor import paths
 from supervisor.child.spool import Spool
-from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.config.settings import ExtensionConfig, Settings, StdioConfig
 from supervisor.daemon import identity
 from supervisor.daemon.facade import Facade
 from supervisor.daemon.headstart import HeadStart
@@ -277,7 +277,7 @@ class Daemon(Facade, Reloading):
     def may_call_gateway(self, name: str) -> bool:
         """Whether extension *name*'s config lets it call the HTTP gateway (``sandbox.gateway``)."""
         ext = self._extensions.get(name)
-        return ext is not None and ext.config.sandbox.gateway
+        return ext is not None and isinstance(ext.config, StdioConfig) and ext.config.sandbox.gateway
 
     def get(self, name: str) -> Extension:
         try:

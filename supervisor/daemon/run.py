@@ -26,7 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor import logs, sockets
 from supervisor.child.spool import Spool
-from supervisor.config.settings import Settings
+from supervisor.config.settings import Settings, StdioConfig
 from supervisor.control import server as control
 from supervisor.daemon import fdlimits, identity
 from supervisor.daemon.headstart import HeadStart
@@ -222,7 +222,8 @@ async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.F
 
 async def _tell_sandbox_level(settings: Settings, context: sandbox.Context) -> None:
     """Say once what this host confines the configured sandboxes with, and what it cannot enforce."""
-    networks = sorted({e.sandbox.network for e in settings.extensions.values() if e.sandbox.enabled})
+    confined = [e for e in settings.extensions.values() if isinstance(e, StdioConfig) and e.sandbox.enabled]
+    networks = sorted({e.sandbox.network for e in confined})
     if not networks:
         return
     host = await anyio.to_thread.run_sync(sandbox.probe_host, context.max_abi)

@@ -43,7 +43,7 @@ import mcp_types as types
 import structlog
 from mcp import MCPError
 
-from supervisor.child.wire import SENDING, Watched
+from supervisor.upstream.wire import SENDING, Watched
 
 if TYPE_CHECKING:
     from supervisor.extension.upstream import Upstream

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import structlog
 
-from supervisor.child.listing import Listing
 from supervisor.extension.saved import CatalogStore
+from supervisor.upstream.listing import Listing
 
 if TYPE_CHECKING:
     from supervisor.extension.upstream import Upstream

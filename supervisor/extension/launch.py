@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from supervisor.config import secrets as secretrefs
+from supervisor.config.extension import ExtensionConfig, StdioConfig
 from supervisor.process import children as process
 from supervisor.process import sandbox
 
 if TYPE_CHECKING:
-    from supervisor.config.settings import ExtensionConfig
     from supervisor.extension.startup import Ticket
 
 __all__ = ("Launched", "discard", "environment", "launch", "run_marker")
@@ -55,11 +55,12 @@ def environment(
     way to read every other credential.
     """
     inherited = {k: v for k, v in environ.items() if k != secretrefs.CREDENTIALS}
-    return {**inherited, **config.env}, environ.get(secretrefs.CREDENTIALS)
+    own = config.env if isinstance(config, StdioConfig) else {}  # a remote server: the directory only
+    return {**inherited, **own}, environ.get(secretrefs.CREDENTIALS)
 
 
 async def launch(
-    config: ExtensionConfig,
+    config: StdioConfig,
     *,
     env: Environment,
     credentials: str | None,

@@ -36,9 +36,9 @@ import anyio
 import mcp_types as types
 import structlog
 
-from supervisor.child.listing import Listing
 from supervisor.errors import SupervisorError
 from supervisor.extension.saved import write_private
+from supervisor.upstream.listing import Listing
 
 __all__ = (
     "MAX_BYTES",

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import mcp_types as types
 import structlog
 
-from supervisor.child.listing import Listing
+from supervisor.config.extension import RemoteConfig
+from supervisor.upstream.listing import Listing
 
 if TYPE_CHECKING:
     from supervisor.config.extension import ExtensionConfig
@@ -51,7 +52,11 @@ def fingerprint(config: ExtensionConfig) -> dict[str, str]:
     sandbox grants; not the daemon's environment, which changes with where and how the daemon was
     started (``PWD``, systemd's ``INVOCATION_ID``) and not with what the server offers. One hash
     per part, so an ignored listing can say which part changed; hashes, so no value is written out.
+    A remote server's: its URL, transport and header names.
     """
+    if isinstance(config, RemoteConfig):  # a server elsewhere: its address and how it is reached
+        remote = {"url": config.url, "type": config.type, "headers": sorted(map(str, config.headers))}
+        return {part: _digest(value) for part, value in remote.items()}
     parts: dict[str, Any] = {
         "command": config.command,
         "args": config.args,

@@ -15,12 +15,12 @@ if TYPE_CHECKING:
     import mcp_types as types
     from mcp.shared.dispatcher import ProgressFnT
 
-    from supervisor.child.listing import Listing
     from supervisor.config.extension import ExtensionConfig
     from supervisor.extension.asking import Caller
     from supervisor.extension.inline import Answered, InlineCall
     from supervisor.extension.pins import Pins
     from supervisor.extension.state import Snapshot
+    from supervisor.upstream.listing import Listing
 
 __all__ = ("Served",)
 

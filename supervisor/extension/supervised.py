@@ -19,8 +19,8 @@ import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup
 
-from supervisor.child.listing import Listing
 from supervisor.child.spool import ExtensionSpool
+from supervisor.config.extension import RemoteConfig, StdioConfig
 from supervisor.extension import launch, startup
 from supervisor.extension.asking import Asking
 from supervisor.extension.backoff import Backoff, RestartPolicy
@@ -31,9 +31,10 @@ from supervisor.extension.state import Snapshot, State, one_line
 from supervisor.extension.upstream import Upstream
 from supervisor.extension.watcher import Watcher
 from supervisor.process import sandbox
+from supervisor.upstream.listing import Listing
 
 if TYPE_CHECKING:
-    from supervisor.config.settings import ExtensionConfig
+    from supervisor.config.extension import ExtensionConfig
 
 __all__ = ("Extension",)
 
@@ -95,7 +96,7 @@ class Extension(Calls, Watcher):
         self.name = name
         self.config = config
         self.policy = _policy_of(config)
-        self._env, self._credentials = launch.environment(environ, config)  # secrets filled at each spawn
+        self._env, self._credentials = launch.environment(environ, config)  # secrets filled at each run
         self._head_start: launch.Launched | None = None  # a first run the daemon spawned for it
         self.pins = pins
         self._marker_prefix = marker_prefix
@@ -137,7 +138,11 @@ class Extension(Calls, Watcher):
         self._ticket: startup.Ticket | None = None  # while waiting for a start slot
         self._slow: str | None = None  # while a start is past its deadline but busy: says so
         self._handshaken = False  # a run completed its handshake (ends first_start_timeout)
-        self.sandbox = sandbox.sandbox_for(name, config, sandbox_context or sandbox.Context(environ))
+        self.sandbox = (
+            sandbox.sandbox_for(name, config, sandbox_context or sandbox.Context(environ))
+            if isinstance(config, StdioConfig)
+            else None  # a remote server runs nothing here
+        )
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -154,7 +159,7 @@ class Extension(Calls, Watcher):
             last_stderr=one_line(last) if last is not None else None,
             detail=detail,
             queued=queued,
-            sandbox=self.sandbox.describe(self.config.command) if self.sandbox else {"mode": "off"},
+            sandbox=self._sandbox_described(),
         )
 
     @property
@@ -164,9 +169,18 @@ class Extension(Calls, Watcher):
 
     @property
     def run_marker(self) -> str | None:
-        """The marker of the running child's tree (None until it runs): tells this run's processes
-        from those of another instance of the same extension."""
-        return self._connection.child.marker if self._connection is not None else None
+        """The marker of the running child's tree (None until it runs, and for a remote server):
+        tells this run's processes from those of another instance of the same extension."""
+        child = getattr(self._connection, "child", None)
+        return child.marker if child is not None else None
+
+    def _sandbox_described(self) -> dict[str, Any]:
+        if isinstance(self.config, RemoteConfig):
+            return {"mode": "remote"}  # nothing of it runs here to confine
+        if self.sandbox is None:
+            return {"mode": "off"}
+        assert isinstance(self.config, StdioConfig)
+        return self.sandbox.describe(self.config.command)
 
     @property
     def dormant(self) -> bool:

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     import mcp_types as types
     from mcp.shared.dispatcher import ProgressFnT
 
-    from supervisor.child.listing import Listing  # (Listing, RawCalls and Watched are to move
-    from supervisor.child.rawcalls import RawCalls  # beside this when a second kind needs them)
-    from supervisor.child.wire import Watched
+    from supervisor.child.rawcalls import RawCalls
+    from supervisor.upstream.listing import Listing
+    from supervisor.upstream.wire import Watched
 
 __all__ = ("Upstream",)
 

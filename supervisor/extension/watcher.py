@@ -1,35 +1,36 @@
-"""An extension's watcher: the one task that starts the child, serves it and ends it.
+"""An extension's watcher: the one task that opens each run, serves it and ends it.
 
 The methods of :class:`~supervisor.extension.supervised.Extension` that run in its watcher task.
-Only they write the state (through ``_set``) and open or close the child's connection; a run is
-spawn (after a start slot), handshake within ``start_timeout``, serve until the child ends or a
-stop lands, then the restart policy decides.
+Only they write the state (through ``_set``) and open or close a run; a run is spawn or connect
+(after a start slot), handshake within ``start_timeout``, serve until the run ends or a stop
+lands, then the restart policy decides. What differs by kind is the run's (:mod:`.run`).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
-from mcp import MCPError
 
-from supervisor.child import connection as transport
-from supervisor.child.listing import Listing
+from supervisor.config.extension import RemoteConfig, StdioConfig
 from supervisor.errors import SpawnError, first_line
 from supervisor.extension import launch, liveness, startup
 from supervisor.extension.backoff import Outcome, OutcomeKind
+from supervisor.extension.childrun import open_child
 from supervisor.extension.demand import tasks_working
-from supervisor.extension.state import ExitStatus, State, one_line
-from supervisor.process import usage as resources
-from supervisor.process.children import ChildProcess
+from supervisor.extension.remoterun import open_remote
+from supervisor.extension.run import Run
+from supervisor.extension.state import State
+from supervisor.extension.upstream import Upstream
+from supervisor.upstream.listing import Listing
 
 __all__ = ("Watcher",)
 
@@ -69,7 +70,7 @@ class Watcher:
                 done.set()
 
     async def _run_once(self) -> bool:
-        """Start the child, serve until it ends, tear it down. Returns whether to restart."""
+        """Open a run of its kind, serve until it ends, tear it down. Returns whether to restart."""
         launched, self._head_start = self._head_start, None  # spawned by the daemon's head start
         self._last_stderr = None
         ticket: startup.Ticket | None = None
@@ -80,43 +81,45 @@ class Watcher:
         try:
             if ticket is None:
                 ticket = await self._take_slot()  # stop() lands here while queued
-            if launched is None:
-                marker = launch.run_marker(self._marker_prefix, self.name)
-                launched = await launch.launch(
-                    self.config,
-                    env=self._env,
-                    credentials=self._credentials,
-                    confinement=self.sandbox,
-                    marker=marker,
-                )
-            async with transport.connect(
-                launched.child,
-                stop_timeout=self.config.stop_timeout,
-                max_message_bytes=self.config.max_message_bytes,
-                on_stderr=self._on_stderr,
-                on_list_changed=self._list_changed,
-                on_notification=self._notified,
-                on_asked=self._answer,
-                hurry=self._hurry,
-                spool=self._spool,
-                stdin_timeout=self.config.call_timeout,  # by then every call queued behind has timed out
-            ) as connection:
+            async with self._open(launched) as run:
                 try:
-                    scratch = launched.jail.scratch if launched.jail is not None else ()
-                    return await self._serve(connection, ticket, scratch)
+                    return await self._serve(run, ticket)
                 finally:
                     if self._stop_requested:
-                        self._set(State.STOPPING)  # the context's exit tears the tree down
+                        self._set(State.STOPPING)  # the context's exit ends the run
         except SpawnError as exc:
             kind = OutcomeKind.PERMANENT if exc.permanent else OutcomeKind.CRASHED
             return self._decide(Outcome(kind, error=str(exc)))
         finally:
-            try:
-                if launched is not None:  # the tree if no connection took it over, then its directory
-                    await launch.discard(launched)
-            finally:
-                if ticket is not None:
-                    ticket.release()
+            if ticket is not None:
+                ticket.release()
+
+    def _open(self, launched: launch.Launched | None) -> AbstractAsyncContextManager[Run]:
+        """A run of this extension's kind: a stdio child (*launched*: the head start's), or a
+        connection to a remote server."""
+        session: dict[str, Any] = {
+            "on_list_changed": self._list_changed,
+            "on_notification": self._notified,
+            "on_asked": self._answer,
+        }
+        config = self.config
+        if isinstance(config, RemoteConfig):
+            return open_remote(config, credentials=self._credentials, **session)
+        assert isinstance(config, StdioConfig)
+        return open_child(
+            self.name,
+            config,
+            launched,
+            marker_prefix=self._marker_prefix,
+            env=self._env,
+            credentials=self._credentials,
+            confinement=self.sandbox,
+            last_stderr=lambda: self._last_stderr,
+            on_stderr=self._on_stderr,
+            hurry=self._hurry,
+            spool=self._spool,
+            **session,
+        )
 
     async def _take_slot(self) -> startup.Ticket:
         """One of the daemon's start slots, in arrival order; ``status`` shows ``queued`` meanwhile."""
@@ -132,41 +135,15 @@ class Watcher:
             self._set(State.STARTING, since=_now())  # start_timeout and the shown wait count from here
         return ticket
 
-    async def _said_last(self, child: ChildProcess) -> str:
-        """``: LINE`` when the child that exited during startup said why on stderr (its last line,
-        once the pipe is read), and for a confined one where to see what it may reach; or ""."""
-        with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
-            while not child.stderr.drained():  # noqa: ASYNC110 - a pipe's emptiness fires no event
-                await anyio.sleep(0.001)
-        await anyio.lowlevel.checkpoint()  # the pump hands on what it read last
-        if self._last_stderr is None:
-            return ""
-        said = f": {one_line(self._last_stderr, 200)}"
-        if self.sandbox is not None:
-            said += (
-                f" (confined: `mcp-supervisor check-config --explain {self.name}` shows what it may reach)"
-            )
-        return said
-
-    async def _serve(
-        self, connection: transport.Connection, ticket: startup.Ticket, scratch: tuple[str, ...]
-    ) -> bool:
-        child = connection.child
-        self._set(State.STARTING, pid=child.pid, run=connection.run)
+    async def _serve(self, run: Run, ticket: startup.Ticket) -> bool:
+        connection = run.upstream
+        self._set(State.STARTING, pid=run.pid, run=connection.run)
         try:
-            listing = await self._handshake(connection)
+            listing = await self._handshake(run)
         except startup.StartTimeout as exc:
             return self._decide(Outcome(OutcomeKind.START_FAILED, error=self._timed_out(exc)))
-        except Exception as exc:  # MCPError, or a malformed initialize/tools result
-            if connection.ended.is_set() or isinstance(exc, MCPError):
-                with anyio.move_on_after(transport.EXIT_FLUSH_GRACE):
-                    await child.exited.wait()  # an exit during startup explains the failure best
-            exit_status = _exit_status(child)
-            failed = first_line(exc, typed=False)
-            error = f"{exit_status.describe()} during startup" if exit_status else failed
-            if exit_status is not None:
-                error += await self._said_last(child)
-            return self._decide(Outcome(OutcomeKind.START_FAILED, error=error, exit=exit_status))
+        except Exception as exc:  # MCPError, a refused connection, a malformed initialize/tools result
+            return self._decide(await run.start_failed(exc))
         finally:
             ticket.release()
             self._slow = None
@@ -186,19 +163,11 @@ class Watcher:
                 in_flight = lambda: self._in_flight  # noqa: E731
                 helpers.start_soon(self._demand.serve, listing, in_flight, self._stop_idle, working)
             self._answered_at = started
-            self._start_guards(helpers, connection, scratch)
+            self._start_guards(helpers, run)
             await connection.ended.wait()
             helpers.cancel_scope.cancel()
         self._connection = None
-        uptime = time.monotonic() - started
-        if child.returncode is None:  # stdio broke or a message was too large: it gets killed
-            return self._decide(Outcome(OutcomeKind.CRASHED, uptime, error=connection.failure))
-        exit_status = _exit_status(child)
-        assert exit_status is not None
-        if child.returncode == 0:
-            return self._decide(Outcome(OutcomeKind.CLEAN_EXIT, uptime, exit=exit_status))
-        crashed = Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
-        return self._decide(crashed)
+        return self._decide(run.ended(time.monotonic() - started))
 
     def _start_limit(self) -> tuple[float, str]:
         """The deadline of this start and its setting: ``first_start_timeout`` until a first handshake."""
@@ -207,12 +176,11 @@ class Watcher:
             return first, "first_start_timeout"
         return self.config.start_timeout, "start_timeout"
 
-    async def _handshake(self, connection: transport.Connection) -> Listing:
+    async def _handshake(self, run: Run) -> Listing:
         """The handshake within the start's deadline; past it, on while the child's tree is busy.
 
         The deadline counts from here: a head start's child (spawned while the daemon was still
         loading) gets that time on top, and the daemon's own slowness never counts against it."""
-        child = connection.child
         limit, setting = self._start_limit()
 
         def step(method: str) -> None:
@@ -224,9 +192,9 @@ class Watcher:
             self._notify()
 
         return await startup.within_start_limit(
-            functools.partial(connection.handshake, on_step=step),
+            functools.partial(run.upstream.handshake, on_step=step),
             limit=limit,
-            cpu_seconds=functools.partial(startup.tree_cpu, child.pid, child.marker, child.cgroup),
+            cpu_seconds=run.cpu_seconds,
             on_slow=slow,
         )
 
@@ -261,12 +229,10 @@ class Watcher:
         self._set(State.STOPPING, **changes)
         return False
 
-    def _start_guards(
-        self, helpers: TaskGroup, connection: transport.Connection, scratch: tuple[str, ...]
-    ) -> None:
-        """Liveness and memory_max, when set: each ends the connection like a crash (see their
-        modules). *scratch*: the run's private tmpfs mounts, memory its tree holds as files."""
-        config, child = self.config, connection.child
+    def _start_guards(self, helpers: TaskGroup, run: Run) -> None:
+        """Liveness, and the kind's own (a child's memory_max), when set: each ends the run like
+        a crash (see their modules)."""
+        config, connection = self.config, run.upstream
         if config.ping_interval is not None:
             watch = functools.partial(
                 liveness.watch,
@@ -278,19 +244,16 @@ class Watcher:
                 on_unresponsive=lambda error: self._count("unresponsive"),
             )
             helpers.start_soon(watch)
-        if config.memory_max is not None:
 
-            def exceeded(error: str) -> None:
-                self._count("memory_exceeded")
-                log.warning("extension.memory_exceeded", error=error)
-                connection.end(error)
+        def exceeded(error: str) -> None:
+            self._count("memory_exceeded")
+            log.warning("extension.memory_exceeded", error=error)
+            connection.end(error)
 
-            limit = config.memory_max
-            enforce = functools.partial(resources.enforce_memory_max, scratch=scratch)
-            helpers.start_soon(enforce, child.pid, child.marker, child.cgroup, limit, exceeded)
+        run.guard(helpers, config, exceeded)
 
     async def _answer(
-        self, connection: transport.Connection, request: types.ServerRequest
+        self, connection: Upstream, request: types.ServerRequest
     ) -> types.ClientResult | types.ErrorData:
         """Answer the child's sampling/elicitation/roots request (a client may take minutes)."""
         self._asked += 1
@@ -314,7 +277,7 @@ class Watcher:
         if self._on_notification is not None:
             self._on_notification(self.name, notification, self)
 
-    async def _keep_listings_fresh(self, connection: transport.Connection) -> None:
+    async def _keep_listings_fresh(self, connection: Upstream) -> None:
         """Re-list what the child says changed: one listing in flight, a burst coalesced."""
         while True:
             await self._stale_event.wait()
@@ -344,12 +307,6 @@ class Watcher:
         self._stderr.append(line)
         self._last_stderr = line
         log.info("extension.stderr", line=line)
-
-
-def _exit_status(child: ChildProcess) -> ExitStatus | None:
-    if child.returncode is None:
-        return None
-    return ExitStatus(child.returncode, at=child.exited_at or _now())
 
 
 def _now() -> datetime:

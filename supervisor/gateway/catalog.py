@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import mcp_types as types
 
-from supervisor.child.listing import Listing
 from supervisor.gateway.names import Collision, NameTable, expose_uri
+from supervisor.upstream.listing import Listing
 
 __all__ = ("KINDS", "Catalog", "Source", "build", "visible")
 

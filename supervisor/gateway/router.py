@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 import anyio
 
-from supervisor.child.listing import Listing
 from supervisor.errors import ExtensionUnavailable
 from supervisor.extension.pins import held_message
 from supervisor.extension.served import Served
@@ -25,6 +24,7 @@ from supervisor.gateway.catalog import Catalog, Source
 from supervisor.gateway.names import expose
 from supervisor.gateway.session import Session
 from supervisor.gateway.view.profiles import View, Views
+from supervisor.upstream.listing import Listing
 
 __all__ = ("MAX_ROUTES", "Extensions", "Router")
 

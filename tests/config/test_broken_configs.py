@@ -169,7 +169,21 @@ CASES: list[tuple[str, Callable[[Path], Path], str]] = [
     ("extensions-list", _yaml("extensions: [a, b]\n"), "extensions (line 1)"),
     ("bad-name", _yaml("extensions:\n  a b: {command: x}\n"), "extensions.a b (line 2): invalid name"),
     ("bad-prefix", _yaml(f"{X}    prefix: a__b\n"), "extensions.x.prefix (line 4): invalid name"),
-    ("url-server", _yaml("extensions:\n  x: {url: 'http://h/mcp'}\n"), "extensions.x (line 2): only stdio"),
+    (
+        "plain-http",
+        _yaml("extensions:\n  x: {url: 'http://h/mcp'}\n"),
+        "extensions.x (line 2): 'http://h/mcp' is plain",
+    ),
+    (
+        "url-and-command",
+        _yaml("extensions:\n  x: {url: 'https://h/', command: x}\n"),
+        "extensions.x (line 2): 'command' is for stdio",
+    ),
+    (
+        "url-credentials",
+        _yaml("extensions:\n  x: {url: 'https://u:p@h/'}\n"),
+        "extensions.x.url (line 2): the URL holds credentials",
+    ),
     ("both-keys", _yaml("extensions: {}\nmcpServers: {}\n"), "mcpServers (line 2): give 'extensions' or"),
     (
         "unset-variable",

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from supervisor import cli
 from supervisor.config import clientkeys
 from supervisor.config import settings as config
-from supervisor.config.settings import ExtensionConfig, ToolFilter
+from supervisor.config.settings import StdioConfig, ToolFilter
 from supervisor.gateway.catalog import visible
 from tests.harness import until
 from tests.harness.daemon import START_WITHIN
@@ -43,7 +43,7 @@ class TestFold:
         """A 30-minute client timeout must not be cut at the default 600 s cap."""
         data, _ = clientkeys.fold({"command": "x", "timeout": 1800})
         assert data["call_timeout"] == data["call_timeout_max"] == 1800.0
-        assert ExtensionConfig.model_validate({"command": "x", "timeout": 1800}).call_timeout_max == 1800.0
+        assert StdioConfig.model_validate({"command": "x", "timeout": 1800}).call_timeout_max == 1800.0
 
     @pytest.mark.parametrize("timeout", [0, -5, "60", True, None, math.inf, math.nan])
     def test_a_timeout_that_is_not_a_duration_is_dropped_not_an_error(self, timeout: object) -> None:
@@ -86,7 +86,7 @@ class TestFold:
             [],
         )
         with pytest.raises(ValidationError, match="restrat"):
-            ExtensionConfig.model_validate({"command": "x", "restrat": "always"})
+            StdioConfig.model_validate({"command": "x", "restrat": "always"})
 
 
 CLINE = {
@@ -140,16 +140,26 @@ class TestLoadingAClientFile:
             "(client settings mcp-supervisor does not use)\n"
         )
 
-    def test_a_remote_entry_of_windsurf_is_named_as_not_stdio(self, tmp_path: Path) -> None:
-        """Windsurf's `serverUrl` gets the same clear error as `url`, not 'command: Field required'."""
+    def test_remote_entries_of_every_client_load_as_remote_extensions(self, tmp_path: Path) -> None:
+        """Windsurf's `serverUrl`, Gemini CLI's `httpUrl` and Cline's `transportType` spell what
+        `url` and `type` say; `disabled` and `timeout` map as for a stdio entry."""
         path = tmp_path / "mcp_config.json"
-        path.write_text(json.dumps({"mcpServers": {"c7": {"serverUrl": "https://mcp.context7.com/mcp"}}}))
-        with pytest.raises(config.ConfigError) as caught:
-            config.load(path, environ={})
-        assert caught.value.errors == (
-            "extensions.c7 (line 1): only stdio servers can be supervised; "
-            "'serverUrl' names a remote (HTTP/SSE) server",
+        servers = {
+            "c7": {"serverUrl": "https://mcp.context7.com/mcp", "disabled": True},
+            "gem": {"httpUrl": "https://example.com/mcp", "timeout": 30000},
+            "cline": {"url": "https://example.com/sse", "transportType": "sse"},
+            "vscode": {"url": "https://example.com/mcp", "type": "streamable-http"},
+        }
+        path.write_text(json.dumps({"mcpServers": servers}))
+        loaded = config.load(path, environ={}).extensions
+        assert all(isinstance(entry, config.RemoteConfig) for entry in loaded.values())
+        assert (loaded["c7"].url, loaded["c7"].type, loaded["c7"].autostart) == (
+            servers["c7"]["serverUrl"],
+            "auto",
+            False,
         )
+        assert (loaded["gem"].type, loaded["gem"].call_timeout) == ("http", 30.0)
+        assert (loaded["cline"].type, loaded["vscode"].type) == ("sse", "http")
 
 
 def test_the_daemon_logs_the_warning_when_it_loads_a_client_file(short_tmp: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import file as configfile
-from supervisor.config.settings import ConfigError, ExtensionConfig, load
+from supervisor.config.settings import ConfigError, StdioConfig, load
 
 SOCKET = {"MCP_SUPERVISOR_SOCKET": "/run/test/control.sock"}
 
@@ -269,7 +269,7 @@ class TestStrictTypes:
 
     def test_cwd_that_does_not_exist_yet_is_accepted(self, tmp_path: Path) -> None:
         """A directory may appear later (a mount); only an existing non-directory is certain to fail."""
-        assert ExtensionConfig(command="x", cwd=str(tmp_path / "later")).cwd == str(tmp_path / "later")
+        assert StdioConfig(command="x", cwd=str(tmp_path / "later")).cwd == str(tmp_path / "later")
 
     def test_empty_cwd_is_an_error(self, write) -> None:
         (error,) = errors_of(extension(write, cwd='""'))

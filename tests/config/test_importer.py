@@ -174,13 +174,13 @@ class TestFormats:
 
     @pytest.mark.parametrize("sample", sorted(str(p.relative_to(SAMPLES)) for p in SAMPLES.rglob("*.json")))
     def test_every_imported_entry_is_a_valid_extension(self, sample: str) -> None:
-        """What the plan produces validates as ExtensionConfig (with its variables set)."""
+        """What the plan produces validates as StdioConfig (with its variables set)."""
         found = planned(sample, workspace="/src/app")
         assert found.imported
         for item in found.imported:
             token = fields.LOADING.set(fields.Loading({}, dict.fromkeys(item.variables, "v")))
             try:
-                config.ExtensionConfig.model_validate(item.entry)
+                config.StdioConfig.model_validate(item.entry)
             finally:
                 fields.LOADING.reset(token)
 

@@ -27,7 +27,7 @@ FILE_SECRET = "s3cret-from-a-file"
 CREDENTIAL_SECRET = "s3cret-from-a-credential"
 
 
-def load(env: dict[str, Any], environ: dict[str, str] | None = None, **entry: Any) -> config.ExtensionConfig:
+def load(env: dict[str, Any], environ: dict[str, str] | None = None, **entry: Any) -> config.StdioConfig:
     raw = {"extensions": {"fx": {"command": "x", "env": env, **entry}}}
     environ = {"HOME": "/home/u", **(environ or {})}
     token = fields.LOADING.set(fields.Loading(raw, environ))

@@ -15,11 +15,12 @@ from supervisor.config import settings as config
 from supervisor.config.settings import (
     BackoffConfig,
     ConfigError,
-    ExtensionConfig,
     GatewayConfig,
     HttpConfig,
+    RemoteConfig,
     Settings,
     SpoolConfig,
+    StdioConfig,
     default_config_path,
     default_socket_path,
     load,
@@ -90,7 +91,7 @@ class TestDefaults:
 
     def test_extension_defaults(self):
         """An extension with only a command gets the documented defaults for everything else."""
-        ext = ExtensionConfig(command="uvx")
+        ext = StdioConfig(command="uvx")
         assert (ext.args, ext.env, ext.cwd, ext.autostart, ext.restart) == ([], {}, None, True, "on-failure")
         assert ext.backoff == BackoffConfig(initial=0.5, max=30, multiplier=2, jitter=0.1, reset_after=60)
         timeouts = (ext.start_timeout, ext.stop_timeout, ext.call_timeout)
@@ -122,7 +123,7 @@ class TestFullExample:
         )
         assert settings.spool == spool
         assert settings.gateway.http == HttpConfig(enabled=True, host="127.0.0.1", port=9000)
-        assert settings.extensions["time"] == ExtensionConfig(
+        assert settings.extensions["time"] == StdioConfig(
             command="uvx",
             args=["mcp-server-time"],
             env={"TZ": "UTC"},
@@ -138,7 +139,7 @@ class TestFullExample:
             max_message_bytes=2048,
             log_lines=10,
         )
-        assert settings.extensions["fs"] == ExtensionConfig(command="npx")
+        assert settings.extensions["fs"] == StdioConfig(command="npx")
 
     def test_dump_round_trips(self, write):
         """Dumping loaded settings to YAML and loading that again gives equal settings."""
@@ -157,7 +158,7 @@ class TestClientCompatibility:
     def test_mcp_servers_is_the_extensions_key(self, write):
         """`mcpServers:` fills `extensions`."""
         settings = load(write("mcpServers:\n  time: {command: uvx, args: [mcp-server-time]}\n"), environ={})
-        assert {"time": ExtensionConfig(command="uvx", args=["mcp-server-time"])} == settings.extensions
+        assert {"time": StdioConfig(command="uvx", args=["mcp-server-time"])} == settings.extensions
 
     def test_claude_desktop_json_loads_as_is(self, write):
         """A claude_desktop_config.json file is valid config, env and all."""
@@ -195,29 +196,53 @@ class TestClientCompatibility:
     def test_type_stdio_is_accepted(self, write):
         """`type: stdio` (Cursor, VS Code) is accepted and not kept as a setting."""
         settings = load(write('{"mcpServers": {"t": {"type": "stdio", "command": "uvx"}}}'), environ={})
-        assert settings.extensions["t"] == ExtensionConfig(command="uvx")
-        assert "type" not in ExtensionConfig.model_fields
+        assert settings.extensions["t"] == StdioConfig(command="uvx")
+        assert "type" not in StdioConfig.model_fields
 
-    def test_url_is_rejected_as_not_stdio(self, write):
-        """An entry with a `url` is an error saying only stdio servers can be supervised."""
-        (error,) = errors_of(write("mcpServers:\n  remote:\n    url: https://example.com/mcp\n"))
-        assert error.startswith("extensions.remote (line 2): only stdio servers can be supervised")
+    def test_url_is_a_remote_extension(self, write):
+        """An entry with a `url` is a remote server, with the lifecycle settings of any extension
+        and liveness pings on by default (nothing else notices an idle server going away)."""
+        settings = load(write("mcpServers:\n  remote:\n    url: https://example.com/mcp\n"), environ={})
+        remote = settings.extensions["remote"]
+        assert remote == RemoteConfig(url="https://example.com/mcp")
+        assert (remote.type, remote.ping_interval, remote.headers) == ("auto", 30.0, {})
 
-    def test_other_type_is_rejected_as_not_stdio(self, write):
-        """`type: sse` is an error that names the type and says only stdio servers can be supervised."""
+    def test_a_remote_type_with_a_command_says_to_give_its_url(self, write):
+        """`type: sse` beside a command names the type and says what a remote entry needs."""
         (error,) = errors_of(write("mcpServers:\n  remote: {type: sse, command: x}\n"))
-        assert error == "extensions.remote (line 2): only stdio servers can be supervised, not type 'sse'"
+        assert (
+            error
+            == "extensions.remote (line 2): type 'sse' is a remote server: give its 'url' (and no 'command')"
+        )
+
+    @pytest.mark.parametrize(
+        ("url", "allowed"),
+        [("http://127.0.0.1:8080/mcp", True), ("http://localhost/mcp", True), ("http://[::1]/mcp", True),
+         ("http://example.com/mcp", False), ("http://10.0.0.2/mcp", False)],
+    )  # fmt: skip
+    def test_plain_http_is_for_loopback_unless_allowed(self, url: str, allowed: bool) -> None:
+        if allowed:
+            assert RemoteConfig(url=url).url == url
+        else:
+            with pytest.raises(ValidationError, match="plain http://"):
+                RemoteConfig(url=url)
+        assert RemoteConfig(url=url, allow_http=True).allow_http
+
+    @pytest.mark.parametrize("name", ["Host", "content-length", "Mcp-Session-Id", "bad name", ""])
+    def test_headers_the_transport_sets_or_that_are_no_names_are_refused(self, name: str) -> None:
+        with pytest.raises(ValidationError, match="header"):
+            RemoteConfig(url="https://example.com/", headers={name: "x"})
 
     def test_disabled_means_no_autostart(self, write):
         """`disabled: true` loads as autostart false and compares equal to it."""
         settings = load(write("mcpServers:\n  t: {command: uvx, disabled: true}\n"), environ={})
-        assert settings.extensions["t"] == ExtensionConfig(command="uvx", autostart=False)
-        assert "disabled" not in ExtensionConfig.model_fields
+        assert settings.extensions["t"] == StdioConfig(command="uvx", autostart=False)
+        assert "disabled" not in StdioConfig.model_fields
 
     def test_disabled_and_autostart_together_are_rejected(self):
         """Giving both `disabled` and `autostart` is ambiguous and therefore an error."""
         with pytest.raises(ValidationError, match="not both"):
-            ExtensionConfig(command="uvx", disabled=False, autostart=False)
+            StdioConfig(command="uvx", disabled=False, autostart=False)
 
 
 class TestErrors:
@@ -420,7 +445,7 @@ class TestSources:
         """An extension's setting can be changed through the environment."""
         path = write("extensions:\n  time: {command: uvx}\n")
         settings = load(path, environ={"MCP_SUPERVISOR_EXTENSIONS__TIME__CALL_TIMEOUT": "5"})
-        assert settings.extensions["time"] == ExtensionConfig(command="uvx", call_timeout=5)
+        assert settings.extensions["time"] == StdioConfig(command="uvx", call_timeout=5)
 
     def test_override_beats_env(self, write):
         """Explicit overrides (the command line) win over the environment and the file."""
@@ -515,7 +540,7 @@ class TestModels:
         with pytest.raises(ValidationError):
             settings.socket = "/elsewhere"  # type: ignore[misc]
         with pytest.raises(ValidationError):
-            ExtensionConfig(command="x").command = "y"  # type: ignore[misc]
+            StdioConfig(command="x").command = "y"  # type: ignore[misc]
         with pytest.raises(ValidationError):
             settings.spool.max_inline_bytes = 1  # type: ignore[misc]
 
@@ -529,7 +554,7 @@ class TestModels:
     def test_unknown_keys_rejected_by_models(self):
         """Models forbid unknown keys even when built directly."""
         with pytest.raises(ValidationError, match="Extra inputs"):
-            ExtensionConfig(command="x", comand="y")
+            StdioConfig(command="x", comand="y")
         with pytest.raises(ValidationError, match="Extra inputs"):
             Settings(bogus=1)
 

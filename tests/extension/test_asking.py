@@ -22,13 +22,13 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from pydantic import ValidationError
 
-from supervisor.child.wire import Watched
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.control import client
 from supervisor.control.methods import PROGRESS_INTERVAL
 from supervisor.extension import asking as callers
 from supervisor.extension.asking import MAX_ABANDONED
 from supervisor.gateway.session import MAX_ASKS
+from supervisor.upstream.wire import Watched
 from tests.harness import (
     ANSWERING,
     CLI,
@@ -436,9 +436,9 @@ class TestRootsChanged:
 
 class TestConfig:
     def test_roots_are_absolute_paths(self) -> None:
-        assert ExtensionConfig(command="x", roots=["/srv/a/../b", "/"]).roots == ["/srv/b", "/"]
+        assert StdioConfig(command="x", roots=["/srv/a/../b", "/"]).roots == ["/srv/b", "/"]
         with pytest.raises(ValidationError, match="'src' is not an absolute path"):
-            ExtensionConfig(command="x", roots=["src"])
+            StdioConfig(command="x", roots=["src"])
 
 
 class TestCallProgress:

@@ -15,11 +15,11 @@ import mcp_types as types
 import pytest
 from pydantic import ValidationError
 
-from supervisor.child.listing import Listing
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.extension.demand import BUSY_RECHECK, idle_wait
 from supervisor.extension.saved import MAX_BYTES, CatalogStore, changed_parts, fingerprint, prune
 from supervisor.paths import default_state_root
+from supervisor.upstream.listing import Listing
 from tests.harness import (
     Daemon,
     alive,
@@ -62,12 +62,12 @@ def test_idle_wait_counts_from_the_last_call_and_never_stops_a_busy_one() -> Non
 def test_on_demand_with_an_explicit_autostart_is_a_config_error() -> None:
     base = extension_settings("quick.py")
     with pytest.raises(ValidationError, match="not both"):
-        ExtensionConfig.model_validate({**base, "on_demand": True, "autostart": True})
-    assert not ExtensionConfig.model_validate({**base, "on_demand": True, "autostart": False}).autostart
-    assert ExtensionConfig.model_validate({**base, "on_demand": True}).on_demand
+        StdioConfig.model_validate({**base, "on_demand": True, "autostart": True})
+    assert not StdioConfig.model_validate({**base, "on_demand": True, "autostart": False}).autostart
+    assert StdioConfig.model_validate({**base, "on_demand": True}).on_demand
     for bad in (0, -1, 86_401):
         with pytest.raises(ValidationError, match="idle_stop"):
-            ExtensionConfig.model_validate({**base, "idle_stop": bad})
+            StdioConfig.model_validate({**base, "idle_stop": bad})
 
 
 def test_the_state_root_follows_systemd_then_xdg_then_home() -> None:
@@ -80,12 +80,12 @@ class TestCatalogStore:
     def test_the_fingerprint_is_what_the_extension_runs_with_not_the_daemons_environment(self) -> None:
         """Command, args, its own env, cwd and grants count, each by name; the daemon's env does not."""
         base = {**extension_settings("quick.py"), "env": {"K": "v"}}
-        first = fingerprint(ExtensionConfig.model_validate(base))
+        first = fingerprint(StdioConfig.model_validate(base))
         with_daemon_env = {**os.environ, "PWD": "/elsewhere", "INVOCATION_ID": "2"}
         with pytest.MonkeyPatch.context() as patch:
             for key, value in with_daemon_env.items():
                 patch.setenv(key, value)
-            assert fingerprint(ExtensionConfig.model_validate(base)) == first
+            assert fingerprint(StdioConfig.model_validate(base)) == first
         changes = {
             "args": {"args": [*base["args"], "more"]},
             "env": {"env": {"K": "w"}},
@@ -94,13 +94,13 @@ class TestCatalogStore:
             "command": {"command": "/bin/true"},
         }
         for part, change in changes.items():
-            other = fingerprint(ExtensionConfig.model_validate({**base, **change}))
+            other = fingerprint(StdioConfig.model_validate({**base, **change}))
             assert changed_parts(first, other) == [part], part
         assert changed_parts("an older version's single hash", first) == list(first)
 
     def test_a_saved_listing_comes_back_whole_private_and_atomically(self, tmp_path: Path) -> None:
         directory = tmp_path / "state" / "catalogs" / "abc"
-        config = ExtensionConfig.model_validate({**extension_settings("quick.py"), "env": {"K": "secret"}})
+        config = StdioConfig.model_validate({**extension_settings("quick.py"), "env": {"K": "secret"}})
         store = CatalogStore(directory, "fx", fingerprint(config))
         listing = Listing.of(tools=[TOOL], prompts=[types.Prompt(name="p")])
         assert store.load() is None

@@ -14,7 +14,7 @@ from anyio.abc import TaskGroup
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.errors import CallFailed
 from supervisor.extension.liveness import is_unresponsive
 from supervisor.extension.state import State
@@ -50,14 +50,14 @@ class TestVerdict:
 
 class TestConfig:
     def test_off_by_default(self) -> None:
-        config = ExtensionConfig(command="x")
+        config = StdioConfig(command="x")
         assert (config.ping_interval, config.ping_timeout) == (None, 10.0)
 
     @pytest.mark.parametrize("key", ["ping_interval", "ping_timeout"])
     @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "soon"])
     def test_positive_finite_numbers_only(self, key: str, value: object) -> None:
         with pytest.raises(pydantic.ValidationError, match=key):
-            ExtensionConfig.model_validate({"command": "x", key: value})
+            StdioConfig.model_validate({"command": "x", key: value})
 
 
 class TestRestart:

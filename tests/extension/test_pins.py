@@ -14,10 +14,10 @@ import pytest
 from mcp import MCPError
 from structlog.testing import capture_logs
 
-from supervisor.child.listing import Listing
 from supervisor.config import settings as config
 from supervisor.errors import SupervisorError
 from supervisor.extension.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
+from supervisor.upstream.listing import Listing
 from tests.harness import Daemon, extension_settings, first_text, gateway_session, until
 from tests.harness.daemon import TOKEN
 from tests.harness.timing import fail_after

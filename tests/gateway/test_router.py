@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import mcp_types as types
 
-from supervisor.child.listing import Listing
 from supervisor.extension.state import State
 from supervisor.gateway.router import MAX_ROUTES, Router
 from supervisor.gateway.view.profiles import Chosen, Views
+from supervisor.upstream.listing import Listing
 
 
 def _listing(*names: str) -> Listing:

@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.extension.supervised import Extension
 from supervisor.process import children as process
 from supervisor.process import sandbox
@@ -93,7 +93,7 @@ def marker_prefix() -> Iterator[str]:
 
 @pytest.fixture
 def make_extension(marker_prefix: str) -> Callable[..., Extension]:
-    def make(config: ExtensionConfig, name: str = "fx") -> Extension:
+    def make(config: StdioConfig, name: str = "fx") -> Extension:
         return Extension(name, config, environ=dict(os.environ), marker_prefix=marker_prefix)
 
     return make

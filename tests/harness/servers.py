@@ -11,7 +11,7 @@ import anyio
 import anyio.abc
 import mcp_types as types
 
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 
@@ -78,9 +78,9 @@ def gated_start(directory: Path, **overrides: Any) -> tuple[Path, dict[str, Any]
     return gate, settings
 
 
-def fast_config(script: str, *args: str, **overrides: Any) -> ExtensionConfig:
+def fast_config(script: str, *args: str, **overrides: Any) -> StdioConfig:
     """A validated config for a fixture server (no backoff unless asked, 10 s call timeout)."""
-    return ExtensionConfig.model_validate(
+    return StdioConfig.model_validate(
         extension_settings(script, *args, **{"call_timeout": patience(10), **overrides})
     )
 

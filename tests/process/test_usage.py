@@ -15,7 +15,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from supervisor.cli import render
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.errors import CallFailed
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
@@ -54,15 +54,15 @@ class TestConfig:
         ],
     )
     def test_sizes(self, value: object, size: int) -> None:
-        assert ExtensionConfig(command="x", memory_max=value).memory_max == size  # type: ignore[arg-type]
+        assert StdioConfig(command="x", memory_max=value).memory_max == size  # type: ignore[arg-type]
 
     @pytest.mark.parametrize("value", ["lots", "1P", "-5M", True, 0, "12", 1.5])
     def test_bad_sizes_say_what_is_wrong(self, value: object) -> None:
         with pytest.raises(pydantic.ValidationError, match=r"memory_max\n.*(invalid size|out of range)"):
-            ExtensionConfig.model_validate({"command": "x", "memory_max": value})
+            StdioConfig.model_validate({"command": "x", "memory_max": value})
 
     def test_off_by_default(self) -> None:
-        assert ExtensionConfig(command="x").memory_max is None
+        assert StdioConfig(command="x").memory_max is None
 
 
 class TestSampler:

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import mcp_types as types
 import pytest
 
-from supervisor.child.listing import Listing
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway.view.profiles import EVERYTHING, META_TOOLS, View, Views, hidden_reason
 from supervisor.gateway.view.search import Index, stem, tokenize
+from supervisor.upstream.listing import Listing
 from tests.harness import SERVERS
 
 sys.path.insert(0, str(SERVERS))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config.settings import ExtensionConfig, Settings
+from supervisor.config.settings import Settings, StdioConfig
 from supervisor.errors import SpawnError
 from supervisor.process import sandbox
 from supervisor.process.sandbox import policy
@@ -322,7 +322,7 @@ class TestExecutedByOthers:
 
 class TestSandboxOf:
     def test_sandbox_false_is_unconfined(self) -> None:
-        config = ExtensionConfig(command="ls", sandbox=False)
+        config = StdioConfig(command="ls", sandbox=False)
         assert sandbox.sandbox_for("x", config, Context({})) is None
 
     def test_defaults_are_merged_under_each_extension(self) -> None:
@@ -358,7 +358,7 @@ class TestSandboxOf:
         many.mkdir()
         for i in range(sandbox.MAX_GRANTS + 1):
             (many / f"d{i}").mkdir()
-        config = ExtensionConfig(command="/bin/sh", sandbox={"read": [f"{many}/*"]})
+        config = StdioConfig(command="/bin/sh", sandbox={"read": [f"{many}/*"]})
         made = sandbox.sandbox_for("x", config, context(home))
         assert made is not None
         with pytest.raises(SpawnError, match="narrow its globs") as caught:

@@ -1,0 +1,358 @@
+"""A remote MCP server as an upstream: a client session over streamable HTTP or HTTP+SSE.
+
+:func:`connect` yields a :class:`RemoteConnection` with its transport open (no MCP traffic yet:
+call ``handshake``). One task, the holder, enters and exits the transport and the session (anyio
+scopes are exited by the task that entered them); the run's other tasks only send requests.
+``type: auto`` speaks streamable HTTP and, when the server refuses its ``initialize`` the way a
+server of the older transport does (404, 405, 400), opens HTTP+SSE instead, within the handshake.
+
+The run ends (:attr:`RemoteConnection.ended`) when the transport fails (a refused connection, a
+broken event stream, an answer over the byte limit), when the server says the session is gone
+(404 on a request of an established session: the next run initializes again), or by a guard;
+every request in flight then fails with ``CONNECTION_CLOSED``, as a child's do when it exits.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp import ClientSession, MCPError
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.message import SessionMessage
+from pydantic import TypeAdapter
+
+from supervisor.errors import first_line
+from supervisor.remote import http
+from supervisor.upstream.listing import Listing
+from supervisor.upstream.session import (
+    LIST_CHANGED,
+    Asked,
+    ListChanged,
+    Notified,
+    SessionUpstream,
+    asking_callbacks,
+)
+from supervisor.upstream.wire import SENDING, check_encodable
+
+__all__ = ("RemoteConnection", "connect")
+
+log = structlog.get_logger(__name__)
+
+_ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+_NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
+_STREAM_CUT = "SSE stream ended without a response"  # an answer's stream broke off (the server left)
+
+
+class RemoteConnection(SessionUpstream):
+    """One run's session with a remote server: its URL, the transport it speaks, why it ended."""
+
+    def __init__(self, url: str, transport: str) -> None:
+        super().__init__()
+        self.url = url
+        self.transport = transport  # "http" or "sse": what it speaks now
+        self._run = secrets.token_hex(8)
+        self._closers: list[Callable[[], None]] = []  # the current session's read stream
+        self._fallback: Callable[[], Awaitable[None]] | None = None  # to the next transport (auto)
+
+    @property
+    def run(self) -> str:
+        return self._run
+
+    def end(self, failure: str | None = None) -> None:
+        if not self.ended.is_set():
+            super().end(failure)
+            for close in self._closers:  # requests in flight fail with CONNECTION_CLOSED now
+                close()
+
+    async def handshake(self, on_step: Callable[[str], None] | None = None) -> Listing:
+        """As :meth:`SessionUpstream.handshake`; with ``type: auto``, over HTTP+SSE when the
+        server refuses streamable HTTP's ``initialize``."""
+        try:
+            return await super().handshake(on_step)
+        except MCPError as exc:
+            fallback, self._fallback = self._fallback, None
+            if fallback is None or exc.error.code not in _NOT_STREAMABLE or self.ready:
+                raise
+            log.info("extension.transport_fallback", refused=first_line(exc, typed=False))
+        await fallback()
+        if self.ended.is_set():
+            raise MCPError(code=types.CONNECTION_CLOSED, message=self.failure or "the connection ended")
+        return await super().handshake(on_step)
+
+    async def call_tool_raw(
+        self, name: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """One tool call as plain JSON: the server's result object, checked for shape only.
+
+        Error handling: as :meth:`call_tool`; ``ValueError`` for an answer that is no tool result.
+        """
+        params = {"name": name} if arguments is None else {"name": name, "arguments": arguments}
+        result = await self.request_raw("tools/call", params, progress=progress)
+        if not isinstance(result.get("content", []), list):
+            raise ValueError("not a tool result")
+        return result
+
+    async def request_raw(
+        self, method: str, params: dict[str, Any], *, progress: ProgressFnT
+    ) -> dict[str, Any]:
+        """Any request as plain JSON; its result object, unvalidated. Errors as :meth:`call_tool`."""
+        check_encodable(params)
+        request = types.Request[dict[str, Any], str](method=method, params=params)
+        return await self._session.send_request(request, _ANY_RESULT, progress_callback=progress)
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    kind: str,
+    headers: Mapping[str, str],
+    max_message_bytes: int,
+    stop_timeout: float,
+    on_list_changed: ListChanged,
+    on_notification: Notified,
+    on_asked: Asked | None = None,
+) -> AsyncIterator[RemoteConnection]:
+    """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
+    :class:`RemoteConnection`.
+
+    Resource handling: the task that enters this context must exit it. Exiting ends the session
+    (streamable HTTP: a DELETE, within *stop_timeout*), shielded from cancellation. A transport
+    that cannot open (a refused connection, an SSE stream the server refuses) ends the
+    connection at once with the reason: the handshake then fails with it.
+
+    Bounds: every answer and event within *max_message_bytes* (:mod:`supervisor.remote.http`);
+    *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
+    told at ``initialize`` that its client offers sampling, elicitation and roots.
+    """
+    connection = RemoteConnection(url, "sse" if kind == "sse" else "http")
+    holder = _Holder(connection, kind, headers, max_message_bytes, on_list_changed, on_notification, on_asked)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(holder.hold)
+        try:
+            yield connection
+        finally:
+            holder.closing.set()
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(stop_timeout):
+                    await holder.done.wait()
+                tasks.cancel_scope.cancel()
+
+
+class _Holder:
+    """The task that owns the transport and the session (see the module)."""
+
+    def __init__(
+        self,
+        connection: RemoteConnection,
+        kind: str,
+        headers: Mapping[str, str],
+        max_message_bytes: int,
+        on_list_changed: ListChanged,
+        on_notification: Notified,
+        on_asked: Asked | None,
+    ) -> None:
+        self.connection = connection
+        self.kinds = ["http", "sse"] if kind == "auto" else [kind]
+        self.headers = headers
+        self.max_message_bytes = max_message_bytes
+        self.on_list_changed = on_list_changed
+        self.on_notification = on_notification
+        self.asking = asking_callbacks(connection, on_asked) if on_asked is not None else {}
+        self.watch = _Watch(connection)
+        self.closing = anyio.Event()  # the run is over: leave the session and the transport
+        self.switch = anyio.Event()  # the handshake asks for the next transport
+        self.opened = anyio.Event()  # a session is open (again)
+        self.done = anyio.Event()
+
+    async def _fall_back(self) -> None:
+        """Close this transport and open the next; returns once it is open, or the run ended."""
+        self.opened = anyio.Event()
+        self.switch.set()
+        await _first(self.opened, self.connection.ended)
+
+    async def hold(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        connection, started = self.connection, False
+        try:
+            for position, kind in enumerate(self.kinds):
+                self.switch = anyio.Event()
+                last = position == len(self.kinds) - 1
+                try:
+                    async with self._session(kind) as session:
+                        connection.session, connection.transport = session, kind
+                        connection._fallback = None if last else self._fall_back
+                        if not started:
+                            started = True
+                            task_status.started()
+                        self.opened.set()
+                        await _first(self.closing, self.switch)
+                except Exception as exc:  # the transport failed: that ends the run
+                    if connection.failure == "the connection broke":  # said before the reason was known
+                        connection.failure = _failure(exc)
+                    connection.end(_failure(exc))
+                if self.closing.is_set() or connection.ended.is_set() or not self.switch.is_set():
+                    return
+        finally:
+            connection.end(connection.failure)  # however it left: requests in flight fail now
+            self.done.set()
+            if not started:
+                task_status.started()
+
+    @asynccontextmanager
+    async def _session(self, kind: str) -> AsyncIterator[ClientSession]:
+        """The transport of *kind* and a session over it, between our bounded streams."""
+        connection, limit = self.connection, self.max_message_bytes
+        watch = self.watch
+        client = http.client(self.headers, max_message_bytes=limit, watch=watch)
+        async with client:
+            if kind == "sse":
+
+                def factory(**_: Any) -> httpx2.AsyncClient:
+                    return http.client(self.headers, max_message_bytes=limit, watch=watch)
+
+                transport: AbstractAsyncContextManager[Any] = sse_client(
+                    connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
+                )
+            else:
+                transport = streamable_http_client(
+                    connection.url, http_client=client, max_sse_event_size=limit
+                )
+            async with transport as (read, write):
+                ours_send, ours_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+                connection._closers = [ours_send.close]
+                async with anyio.create_task_group() as pump:
+                    pump.start_soon(self._forward, read, ours_send)
+                    try:
+                        async with ClientSession(
+                            ours_recv,
+                            _Sending(write),
+                            message_handler=self._on_message,
+                            logging_callback=_on_log,
+                            **self.asking,
+                        ) as session:
+                            try:
+                                yield session
+                            except BaseException:  # the transport broke: before the session fails
+                                if not (self.closing.is_set() or self.switch.is_set()):  # its calls
+                                    connection.end(watch.last_failure or "the connection broke")
+                                raise
+                    finally:
+                        pump.cancel_scope.cancel()
+
+    async def _forward(
+        self,
+        read: MemoryObjectReceiveStream[SessionMessage | Exception],
+        ours: MemoryObjectSendStream[SessionMessage | Exception],
+    ) -> None:
+        """The transport's messages to the session: list_changed taken here, late answers
+        watched, a lost session or a broken stream ending the run."""
+        connection, last_error = self.connection, None
+        try:
+            async for message in read:
+                if isinstance(message, Exception):
+                    last_error = first_line(message, typed=False)
+                    log.warning("extension.bad_message", error=last_error)
+                    continue
+                inner = message.message
+                connection.watched.see(message)
+                if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
+                    self.on_list_changed(kind)
+                    continue
+                if isinstance(inner, types.JSONRPCError) and _cut_off(inner.error):
+                    # First: the call it answers fails as cut by the run's end.
+                    connection.end(self.watch.last_failure or "the server broke off an answer's stream")
+                await ours.send(message)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        if not (self.closing.is_set() or self.switch.is_set()):  # it ended under us (SSE: the server left)
+            connection.end(last_error or "the server closed the connection")
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
+            self.on_notification(message)
+
+
+class _Sending:
+    """The session's write stream: tells :data:`SENDING` the id of each request, as the child's
+    outbox does, so that a server's question finds the call it came with."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def send(self, item: SessionMessage, /) -> None:
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest) and (sending := SENDING.get()) is not None:
+            sending(message.id)
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Sending:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._inner.aclose()
+
+
+async def _first(*events: anyio.Event) -> None:
+    """Return once any of *events* is set."""
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as waiting:
+            for event in events:
+                waiting.start_soon(_set_then_cancel, event, scope)
+
+
+async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _cut_off(error: types.ErrorData) -> bool:
+    """Whether the transport made *error* up for an answer whose stream broke off: the server
+    went away (a server that cannot answer says so), and the run with it."""
+    return error.code == types.CONNECTION_CLOSED and error.message == _STREAM_CUT
+
+
+class _Watch:
+    """The run's view of its HTTP traffic (:class:`supervisor.remote.http.Watch`): a 5xx, or a
+    404 for a request of an established session, ends the run before the request it answered
+    fails; the last failure of the network is kept, to say why a broken transport ended it."""
+
+    def __init__(self, connection: RemoteConnection) -> None:
+        self._connection = connection
+        self.last_failure: str | None = None
+
+    def answered(self, request: httpx2.Request, status: int) -> None:
+        if status >= 500:
+            self._connection.end(f"the server answered HTTP {status}")
+        elif status == 404 and "mcp-session-id" in request.headers:
+            self._connection.end("the server no longer knows the session (404): a new run initializes again")
+
+    def failed(self, error: httpx2.TransportError) -> None:
+        self.last_failure = _failure(error)
+
+
+async def _on_log(params: types.LoggingMessageNotificationParams) -> None:
+    log.info("extension.log", level=params.level, logger=params.logger)
+
+
+def _failure(exc: BaseException) -> str:
+    """One line on why the transport failed, from the innermost error of an exception group."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, httpx2.ConnectError):
+        return f"cannot connect: {first_line(exc, typed=False)}"
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"the server answered {exc.response.status_code} {exc.response.reason_phrase}"
+    return first_line(exc, typed=False)

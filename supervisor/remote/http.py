@@ -1,0 +1,126 @@
+"""The HTTP client one remote run talks through: verified, bounded, and never a redirect away.
+
+Every byte a remote server sends is bounded before anything parses it: a JSON answer by
+``max_message_bytes`` in all, an event stream by ``max_message_bytes`` per event (the bytes
+since its last blank line), so a hostile or broken server costs at most that much memory.
+HTTPS is verified against the system's trust store; the MCP transports themselves follow a
+redirect only within the endpoint's origin, so the configured headers never leave it.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import httpx2
+
+__all__ = ("MAX_CONNECTIONS", "ResponseTooLarge", "Watch", "client")
+
+MAX_CONNECTIONS = 64  # per run: each call in flight may hold one (its answer's event stream)
+CONNECT_TIMEOUT = 10.0  # a TCP and TLS handshake; the call's own budget bounds the rest
+
+
+class Watch(Protocol):
+    """What a run hears of its HTTP traffic, before the transports act on it (sync, quick)."""
+
+    def answered(self, request: httpx2.Request, status: int) -> None: ...
+
+    def failed(self, error: httpx2.TransportError) -> None: ...
+
+
+class ResponseTooLarge(httpx2.StreamError, httpx2.SSEError):
+    """A server's answer (or one event of its stream) went over the run's byte limit: an error
+    of the stream, so the transports fail only the request it answered (an HTTP+SSE connection's
+    one stream: all of them)."""
+
+
+def client(
+    headers: Mapping[str, str],
+    *,
+    max_message_bytes: int,
+    watch: Watch | None = None,
+    timeout: httpx2.Timeout | None = None,
+) -> httpx2.AsyncClient:
+    """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*;
+    *watch* sees each response before anyone reads it, and each failure of the network.
+
+    Reads have no deadline of their own: a call's budget (``call_timeout``) and the liveness
+    pings bound every wait, and an event stream may rightly stay quiet for minutes. The
+    environment's proxies and ``.netrc`` are not read: a daemon's credentials come from its config.
+    """
+    transport = _Bounded(
+        httpx2.AsyncHTTPTransport(
+            verify=ssl.create_default_context(),
+            limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
+        ),
+        max_message_bytes,
+        watch,
+    )
+    return httpx2.AsyncClient(
+        headers=dict(headers),
+        timeout=timeout or httpx2.Timeout(CONNECT_TIMEOUT, read=None, pool=None),
+        transport=transport,
+        trust_env=False,
+        follow_redirects=False,
+    )
+
+
+class _Bounded(httpx2.AsyncBaseTransport):
+    """A transport whose response bodies stop at the byte limit (see the module)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int, watch: Watch | None) -> None:
+        self._inner, self._limit, self._watch = inner, limit, watch
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx2.TransportError as exc:
+            if self._watch is not None:
+                self._watch.failed(exc)
+            raise
+        if self._watch is not None:
+            self._watch.answered(request, response.status_code)
+        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        stream = response.stream
+        assert isinstance(stream, httpx2.AsyncByteStream)
+        response.stream = _Limited(stream, self._limit, per_event=events, watch=self._watch)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Limited(httpx2.AsyncByteStream):
+    def __init__(
+        self, inner: httpx2.AsyncByteStream, limit: int, *, per_event: bool, watch: Watch | None
+    ) -> None:
+        self._inner, self._limit, self._per_event, self._watch = inner, limit, per_event, watch
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._chunks():
+                yield chunk
+        except httpx2.TransportError as exc:
+            if self._watch is not None and not isinstance(exc, ResponseTooLarge):
+                self._watch.failed(exc)  # the server went away mid-answer
+            raise
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        pending = 0  # bytes of the current event (per_event), or of the whole body
+        tail = b""  # the last bytes of the previous chunk: a blank line may straddle two
+        async for chunk in self._inner:
+            if self._per_event:
+                seen = tail + chunk
+                end = max(seen.rfind(b"\n\n"), seen.rfind(b"\r\n\r\n"), seen.rfind(b"\r\r"))
+                pending = len(seen) - end if end >= 0 else pending + len(chunk)
+                tail = seen[-3:]
+            else:
+                pending += len(chunk)
+            if pending > self._limit:
+                what = "one event of its stream" if self._per_event else "its answer"
+                raise ResponseTooLarge(f"the server sent over {self._limit} bytes in {what}")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()

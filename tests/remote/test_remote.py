@@ -1,0 +1,195 @@
+"""Remote extensions: a real daemon supervising the SDK's own server over streamable HTTP and
+HTTP+SSE on loopback (tests/servers/remote.py), through the control socket and the gateway."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.control.client import RemoteError
+from tests.harness import SERVERS, Daemon, first_text, gateway_session, until
+from tests.harness.timing import patience
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+class Remote:
+    """tests/servers/remote.py in one of its modes, on a port that stays its own across restarts."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.port = mode, 0
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> Remote:
+        argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()  # printed once it listens
+        assert self.url.startswith("http://127.0.0.1:"), self.url
+        self.port = int(self.url.split(":")[2].split("/")[0])
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def entry(self, **overrides: Any) -> dict[str, Any]:
+        settings = {
+            "url": self.url,
+            "backoff": {"initial": 0.1, "max": 0.5, "jitter": 0},
+            "start_timeout": patience(10),
+            "stop_timeout": 1,
+        }
+        return {**settings, **overrides}
+
+
+def text(result: dict[str, Any]) -> str:
+    """The first text of a call's wire result."""
+    return str(result["content"][0]["text"])
+
+
+@pytest.fixture
+def remotes() -> Iterator[Callable[[str], Remote]]:
+    started: list[Remote] = []
+
+    def start(mode: str) -> Remote:
+        started.append(Remote(mode).start())
+        return started[-1]
+
+    yield start
+    for remote in started:
+        remote.kill()
+
+
+class TestRuns:
+    @pytest.mark.parametrize(
+        ("mode", "kind"), [("http", "http"), ("json", "auto"), ("sse", "auto"), ("sse", "sse")]
+    )
+    async def test_it_runs_lists_and_serves_calls_on_every_transport(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], mode: str, kind: str
+    ) -> None:
+        """Running means the handshake and first list succeeded; its tools reach the control
+        socket and every gateway client under the extension's prefix. ``auto`` finds SSE where
+        the server refuses streamable HTTP."""
+        remote = remotes(mode)
+        daemon = daemons({"far": remote.entry(type=kind)})
+        status = daemon.wait_state("far", "running")
+        assert status["pid"] is None and status["sandbox"] == {"mode": "remote"}, status
+        assert "echo" in {tool["name"] for tool in daemon.request("tools", {"name": "far"})["tools"]}
+        assert text(daemon.call("far", "echo", text="over http")) == "over http"
+        async with gateway_session(daemon.mcp_sock) as session:
+            result = await session.call_tool("far__echo", {"text": "through the gateway"})
+            assert first_text(result) == "through the gateway"
+
+    async def test_headers_reach_the_server_and_secrets_show_nowhere(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], tmp_path: Path
+    ) -> None:
+        """A header's ``${credential:NAME}`` is read at connect from the credentials directory;
+        the server gets it, and neither status nor the daemon's log holds it."""
+        remote = remotes("http")
+        credentials = tmp_path / "credentials"
+        credentials.mkdir()
+        (credentials / "token").write_text("s3cr3t-value\n")
+        entry = remote.entry(headers={"X-Token": "${credential:token}", "X-Plain": "plain"})
+        daemon = daemons({"far": entry}, env={"CREDENTIALS_DIRECTORY": str(credentials)})
+        daemon.wait_state("far", "running")
+        seen = json.loads(text(daemon.call("far", "headers")))
+        assert seen == {"x-token": "s3cr3t-value", "x-plain": "plain"}
+        assert "s3cr3t" not in json.dumps(daemon.status()) and "s3cr3t" not in daemon.log.read_text()
+
+    async def test_a_missing_secret_fails_the_extension_and_names_the_header(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], tmp_path: Path
+    ) -> None:
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry(headers={"X-Token": "${credential:absent}"})})
+        status = daemon.wait_state("far", "failed")
+        assert status["last_error"].startswith("headers X-Token:"), status
+
+
+class TestSupervision:
+    async def test_a_server_that_goes_away_backs_off_and_is_back_when_it_is(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """Killed while idle, it is noticed by the liveness ping, retried with backoff while the
+        port refuses, and running again (a new run, initialized anew) once the server is back."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry(ping_interval=0.3, ping_timeout=1)})
+        first = daemon.wait_state("far", "running")
+        remote.kill()
+        down = daemon.wait_state("far", "backoff")
+        assert down["last_error"], down
+        until(lambda: daemon.status()["far"]["restarts"] >= first["restarts"] + 2, within=patience(15))
+        remote.start()  # on the same port
+        daemon.wait_state("far", "running", within=patience(20))
+        assert text(daemon.call("far", "echo", text="back")) == "back"
+
+    async def test_a_call_in_flight_when_the_server_dies_fails_at_once(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """The call's error says it may or may not have run; nothing waits for call_timeout."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry(call_timeout=120)})
+        daemon.wait_state("far", "running")
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                daemon.call("far", "sleep", seconds=60)
+            except Exception as exc:
+                failed.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        until(lambda: daemon.status()["far"]["in_flight"] == 1, within=patience(10))
+        remote.kill()
+        caller.join(patience(15))
+        assert not caller.is_alive(), "the call waited on"
+        assert failed and "may or may not have run" in str(failed[0]), failed
+
+    async def test_a_lost_session_is_initialized_again(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """A server that forgot the session answers its next request 404: that run ends, and the
+        next one initializes a new session and serves."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry()})
+        first = daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "forget")) == "forgotten"
+        with pytest.raises(Exception):  # noqa: B017 - the 404's error, whatever its words
+            daemon.call("far", "echo", text="after")
+        until(lambda: daemon.status()["far"]["restarts"] > first["restarts"], within=patience(10))
+        daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "echo", text="again")) == "again"
+
+    async def test_a_changed_tool_list_reaches_the_catalog(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry()})
+        daemon.wait_state("far", "running")
+        daemon.call("far", "toggle_tool")
+        names = lambda: {tool["name"] for tool in daemon.request("tools", {"name": "far"})["tools"]}  # noqa: E731
+        until(lambda: "extra" in names(), within=patience(10))
+
+    async def test_an_answer_over_the_limit_fails_that_call_only(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """max_message_bytes bounds what one answer may hold in memory: over it, the call fails
+        and the run serves on."""
+        remote = remotes("json")
+        daemon = daemons({"far": remote.entry(max_message_bytes=100_000)})
+        first = daemon.wait_state("far", "running")
+        with pytest.raises(RemoteError, match="100000 bytes"):  # the limit it went over, named
+            daemon.call("far", "big_text", bytes=500_000)
+        assert text(daemon.call("far", "echo", text="still")) == "still"
+        assert daemon.status()["far"]["restarts"] == first["restarts"]

@@ -1,0 +1,107 @@
+"""Realistic fixture: a remote MCP server, the SDK's own, over HTTP on a loopback port.
+
+``remote.py MODE [PORT]``: ``http`` (streamable HTTP, answers as event streams), ``json``
+(streamable HTTP, answers as JSON), ``sse`` (the older HTTP+SSE transport: ``/sse`` and
+``/messages/``). PORT 0 or none: a free one. Prints its URL on stdout once it listens. Tools
+as ``echo.py``'s (``echo``, ``sleep``, ``toggle_tool``, ``big_text``, ``pid``, ...), plus
+``headers`` (the request's headers that start with ``x-``), ``sessions`` (how many sessions it
+holds) and ``forget`` (ends every session, so the next request of one is answered 404).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import uvicorn
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.sse import SseServerTransport
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+
+sys.path.insert(0, str(Path(__file__).parent))
+import echo  # beside this file
+
+EXTRA = (
+    echo._tool("headers", "The request's x- headers, as JSON."),
+    echo._tool("sessions", "How many sessions the server holds."),
+    echo._tool("forget", "End every session: the next request of one is answered 404."),
+)
+HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
+
+
+async def list_tools(
+    ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    listed = await echo.list_tools(ctx, params)
+    return types.ListToolsResult(tools=[*listed.tools, *EXTRA])
+
+
+async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+    match params.name:
+        case "headers":
+            request = ctx.request
+            seen = dict(request.headers) if request is not None else {}
+            return echo._text(json.dumps({k: v for k, v in seen.items() if k.startswith("x-")}))
+        case "sessions":
+            manager = SERVER._session_manager
+            return echo._text(str(len(manager._server_instances) if manager else -1))
+        case "forget":  # as a server restarted behind the same address: every session unknown
+            SERVER._session_manager._server_instances.clear()
+            return echo._text("forgotten")
+    return await echo.call_tool(ctx, params)
+
+
+class _Server(Server):
+    def create_initialization_options(self, *args: Any, **kwargs: Any) -> Any:  # listChanged: true
+        return super().create_initialization_options(NotificationOptions(tools_changed=True))
+
+
+SERVER = _Server(  # its _session_manager: set by streamable_http_app()
+    "remote", version="0.1.0", on_list_tools=list_tools, on_call_tool=call_tool
+)
+APP = Starlette()
+
+
+def _sse_app() -> Starlette:
+    transport = SseServerTransport("/messages/")
+
+    async def stream(request: Request) -> Response:
+        async with transport.connect_sse(request.scope, request.receive, request._send) as (read, write):
+            await SERVER.run(read, write, SERVER.create_initialization_options())
+        return Response()
+
+    return Starlette(
+        routes=[
+            Route("/sse", stream, methods=["GET"]),
+            Mount("/messages/", app=transport.handle_post_message),
+        ]
+    )
+
+
+async def main(mode: str, port: int) -> None:
+    global APP
+    if mode == "sse":
+        APP, path = _sse_app(), "/sse"
+    else:
+        APP = SERVER.streamable_http_app(json_response=mode == "json")
+        path = "/mcp"
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    config = uvicorn.Config(APP, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+    print(f"http://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
+    await server.serve(sockets=[listener])
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)
