@@ -61,6 +61,7 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
+    from supervisor.config.settings import StdioConfig
     from supervisor.daemon.identity import sandbox_context
     from supervisor.process import sandbox
 
@@ -72,7 +73,9 @@ def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
     running = anyio.run(_explained_by_the_daemon, settings.socket, names)
     for name in names:
         lines = running.get(name)
-        if lines is None:
+        if not isinstance(settings.extensions[name], StdioConfig):
+            lines = sandbox.explain_extension(name, settings.extensions[name], context)
+        elif lines is None:
             lines = sandbox.explain_extension(name, settings.extensions[name], context)
             lines.insert(1, "  (no daemon runs it: as one started from this shell would confine it)")
         else:

@@ -180,7 +180,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = add(
         "import",
         "local:import_servers",
-        "add the stdio servers of an MCP client's config file to the config",
+        "add the servers of an MCP client's config file (stdio and remote) to the config",
         asks_daemon=False,
         is_async=False,
     )

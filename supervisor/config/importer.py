@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,13 +164,16 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
         except _Unmappable as exc:
             result.skipped.append(f"{source}: {exc}")
             continue
-        notes += _first_start_allowance(entry)
+        if "command" in entry:
+            notes += _first_start_allowance(entry)
         name = _extension_name(source, used)
         used.add(name)
         if name != source:
             result.notes.append(f"{source}: renamed to '{name}' (letters, digits, '_' and '-' only, no '__')")
         result.notes += [f"{name}: {note}" for note in notes]
-        granted, report = sandbox_of(entry)
+        granted, report = (
+            sandbox_of(entry) if "command" in entry else ({}, "a remote server: nothing runs here")
+        )
         if granted:
             entry["sandbox"] = granted
         result.imported.append(Imported(source, name, entry, _variables(entry), report))
@@ -188,16 +191,25 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
 def _convert(
     raw: Any, *, home: str, workspace: str | None, inputs: Mapping[Any, Any]
 ) -> tuple[dict[str, Any], list[str]]:
-    """One client entry as an extension entry, with notes; raises _Unmappable saying why not."""
+    """One client entry as an extension entry, with notes; raises _Unmappable saying why not.
+
+    A remote server (``url``, ``serverUrl``, ``httpUrl``, or the ``mcp-remote`` / ``mcp-proxy``
+    stdio wrappers around one) comes in as a remote extension."""
     if not isinstance(raw, dict):
         raise _Unmappable("not an object")
-    remote = [key for key in _REMOTE if key in raw]
-    kind = raw.get("type", raw.get("transportType", "stdio"))
-    if remote or kind != "stdio":
-        what = f"'{remote[0]}'" if remote else f"type '{kind}'"
-        raise _Unmappable(
-            f"not a stdio server ({what}); mcp-supervisor supervises stdio servers: keep it here"
-        )
+
+    def mapped(text: Any) -> str:
+        return _map_variables(str(text), home=home, workspace=workspace, inputs=inputs)
+
+    if any(key in raw for key in _REMOTE) or raw.get("type", raw.get("transportType", "stdio")) != "stdio":
+        return _convert_remote(raw, mapped)
+    if (wrapped := _wrapped_remote(raw)) is not None:
+        entry, notes = _convert_remote(wrapped, mapped)
+        return entry, [
+            f"{raw['command']} {raw['args'][0] if raw.get('args') else ''}".strip()
+            + " wraps a remote server: imported as that server",
+            *notes,
+        ]
     command, args = raw.get("command"), raw.get("args", [])
     if not isinstance(command, str) or not command.strip():
         raise _Unmappable("has no 'command'")
@@ -223,9 +235,6 @@ def _convert(
     if "tools" in folded:
         notes.append(f"tools: {folded['tools']} (from the client's tool lists)")
 
-    def mapped(text: Any) -> str:
-        return _map_variables(str(text), home=home, workspace=workspace, inputs=inputs)
-
     entry: dict[str, Any] = {"command": mapped(command)}
     if args:
         entry["args"] = [mapped(arg) for arg in args]
@@ -246,6 +255,86 @@ def _convert(
         if value is not None:
             entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
     return entry, notes
+
+
+_TRANSPORT_SPELLINGS = {"sse": "sse", "http": "http", "streamable-http": "http", "streamableHttp": "http"}
+
+
+def _convert_remote(raw: dict[str, Any], mapped: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
+    """A remote server's entry: its URL, transport and headers (values copied as they are)."""
+    url = next((raw[key] for key in _REMOTE if key in raw), None)
+    if not isinstance(url, str) or not url.strip():
+        raise _Unmappable(f"type '{raw.get('type', raw.get('transportType'))}' without a 'url'")
+    entry: dict[str, Any] = {"url": mapped(url)}
+    kind = raw.get("type", raw.get("transportType", "http" if "httpUrl" in raw else None))
+    if kind is not None:
+        if kind not in _TRANSPORT_SPELLINGS:
+            raise _Unmappable(f"type '{kind}' is no transport mcp-supervisor knows (http, sse)")
+        entry["type"] = _TRANSPORT_SPELLINGS[kind]
+    notes = []
+    headers = raw.get("headers") or {}
+    if not isinstance(headers, dict):
+        raise _Unmappable("'headers' is not an object")
+    if headers:
+        entry["headers"] = {str(name): mapped(value) for name, value in headers.items()}
+        notes.append(
+            f"headers {', '.join(map(str, headers))} copied as they are: a secret in one is better "
+            "kept as ${credential:NAME} (systemd credentials) or ${file:PATH}"
+        )
+    try:
+        folded, dropped = clientkeys.fold(
+            {k: v for k, v in raw.items() if k not in (*_REMOTE, "type", "transportType", "headers")}
+        )
+    except clientkeys.ClientKeyError as exc:
+        raise _Unmappable(str(exc)) from None
+    dropped += [key for key in folded if key not in _MAPPED]
+    if dropped:
+        notes.append(f"ignored {', '.join(dropped)} (client settings mcp-supervisor does not use)")
+    for key in _MAPPED:
+        if (value := folded.get(key)) is not None and not (key == "autostart" and value is True):
+            entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+    return entry, notes
+
+
+def _wrapped_remote(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The remote server an ``mcp-remote`` (npm) or ``mcp-proxy`` (PyPI) stdio entry wraps, as a
+    client's url entry; None for any other command."""
+    command, args = raw.get("command"), raw.get("args", [])
+    if (
+        not isinstance(command, str)
+        or not isinstance(args, list)
+        or not all(isinstance(a, str) for a in args)
+    ):
+        return None
+    argv = [os.path.basename(command), *args]
+    tool = next((a for a in argv if a.split("@")[0] in ("mcp-remote", "mcp-proxy")), None)
+    if tool is None:
+        return None
+    rest = argv[argv.index(tool) + 1 :]
+    url = next((a for a in rest if a.startswith(("http://", "https://"))), None)
+    if url is None:
+        return None  # mcp-proxy serving a stdio server over HTTP, not a client of one
+    found: dict[str, Any] = {"url": url, "headers": {}}
+    pairs = iter(rest)
+    for arg in pairs:
+        if arg in ("--header", "-H", "--headers"):
+            value = next(pairs, "")
+            if tool.startswith("mcp-remote") and ":" in value:
+                name, _, text = value.partition(":")
+                found["headers"][name.strip()] = text.strip()
+            elif not tool.startswith("mcp-remote"):
+                found["headers"][value] = next(pairs, "")
+        elif arg.startswith("--transport"):
+            value = arg.partition("=")[2] or next(pairs, "")
+            if value in ("http-only", "streamablehttp"):
+                found["type"] = "http"
+            elif value in ("sse-only", "sse"):
+                found["type"] = "sse"
+    if tool.startswith("mcp-proxy") and "type" not in found:
+        found["type"] = "sse"  # its client mode's default transport
+    if not found["headers"]:
+        del found["headers"]
+    return found
 
 
 def _first_start_allowance(entry: dict[str, Any]) -> list[str]:
@@ -298,7 +387,13 @@ def _map_variables(text: str, *, home: str, workspace: str | None, inputs: Mappi
 
 
 def _variables(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    texts = [entry["command"], *entry.get("args", []), *entry.get("env", {}).values(), entry.get("cwd", "")]
+    texts = [
+        entry.get("command", entry.get("url", "")),
+        *entry.get("args", []),
+        *entry.get("env", {}).values(),
+        *entry.get("headers", {}).values(),
+        entry.get("cwd", ""),
+    ]
     found = re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)\}", " ".join(texts).replace("$$", ""))
     return tuple(dict.fromkeys(found))
 

@@ -82,7 +82,7 @@ def run_import(
     for line in found.notes:
         say(f"note: {line}")
     if not found.imported:
-        raise ImportRefused(f"no stdio server to import from {client.path}")
+        raise ImportRefused(f"no server to import from {client.path}")
     stamp = (now or datetime.now()).strftime("%Y-%m-%d %H:%M")
     comment = f"imported from {client.path} by mcp-supervisor import, {stamp}"
     new, kept, replaced = merged_config(text, found, force=request.force, comment=comment)
@@ -93,7 +93,9 @@ def run_import(
         say(f"note: {name} is not set here: the daemon needs it in its environment")
     for item in found.imported:
         verb = "replaced" if item.name in replaced else "imported"
-        say(f"{verb} {item.name}: {shlex.join([item.entry['command'], *item.entry.get('args', [])])}")
+        entry = item.entry
+        runs = entry["url"] if "url" in entry else shlex.join([entry["command"], *entry.get("args", [])])
+        say(f"{verb} {item.name}: {runs}")
         say(f"  sandbox: {item.sandbox}")
     if request.dry_run:
         say(f"dry run: {request.config} and {client.path} left as they are")

@@ -27,6 +27,50 @@ def entries(found: importer.Plan) -> dict[str, dict[str, Any]]:
     return {item.name: item.entry for item in found.imported}
 
 
+class TestRemoteServers:
+    def test_headers_are_copied_with_a_note_and_variables_named(self) -> None:
+        raw = {"url": "https://h/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}, "disabled": True}
+        entry, notes = importer._convert(raw, home=HOME, workspace=None, inputs={})
+        assert entry == {
+            "url": "https://h/mcp",
+            "headers": {"Authorization": "Bearer ${TOKEN}"},
+            "autostart": False,
+        }
+        assert notes[0].startswith("headers Authorization copied as they are")
+        assert importer._variables(entry) == ("TOKEN",)
+
+    @pytest.mark.parametrize(
+        ("command", "args", "expected"),
+        [
+            ("npx", ["-y", "mcp-remote", "https://h/mcp"], {"url": "https://h/mcp"}),
+            ("npx", ["mcp-remote@0.1.29", "https://h/sse", "--transport", "sse-only",
+                     "--header", "Authorization: Bearer ${AUTH}"],
+             {"url": "https://h/sse", "type": "sse", "headers": {"Authorization": "Bearer ${AUTH}"}}),
+            ("uvx", ["mcp-proxy", "--transport=streamablehttp", "-H", "X-Key", "v", "https://h/mcp"],
+             {"url": "https://h/mcp", "type": "http", "headers": {"X-Key": "v"}}),
+            ("/usr/local/bin/mcp-proxy", ["http://localhost:9000/sse"],
+             {"url": "http://localhost:9000/sse", "type": "sse"}),
+        ],
+    )  # fmt: skip
+    def test_stdio_wrappers_of_a_remote_server_come_in_as_that_server(
+        self, command: str, args: list[str], expected: dict[str, Any]
+    ) -> None:
+        """mcp-remote and mcp-proxy run a remote server as a stdio one: the daemon reaches the
+        server itself (one login, one session for every client), so the wrapper goes."""
+        entry, notes = importer._convert(
+            {"command": command, "args": args}, home=HOME, workspace=None, inputs={}
+        )
+        assert entry == expected
+        assert "wraps a remote server" in notes[0]
+
+    def test_mcp_proxy_serving_a_stdio_server_stays_a_stdio_entry(self) -> None:
+        entry, _ = importer._convert(
+            {"command": "mcp-proxy", "args": ["--port", "8080", "uvx", "mcp-server-time"]},
+            home=HOME, workspace=None, inputs={},
+        )  # fmt: skip
+        assert entry["command"] == "mcp-proxy"
+
+
 class TestFormats:
     def test_claude_desktop(self) -> None:
         """Every server taken; a name with a space renamed; a literal `$` escaped as `$$`."""
@@ -47,7 +91,7 @@ class TestFormats:
         assert found.skipped == []
 
     def test_cursor(self) -> None:
-        """${userHome} and ${env:X} mapped, envFile reported, a url server skipped with the reason."""
+        """${userHome} and ${env:X} mapped, envFile reported, a url server imported as a remote one."""
         found = planned("cursor_mcp.json")
         got = entries(found)
         assert got["notes"] == {
@@ -56,19 +100,18 @@ class TestFormats:
             "env": {"NOTES_TOKEN": "${NOTES_TOKEN}"},
         }
         assert found.imported[0].variables == ("NOTES_TOKEN",)
-        assert found.skipped == [
-            "linear: not a stdio server ('url'); mcp-supervisor supervises stdio servers: keep it here"
-        ]
+        assert got["linear"] == {"url": "https://mcp.linear.app/sse"}  # type auto: finds SSE itself
+        assert found.skipped == []
         assert (
             "notes: envFile '${userHome}/.notes.env' is not read: copy its variables into env" in found.notes
         )
 
     def test_windsurf(self) -> None:
-        """disabled and disabledTools mapped; serverUrl is a remote server."""
+        """disabled and disabledTools mapped; serverUrl is a remote server's URL."""
         found = planned("windsurf_mcp_config.json")
         assert entries(found)["memory"]["autostart"] is False
         assert entries(found)["memory"]["tools"] == {"deny": ["delete_entities", "delete_relations"]}
-        assert found.skipped[0].startswith("context7: not a stdio server ('serverUrl')")
+        assert entries(found)["context7"] == {"url": "https://mcp.context7.com/mcp"}
 
     def test_cline(self) -> None:
         """transportType stdio accepted, timeout in seconds, autoApprove/alwaysAllow named as ignored."""
@@ -84,16 +127,16 @@ class TestFormats:
             "everything: ignored autoApprove, alwaysAllow (client settings mcp-supervisor does not use)"
             in (found.notes)
         )
-        assert found.skipped[0].startswith("remote: not a stdio server ('url')")
+        assert entries(found)["remote"] == {"url": "http://localhost:3001/sse", "type": "sse"}
 
     def test_claude_code_project_file(self) -> None:
-        """`.mcp.json`: ${VAR} and ${VAR:-default} are Claude Code's syntax and ours: kept; http skipped."""
+        """`.mcp.json`: ${VAR} and ${VAR:-default} are Claude Code's syntax and ours: kept; http too."""
         client = importer.read_client(SAMPLES / "claude-code" / ".mcp.json")
         assert client.client == "claude-code"
         found = importer.plan(client, home=HOME)
         assert entries(found)["db"]["args"][-1] == "${DATABASE_URL:-postgres://localhost/dev}"
         assert found.imported[0].variables == ("API_KEY",)  # the one without a default
-        assert found.skipped[0].startswith("sentry: not a stdio server ('url')")
+        assert entries(found)["sentry"] == {"url": "https://mcp.sentry.dev/mcp", "type": "http"}
 
     def test_claude_code_user_file_and_its_projects(self) -> None:
         """~/.claude.json: the user-scope servers, with a note per project; --project takes a project's."""
@@ -123,8 +166,8 @@ class TestFormats:
         assert found.skipped == [
             "github: ${input:github_token} (GitHub Personal Access Token) is asked by VS Code when the "
             "server starts, and a daemon cannot ask: add this server by hand, with the value in its env",
-            "remote: not a stdio server ('url'); mcp-supervisor supervises stdio servers: keep it here",
         ]
+        assert entries(found)["remote"] == {"url": "http://localhost:8080/sse", "type": "sse"}
 
     def test_file_servers_may_write_what_they_serve_others_get_the_default(self) -> None:
         """server-filesystem's directories become write grants; github gets the default; the
@@ -174,13 +217,14 @@ class TestFormats:
 
     @pytest.mark.parametrize("sample", sorted(str(p.relative_to(SAMPLES)) for p in SAMPLES.rglob("*.json")))
     def test_every_imported_entry_is_a_valid_extension(self, sample: str) -> None:
-        """What the plan produces validates as StdioConfig (with its variables set)."""
+        """What the plan produces validates as an extension of its kind (with its variables set)."""
         found = planned(sample, workspace="/src/app")
         assert found.imported
         for item in found.imported:
             token = fields.LOADING.set(fields.Loading({}, dict.fromkeys(item.variables, "v")))
             try:
-                config.StdioConfig.model_validate(item.entry)
+                kind = config.RemoteConfig if "url" in item.entry else config.StdioConfig
+                kind.model_validate(item.entry)
             finally:
                 fields.LOADING.reset(token)
 

@@ -74,7 +74,7 @@ class TestImport:
         lines = iter(after)
         assert all(line in lines for line in before), after  # every old line, in the same order
         check = run("check-config", str(work / "config.yaml"))
-        assert check.stdout.endswith("OK (2 extensions: clock, everything)\n"), check.stderr
+        assert check.stdout.endswith("OK (3 extensions: clock, everything, remote)\n"), check.stderr
 
     def test_a_taken_name_is_refused_without_force_and_nothing_changes(self, work: Path) -> None:
         client = work / "clients" / "windsurf_mcp_config.json"
@@ -83,7 +83,8 @@ class TestImport:
         again = run("import", str(client), "-c", str(work / "config.yaml"), "--rewrite-client")
         assert again.returncode == 1
         assert again.stderr == (
-            "mcp-supervisor: 'memory' already configured: give --force to replace it (nothing was written)\n"
+            "mcp-supervisor: 'memory', 'context7' already configured: give --force to replace them "
+            "(nothing was written)\n"
         )
         assert (work / "config.yaml").read_bytes() == config_before
         assert client.read_bytes() == client_before
@@ -131,16 +132,18 @@ class TestImport:
 
     def test_nothing_to_import_exits_1(self, work: Path) -> None:
         client = work / "clients" / "remote.json"
-        client.write_text(json.dumps({"mcpServers": {"r": {"url": "https://example.com/mcp"}}}))
+        client.write_text(
+            json.dumps({"mcpServers": {"r": {"type": "websocket", "url": "wss://example.com/"}}})
+        )
         result = run("import", str(client), "-c", str(work / "config.yaml"))
         assert result.returncode == 1
-        assert result.stdout.startswith("skipped r: not a stdio server ('url')")
-        assert result.stderr == f"mcp-supervisor: no stdio server to import from {client}\n"
+        assert result.stdout.startswith("skipped r: type 'websocket' is no transport mcp-supervisor knows")
+        assert result.stderr == f"mcp-supervisor: no server to import from {client}\n"
 
 
 class TestRewriteClient:
     def test_backup_then_one_connect_entry_and_the_rest_untouched(self, work: Path) -> None:
-        """The client keeps its other keys and its remote servers; the stdio ones become one connect entry."""
+        """The client keeps its other keys; its servers, remote ones too, become one connect entry."""
         client = work / "clients" / "cursor_mcp.json"
         client.chmod(0o640)
         original = client.read_bytes()
@@ -154,7 +157,6 @@ class TestRewriteClient:
         socket_path = str(work / "run" / "control.sock")  # not the default: named
         assert data == {
             "mcpServers": {
-                "linear": {"url": "https://mcp.linear.app/sse"},
                 "supervisor": {"command": SCRIPT, "args": ["connect", "--socket", socket_path]},
             }
         }
@@ -179,7 +181,7 @@ class TestRewriteClient:
         assert result.returncode == 0, result.stderr
         assert "(its comments are only in the backup)" in result.stdout
         data = json.loads(client.read_text())
-        assert list(data["servers"]) == ["github", "remote", "supervisor"]  # the skipped stay
+        assert list(data["servers"]) == ["github", "supervisor"]  # the skipped stay
         assert data["servers"]["supervisor"]["type"] == "stdio"
         assert data["inputs"][0]["id"] == "github_token"
         assert (
@@ -202,9 +204,10 @@ class TestRewriteClient:
         assert len(list(target.parent.glob("claude_desktop_config.json.bak-*"))) == 1
 
     def test_a_rewrite_that_cannot_be_done_stops_the_import_before_any_write(self, work: Path) -> None:
-        """A remote server already named `supervisor` would be lost: exit 2, config and client untouched."""
+        """A server left in the client and named `supervisor` would be lost: exit 2, config and
+        client untouched."""
         client = work / "clients" / "taken.json"
-        servers = {"a": {"command": "x"}, "supervisor": {"url": "https://example.com/mcp"}}
+        servers = {"a": {"command": "x"}, "supervisor": {"type": "websocket", "url": "wss://example.com/"}}
         client.write_text(json.dumps({"mcpServers": servers}))
         before = (work / "config.yaml").read_bytes()
         result = run("import", str(client), "-c", str(work / "config.yaml"), "--rewrite-client")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from supervisor.control.client import RemoteError
-from tests.harness import SERVERS, Daemon, first_text, gateway_session, until
+from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
 from tests.harness.timing import patience
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -171,6 +171,21 @@ class TestSupervision:
         daemon.wait_state("far", "running")
         assert text(daemon.call("far", "echo", text="again")) == "again"
 
+    async def test_a_server_error_ends_the_run_and_the_next_one_serves(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """A 5xx is the server's trouble, not the call's: the run ends (the call says it may or may
+        not have run), the restart backs off, and the next run serves."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry()})
+        first = daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "answer_next", status=503)) == "armed"
+        with pytest.raises(RemoteError, match=r"HTTP 503.*may or may not have run"):
+            daemon.call("far", "echo", text="lost")
+        until(lambda: daemon.status()["far"]["restarts"] > first["restarts"], within=patience(10))
+        daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "echo", text="served")) == "served"
+
     async def test_a_changed_tool_list_reaches_the_catalog(
         self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
     ) -> None:
@@ -193,3 +208,19 @@ class TestSupervision:
             daemon.call("far", "big_text", bytes=500_000)
         assert text(daemon.call("far", "echo", text="still")) == "still"
         assert daemon.status()["far"]["restarts"] == first["restarts"]
+
+
+def test_explain_says_nothing_of_it_runs_here(tmp_path: Path) -> None:
+    """``check-config --explain`` of a remote server: no sandbox to show, and why."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"socket: {tmp_path}/control.sock\nextensions:\n  far: {{url: 'https://example.com/mcp'}}\n"
+    )
+    result = subprocess.run(
+        [*CLI, "check-config", str(config), "--explain", "far"], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "far: a remote server (https://example.com/mcp): nothing of it runs on this host, so there "
+        "is nothing to confine; the daemon sends its headers to that origin only\n"
+    )

@@ -5,7 +5,8 @@
 ``/messages/``). PORT 0 or none: a free one. Prints its URL on stdout once it listens. Tools
 as ``echo.py``'s (``echo``, ``sleep``, ``toggle_tool``, ``big_text``, ``pid``, ...), plus
 ``headers`` (the request's headers that start with ``x-``), ``sessions`` (how many sessions it
-holds) and ``forget`` (ends every session, so the next request of one is answered 404).
+holds), ``forget`` (ends every session, so the next request of one is answered 404) and
+``answer_next(status)`` (the next POST is answered with that HTTP status, before the MCP app).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ EXTRA = (
     echo._tool("headers", "The request's x- headers, as JSON."),
     echo._tool("sessions", "How many sessions the server holds."),
     echo._tool("forget", "End every session: the next request of one is answered 404."),
+    echo._tool("answer_next", "Answer the next POST with this HTTP status.", {"status": {"type": "integer"}}),
 )
+FAULT: dict[str, int] = {}  # "status": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
 
 
@@ -53,6 +56,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         case "sessions":
             manager = SERVER._session_manager
             return echo._text(str(len(manager._server_instances) if manager else -1))
+        case "answer_next":
+            FAULT["status"] = int((params.arguments or {})["status"])
+            return echo._text("armed")
         case "forget":  # as a server restarted behind the same address: every session unknown
             SERVER._session_manager._server_instances.clear()
             return echo._text("forgotten")
@@ -86,6 +92,27 @@ def _sse_app() -> Starlette:
     )
 
 
+class _Faults:
+    """The MCP app, unless a fault is armed: then the next POST gets that status and no more."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and "status" in FAULT:
+            status = FAULT.pop("status")
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [(b"content-type", b"text/plain")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"injected"})
+            return
+        await self.app(scope, receive, send)
+
+
 async def main(mode: str, port: int) -> None:
     global APP
     if mode == "sse":
@@ -96,7 +123,7 @@ async def main(mode: str, port: int) -> None:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
-    config = uvicorn.Config(APP, log_level="warning", lifespan="on")
+    config = uvicorn.Config(_Faults(APP), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
     print(f"http://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)

@@ -328,6 +328,11 @@ def sweep(base: str, *, remove: bool = False) -> int:
 
 def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     """``check-config --explain NAME``: what extension *name* (its config) may reach, and why."""
+    if (url := getattr(config, "url", None)) is not None:  # a RemoteConfig
+        return [
+            f"{name}: a remote server ({url}): nothing of it runs on this host, so there is "
+            "nothing to confine; the daemon sends its headers to that origin only"
+        ]
     confined = sandbox_for(name, config, context)
     if confined is None:
         return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
