@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 # higher. Together with LAYERS this is the architecture; docs/architecture.md draws it.
 INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "config": (
-        ("secrets", "clientkeys", "runners", "snippets", "file", "sandboxes"),
+        ("secrets", "clientkeys", "runners", "snippets", "file", "sandboxes", "remotes"),
         ("fields",),
         ("extension",),
         ("settings", "importer"),
@@ -66,11 +66,11 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("children",),
         ("containment",),
     ),
-    "upstream": (("listing", "wire"), ("session",)),
+    "upstream": (("listing", "wire", "media"), ("session", "spool")),
     "remote": (("http",), ("connection",)),
     "child": (
-        ("media", "wire"),
-        ("spool", "rawcalls"),
+        ("wire",),
+        ("rawcalls",),
         ("pipes",),
         ("connection",),
     ),

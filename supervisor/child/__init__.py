@@ -2,7 +2,7 @@
 
 ``connection`` (spawn, the pipes, the SDK session and the raw calls beside it), ``wire`` (the
 stdin outbox and the child's requests bounded), ``rawcalls`` (tool calls as plain JSON, for the fast
-path), ``spool`` and ``media`` (oversized images, audio and blobs to disk, as they stream in).
+path), ``pipes`` (stdout split into messages, its media spooled as it streams in).
 """
 
 __all__ = ()  # the modules are the public surface

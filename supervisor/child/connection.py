@@ -29,7 +29,6 @@ from supervisor.child.pipes import (
     watch_exit,
 )
 from supervisor.child.rawcalls import RawCalls
-from supervisor.child.spool import ExtensionSpool
 from supervisor.child.wire import InboundRequests, Outbox
 from supervisor.errors import first_line
 from supervisor.process import children as process
@@ -42,6 +41,7 @@ from supervisor.upstream.session import (
     SessionUpstream,
     asking_callbacks,
 )
+from supervisor.upstream.spool import ExtensionSpool
 
 __all__ = ("EXIT_FLUSH_GRACE", "Connection", "LineSplitter", "connect")
 
@@ -115,7 +115,7 @@ async def connect(
     gone, so a child blocked on a full pipe still shuts down gracefully.
 
     Oversized media in the child's results goes to *spool* before anything parses it into
-    models (see :mod:`supervisor.child.spool`).
+    models (see :mod:`supervisor.upstream.spool`).
 
     Bounds: at most ``MAX_INBOUND_REQUESTS`` requests from the child are answered at once
     (more are dropped with a warning); a message to the child that it does not read within

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from supervisor.config import clientkeys, runners
 from supervisor.config.file import read_bytes
+from supervisor.config.remotes import MAPPED, REMOTE_KEYS, Unmappable, remote_entry, wrapped_remote
 from supervisor.config.sandboxes import sandbox_of
 from supervisor.errors import ConfigError
 
@@ -51,8 +52,6 @@ _PREDEFINED = frozenset(
     }
 )
 _TAKEN = ("command", "args", "env", "cwd", "type")
-_MAPPED = ("autostart", "call_timeout", "call_timeout_max", "tools")  # what clientkeys.fold produces
-_REMOTE = ("url", "serverUrl", "httpUrl")  # serverUrl: Windsurf; httpUrl: Gemini CLI
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +89,6 @@ class Plan:
     imported: list[Imported] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "NAME: why", one per server left in the client
     notes: list[str] = field(default_factory=list)  # what was dropped or changed in imported servers
-
-
-class _Unmappable(Exception):
-    pass
 
 
 def read_client(path: str | os.PathLike[str], *, project: str | None = None) -> ClientFile:
@@ -161,7 +156,7 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
     for source, raw in client.servers.items():
         try:
             entry, notes = _convert(raw, home=home, workspace=workspace, inputs=inputs)
-        except _Unmappable as exc:
+        except Unmappable as exc:
             result.skipped.append(f"{source}: {exc}")
             continue
         if "command" in entry:
@@ -191,20 +186,23 @@ def plan(client: ClientFile, *, home: str, workspace: str | None = None, taken: 
 def _convert(
     raw: Any, *, home: str, workspace: str | None, inputs: Mapping[Any, Any]
 ) -> tuple[dict[str, Any], list[str]]:
-    """One client entry as an extension entry, with notes; raises _Unmappable saying why not.
+    """One client entry as an extension entry, with notes; raises Unmappable saying why not.
 
     A remote server (``url``, ``serverUrl``, ``httpUrl``, or the ``mcp-remote`` / ``mcp-proxy``
     stdio wrappers around one) comes in as a remote extension."""
     if not isinstance(raw, dict):
-        raise _Unmappable("not an object")
+        raise Unmappable("not an object")
 
     def mapped(text: Any) -> str:
         return _map_variables(str(text), home=home, workspace=workspace, inputs=inputs)
 
-    if any(key in raw for key in _REMOTE) or raw.get("type", raw.get("transportType", "stdio")) != "stdio":
-        return _convert_remote(raw, mapped)
-    if (wrapped := _wrapped_remote(raw)) is not None:
-        entry, notes = _convert_remote(wrapped, mapped)
+    if (
+        any(key in raw for key in REMOTE_KEYS)
+        or raw.get("type", raw.get("transportType", "stdio")) != "stdio"
+    ):
+        return remote_entry(raw, mapped)
+    if (wrapped := wrapped_remote(raw)) is not None:
+        entry, notes = remote_entry(wrapped, mapped)
         return entry, [
             f"{raw['command']} {raw['args'][0] if raw.get('args') else ''}".strip()
             + " wraps a remote server: imported as that server",
@@ -212,16 +210,16 @@ def _convert(
         ]
     command, args = raw.get("command"), raw.get("args", [])
     if not isinstance(command, str) or not command.strip():
-        raise _Unmappable("has no 'command'")
+        raise Unmappable("has no 'command'")
     if not isinstance(args, list) or not all(isinstance(a, str | int | float) for a in args):
-        raise _Unmappable("'args' is not a list of strings")
+        raise Unmappable("'args' is not a list of strings")
     if os.path.basename(command) == "mcp-supervisor" and "connect" in args:
-        raise _Unmappable("it is mcp-supervisor's own connect entry")
+        raise Unmappable("it is mcp-supervisor's own connect entry")
     try:
         folded, dropped = clientkeys.fold({k: v for k, v in raw.items() if k not in _TAKEN})
     except clientkeys.ClientKeyError as exc:
-        raise _Unmappable(str(exc)) from None
-    dropped += [key for key in folded if key not in _MAPPED]
+        raise Unmappable(str(exc)) from None
+    dropped += [key for key in folded if key not in MAPPED]
     notes = []
     if "envFile" in dropped:
         dropped.remove("envFile")
@@ -240,7 +238,7 @@ def _convert(
         entry["args"] = [mapped(arg) for arg in args]
     env = raw.get("env") or {}
     if not isinstance(env, dict):
-        raise _Unmappable("'env' is not an object")
+        raise Unmappable("'env' is not an object")
     if env:
         unset = [key for key, value in env.items() if value is None]  # VS Code: remove from the environment
         if unset:
@@ -248,93 +246,13 @@ def _convert(
         entry["env"] = {str(key): mapped(value) for key, value in env.items() if value is not None}
     if isinstance(raw.get("cwd"), str):
         entry["cwd"] = mapped(raw["cwd"])
-    for key in _MAPPED:
+    for key in MAPPED:
         value = folded.get(key)
         if key == "autostart" and value is True:  # `disabled: false`: the default says it
             continue
         if value is not None:
             entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
     return entry, notes
-
-
-_TRANSPORT_SPELLINGS = {"sse": "sse", "http": "http", "streamable-http": "http", "streamableHttp": "http"}
-
-
-def _convert_remote(raw: dict[str, Any], mapped: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
-    """A remote server's entry: its URL, transport and headers (values copied as they are)."""
-    url = next((raw[key] for key in _REMOTE if key in raw), None)
-    if not isinstance(url, str) or not url.strip():
-        raise _Unmappable(f"type '{raw.get('type', raw.get('transportType'))}' without a 'url'")
-    entry: dict[str, Any] = {"url": mapped(url)}
-    kind = raw.get("type", raw.get("transportType", "http" if "httpUrl" in raw else None))
-    if kind is not None:
-        if kind not in _TRANSPORT_SPELLINGS:
-            raise _Unmappable(f"type '{kind}' is no transport mcp-supervisor knows (http, sse)")
-        entry["type"] = _TRANSPORT_SPELLINGS[kind]
-    notes = []
-    headers = raw.get("headers") or {}
-    if not isinstance(headers, dict):
-        raise _Unmappable("'headers' is not an object")
-    if headers:
-        entry["headers"] = {str(name): mapped(value) for name, value in headers.items()}
-        notes.append(
-            f"headers {', '.join(map(str, headers))} copied as they are: a secret in one is better "
-            "kept as ${credential:NAME} (systemd credentials) or ${file:PATH}"
-        )
-    try:
-        folded, dropped = clientkeys.fold(
-            {k: v for k, v in raw.items() if k not in (*_REMOTE, "type", "transportType", "headers")}
-        )
-    except clientkeys.ClientKeyError as exc:
-        raise _Unmappable(str(exc)) from None
-    dropped += [key for key in folded if key not in _MAPPED]
-    if dropped:
-        notes.append(f"ignored {', '.join(dropped)} (client settings mcp-supervisor does not use)")
-    for key in _MAPPED:
-        if (value := folded.get(key)) is not None and not (key == "autostart" and value is True):
-            entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
-    return entry, notes
-
-
-def _wrapped_remote(raw: dict[str, Any]) -> dict[str, Any] | None:
-    """The remote server an ``mcp-remote`` (npm) or ``mcp-proxy`` (PyPI) stdio entry wraps, as a
-    client's url entry; None for any other command."""
-    command, args = raw.get("command"), raw.get("args", [])
-    if (
-        not isinstance(command, str)
-        or not isinstance(args, list)
-        or not all(isinstance(a, str) for a in args)
-    ):
-        return None
-    argv = [os.path.basename(command), *args]
-    tool = next((a for a in argv if a.split("@")[0] in ("mcp-remote", "mcp-proxy")), None)
-    if tool is None:
-        return None
-    rest = argv[argv.index(tool) + 1 :]
-    url = next((a for a in rest if a.startswith(("http://", "https://"))), None)
-    if url is None:
-        return None  # mcp-proxy serving a stdio server over HTTP, not a client of one
-    found: dict[str, Any] = {"url": url, "headers": {}}
-    pairs = iter(rest)
-    for arg in pairs:
-        if arg in ("--header", "-H", "--headers"):
-            value = next(pairs, "")
-            if tool.startswith("mcp-remote") and ":" in value:
-                name, _, text = value.partition(":")
-                found["headers"][name.strip()] = text.strip()
-            elif not tool.startswith("mcp-remote"):
-                found["headers"][value] = next(pairs, "")
-        elif arg.startswith("--transport"):
-            value = arg.partition("=")[2] or next(pairs, "")
-            if value in ("http-only", "streamablehttp"):
-                found["type"] = "http"
-            elif value in ("sse-only", "sse"):
-                found["type"] = "sse"
-    if tool.startswith("mcp-proxy") and "type" not in found:
-        found["type"] = "sse"  # its client mode's default transport
-    if not found["headers"]:
-        del found["headers"]
-    return found
 
 
 def _first_start_allowance(entry: dict[str, Any]) -> list[str]:
@@ -371,17 +289,17 @@ def _map_variables(text: str, *, home: str, workspace: str | None, inputs: Mappi
             value = workspace if inner == "workspaceFolder" else os.path.basename(workspace)
             return value.replace("$", "$$")
         if inner.startswith("workspaceFolder"):
-            raise _Unmappable(f"${{{inner}}} has no meaning outside a workspace: give --workspace DIR")
+            raise Unmappable(f"${{{inner}}} has no meaning outside a workspace: give --workspace DIR")
         if inner.startswith("input:"):
             described = inputs.get(inner[6:], {}).get("description")
             asked = f" ({described})" if described else ""
-            raise _Unmappable(
+            raise Unmappable(
                 f"${{{inner}}}{asked} is asked by VS Code when the server starts, and a daemon cannot ask: "
                 "add this server by hand, with the value in its env"
             )
         if _OURS.fullmatch(inner) and inner not in _PREDEFINED:
             return match.group(0)
-        raise _Unmappable(f"${{{inner}}} cannot be mapped to a daemon setting")
+        raise Unmappable(f"${{{inner}}} cannot be mapped to a daemon setting")
 
     return _PLACEHOLDER.sub(replace, text)
 

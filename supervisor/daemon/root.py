@@ -20,7 +20,6 @@ import structlog
 from anyio.abc import TaskGroup
 
 from supervisor import paths
-from supervisor.child.spool import Spool
 from supervisor.config.settings import ExtensionConfig, Settings, StdioConfig
 from supervisor.daemon import identity
 from supervisor.daemon.facade import Facade
@@ -40,6 +39,7 @@ from supervisor.extension.supervised import Extension
 from supervisor.gateway.server import Gateway
 from supervisor.process import usage as resources
 from supervisor.process.containment import Containment
+from supervisor.upstream.spool import Spool
 
 __all__ = ("Daemon",)
 

@@ -25,7 +25,6 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from supervisor import logs, sockets
-from supervisor.child.spool import Spool
 from supervisor.config.settings import Settings, StdioConfig
 from supervisor.control import server as control
 from supervisor.daemon import fdlimits, identity
@@ -36,6 +35,7 @@ from supervisor.extension.startup import StartSlots, default_slots
 from supervisor.process import children as process
 from supervisor.process import sandbox
 from supervisor.process.containment import Containment
+from supervisor.upstream.spool import Spool
 
 if TYPE_CHECKING:
     from supervisor.daemon.root import Daemon

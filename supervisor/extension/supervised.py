@@ -19,7 +19,6 @@ import mcp_types as types
 import structlog
 from anyio.abc import TaskGroup
 
-from supervisor.child.spool import ExtensionSpool
 from supervisor.config.extension import RemoteConfig, StdioConfig
 from supervisor.extension import launch, startup
 from supervisor.extension.asking import Asking
@@ -32,6 +31,7 @@ from supervisor.extension.upstream import Upstream
 from supervisor.extension.watcher import Watcher
 from supervisor.process import sandbox
 from supervisor.upstream.listing import Listing
+from supervisor.upstream.spool import ExtensionSpool
 
 if TYPE_CHECKING:
     from supervisor.config.extension import ExtensionConfig

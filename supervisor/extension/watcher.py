@@ -101,6 +101,7 @@ class Watcher:
             "on_list_changed": self._list_changed,
             "on_notification": self._notified,
             "on_asked": self._answer,
+            "spool": self._spool,
         }
         config = self.config
         if isinstance(config, RemoteConfig):
@@ -117,7 +118,6 @@ class Watcher:
             last_stderr=lambda: self._last_stderr,
             on_stderr=self._on_stderr,
             hurry=self._hurry,
-            spool=self._spool,
             **session,
         )
 

@@ -42,6 +42,7 @@ from supervisor.upstream.session import (
     SessionUpstream,
     asking_callbacks,
 )
+from supervisor.upstream.spool import ExtensionSpool
 from supervisor.upstream.wire import SENDING, check_encodable
 
 __all__ = ("RemoteConnection", "connect")
@@ -122,6 +123,7 @@ async def connect(
     on_list_changed: ListChanged,
     on_notification: Notified,
     on_asked: Asked | None = None,
+    spool: ExtensionSpool | None = None,
 ) -> AsyncIterator[RemoteConnection]:
     """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
     :class:`RemoteConnection`.
@@ -131,12 +133,17 @@ async def connect(
     that cannot open (a refused connection, an SSE stream the server refuses) ends the
     connection at once with the reason: the handshake then fails with it.
 
+    Oversized media in the server's tool results goes to *spool* before the session sees them
+    (the answer itself is bounded, not streamed: see :mod:`supervisor.remote.http`).
+
     Bounds: every answer and event within *max_message_bytes* (:mod:`supervisor.remote.http`);
     *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
     told at ``initialize`` that its client offers sampling, elicitation and roots.
     """
     connection = RemoteConnection(url, "sse" if kind == "sse" else "http")
-    holder = _Holder(connection, kind, headers, max_message_bytes, on_list_changed, on_notification, on_asked)
+    holder = _Holder(
+        connection, kind, headers, max_message_bytes, on_list_changed, on_notification, on_asked, spool
+    )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
         try:
@@ -161,8 +168,10 @@ class _Holder:
         on_list_changed: ListChanged,
         on_notification: Notified,
         on_asked: Asked | None,
+        spool: ExtensionSpool | None,
     ) -> None:
         self.connection = connection
+        self.spool = spool
         self.kinds = ["http", "sse"] if kind == "auto" else [kind]
         self.headers = headers
         self.max_message_bytes = max_message_bytes
@@ -196,10 +205,8 @@ class _Holder:
                             task_status.started()
                         self.opened.set()
                         await _first(self.closing, self.switch)
-                except Exception as exc:  # the transport failed: that ends the run
-                    if connection.failure == "the connection broke":  # said before the reason was known
-                        connection.failure = _failure(exc)
-                    connection.end(_failure(exc))
+                except Exception as exc:  # the transport did not open: that ends the run
+                    connection.end(self.watch.last_failure or _failure(exc))
                 if self.closing.is_set() or connection.ended.is_set() or not self.switch.is_set():
                     return
         finally:
@@ -210,44 +217,64 @@ class _Holder:
 
     @asynccontextmanager
     async def _session(self, kind: str) -> AsyncIterator[ClientSession]:
-        """The transport of *kind* and a session over it, between our bounded streams."""
-        connection, limit = self.connection, self.max_message_bytes
-        watch = self.watch
-        client = http.client(self.headers, max_message_bytes=limit, watch=watch)
-        async with client:
-            if kind == "sse":
+        """A session over the transport of *kind*. The transport runs in a task of its own, so
+        that its failure ends the run (requests in flight failing as cut by it) before anything
+        reaches the session: the session's tasks are not inside the transport's scopes."""
+        ours_send, ours_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        self.connection._closers = [ours_send.close]
+        leaving = anyio.Event()
+        async with anyio.create_task_group() as carrier:
+            write = await carrier.start(self._carry, kind, ours_send, leaving)
+            try:
+                async with ClientSession(
+                    ours_recv,
+                    _Sending(write, self.spool),
+                    message_handler=self._on_message,
+                    logging_callback=_on_log,
+                    **self.asking,
+                ) as session:
+                    yield session
+            finally:
+                leaving.set()  # the transport ends its session (streamable HTTP: a DELETE)
 
-                def factory(**_: Any) -> httpx2.AsyncClient:
-                    return http.client(self.headers, max_message_bytes=limit, watch=watch)
+    async def _carry(
+        self,
+        kind: str,
+        ours: MemoryObjectSendStream[SessionMessage | Exception],
+        leaving: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Open the transport, hand its write stream on, and forward what it reads to the
+        session's stream until *leaving*; a failure of it ends the run, with the reason."""
+        connection, limit, watch = self.connection, self.max_message_bytes, self.watch
+        started = False
+        try:
+            async with http.client(self.headers, max_message_bytes=limit, watch=watch) as client:
+                if kind == "sse":
 
-                transport: AbstractAsyncContextManager[Any] = sse_client(
-                    connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
-                )
-            else:
-                transport = streamable_http_client(
-                    connection.url, http_client=client, max_sse_event_size=limit
-                )
-            async with transport as (read, write):
-                ours_send, ours_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-                connection._closers = [ours_send.close]
-                async with anyio.create_task_group() as pump:
-                    pump.start_soon(self._forward, read, ours_send)
-                    try:
-                        async with ClientSession(
-                            ours_recv,
-                            _Sending(write),
-                            message_handler=self._on_message,
-                            logging_callback=_on_log,
-                            **self.asking,
-                        ) as session:
-                            try:
-                                yield session
-                            except BaseException:  # the transport broke: before the session fails
-                                if not (self.closing.is_set() or self.switch.is_set()):  # its calls
-                                    connection.end(watch.last_failure or "the connection broke")
-                                raise
-                    finally:
-                        pump.cancel_scope.cancel()
+                    def factory(**_: Any) -> httpx2.AsyncClient:
+                        return http.client(self.headers, max_message_bytes=limit, watch=watch)
+
+                    transport: AbstractAsyncContextManager[Any] = sse_client(
+                        connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
+                    )
+                else:
+                    transport = streamable_http_client(
+                        connection.url, http_client=client, max_sse_event_size=limit
+                    )
+                async with transport as (read, write):
+                    started = True
+                    task_status.started(write)
+                    async with anyio.create_task_group() as forwarding:
+                        forwarding.start_soon(self._forward, read, ours)
+                        await leaving.wait()
+                        forwarding.cancel_scope.cancel()
+        except Exception as exc:  # the transport failed: that ends the run, first
+            if not (self.closing.is_set() or self.switch.is_set()):
+                connection.end(watch.last_failure or _failure(exc))
+            if not started:
+                raise
 
     async def _forward(
         self,
@@ -268,6 +295,13 @@ class _Holder:
                 if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
                     self.on_list_changed(kind)
                     continue
+                if (
+                    self.spool is not None
+                    and isinstance(inner, types.JSONRPCResponse)
+                    and _tool_result(inner)
+                ):
+                    answer = {"id": inner.id, "result": inner.result}  # rewritten in place
+                    await anyio.to_thread.run_sync(self.spool.rewrite, answer)
                 if isinstance(inner, types.JSONRPCError) and _cut_off(inner.error):
                     # First: the call it answers fails as cut by the run's end.
                     connection.end(self.watch.last_failure or "the server broke off an answer's stream")
@@ -275,7 +309,7 @@ class _Holder:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         if not (self.closing.is_set() or self.switch.is_set()):  # it ended under us (SSE: the server left)
-            connection.end(last_error or "the server closed the connection")
+            connection.end(last_error or self.watch.last_failure or "the server closed the connection")
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
@@ -284,15 +318,19 @@ class _Holder:
 
 class _Sending:
     """The session's write stream: tells :data:`SENDING` the id of each request, as the child's
-    outbox does, so that a server's question finds the call it came with."""
+    outbox does, so that a server's question finds the call it came with; and the spool, whose
+    rewrite of an answer's structured output must keep it valid for the tool's schema."""
 
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, inner: Any, spool: ExtensionSpool | None) -> None:
+        self._inner, self._spool = inner, spool
 
     async def send(self, item: SessionMessage, /) -> None:
         message = item.message
-        if isinstance(message, types.JSONRPCRequest) and (sending := SENDING.get()) is not None:
-            sending(message.id)
+        if isinstance(message, types.JSONRPCRequest):
+            if self._spool is not None:
+                self._spool.sent(message.id, message.method, message.params)
+            if (sending := SENDING.get()) is not None:
+                sending(message.id)
         await self._inner.send(item)
 
     async def aclose(self) -> None:
@@ -316,6 +354,13 @@ async def _first(*events: anyio.Event) -> None:
 async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
+
+
+def _tool_result(answer: types.JSONRPCResponse) -> bool:
+    result = answer.result
+    return isinstance(result, dict) and (
+        isinstance(result.get("content"), list) or "structuredContent" in result
+    )
 
 
 def _cut_off(error: types.ErrorData) -> bool:

@@ -102,8 +102,8 @@ class _Limited(httpx2.AsyncByteStream):
             async for chunk in self._chunks():
                 yield chunk
         except httpx2.TransportError as exc:
-            if self._watch is not None and not isinstance(exc, ResponseTooLarge):
-                self._watch.failed(exc)  # the server went away mid-answer
+            if self._watch is not None:
+                self._watch.failed(exc)  # the server went away mid-answer, or sent too much
             raise
 
     async def _chunks(self) -> AsyncIterator[bytes]:

@@ -19,12 +19,12 @@ from anyio.abc import TaskGroup
 from structlog.testing import capture_logs
 
 from supervisor.child.connection import LineSplitter, connect
-from supervisor.child.spool import Spool
 from supervisor.errors import CallFailed
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.process import tree as proctree
 from supervisor.process.children import spawn
+from supervisor.upstream.spool import Spool
 from tests.harness import eventually, fast_config, first_text, running, server_argv
 from tests.harness.timing import fail_after, patience
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.child import media
-from supervisor.child.spool import Spool, SpoolStats
+from supervisor.upstream import media
+from supervisor.upstream.spool import Spool, SpoolStats
 
 LIMIT = 1000
 

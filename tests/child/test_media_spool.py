@@ -17,10 +17,10 @@ import mcp_types as types
 import pytest
 from anyio.abc import TaskGroup
 
-from supervisor.child.spool import Spool
 from supervisor.control import client
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
+from supervisor.upstream.spool import Spool
 from tests.harness import SERVERS, Daemon, fast_config, first_text, running
 from tests.harness.timing import fail_after
 

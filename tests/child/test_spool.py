@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from supervisor.child import spool as spool_module
-from supervisor.child.spool import Spool, SpoolStats, decoded_size, filesystem_type
+from supervisor.upstream import spool as spool_module
+from supervisor.upstream.spool import Spool, SpoolStats, decoded_size, filesystem_type
 
 LIMIT = 1000
 

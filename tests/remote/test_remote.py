@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -185,6 +186,23 @@ class TestSupervision:
         until(lambda: daemon.status()["far"]["restarts"] > first["restarts"], within=patience(10))
         daemon.wait_state("far", "running")
         assert text(daemon.call("far", "echo", text="served")) == "served"
+
+    async def test_an_oversized_image_goes_to_the_spool_and_a_link_comes_back(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], short_tmp: Path
+    ) -> None:
+        """A remote server's media passes through the spool like a child's: the client gets a
+        resource_link to a 0600 file holding the decoded bytes."""
+        remote = remotes("json")
+        spool = short_tmp / "spool"
+        daemon = daemons(
+            {"far": remote.entry()}, settings={"spool": {"dir": str(spool), "max_inline_bytes": 4096}}
+        )
+        daemon.wait_state("far", "running")
+        (item,) = daemon.call("far", "image", bytes=100_000)["content"]
+        assert item["type"] == "resource_link" and item["mimeType"] == "image/png", item
+        assert item["size"] == 100_000
+        (path,) = [p for p in spool.rglob("*") if p.is_file()]
+        assert path.stat().st_size == 100_000 and stat.S_IMODE(path.stat().st_mode) == 0o600
 
     async def test_a_changed_tool_list_reaches_the_catalog(
         self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]

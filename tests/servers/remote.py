@@ -11,7 +11,9 @@ holds), ``forget`` (ends every session, so the next request of one is answered 4
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -35,6 +37,7 @@ EXTRA = (
     echo._tool("sessions", "How many sessions the server holds."),
     echo._tool("forget", "End every session: the next request of one is answered 404."),
     echo._tool("answer_next", "Answer the next POST with this HTTP status.", {"status": {"type": "integer"}}),
+    echo._tool("image", "A PNG-typed image of N random bytes.", {"bytes": {"type": "integer"}}),
 )
 FAULT: dict[str, int] = {}  # "status": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
@@ -56,6 +59,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         case "sessions":
             manager = SERVER._session_manager
             return echo._text(str(len(manager._server_instances) if manager else -1))
+        case "image":
+            data = base64.b64encode(os.urandom(int((params.arguments or {})["bytes"]))).decode()
+            return types.CallToolResult(content=[types.ImageContent(data=data, mime_type="image/png")])
         case "answer_next":
             FAULT["status"] = int((params.arguments or {})["status"])
             return echo._text("armed")

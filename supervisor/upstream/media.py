@@ -1,6 +1,6 @@
 """Where base64 media hides in a tool result, and whether rewriting it keeps the result valid.
 
-Pure lookups over plain JSON (the dicts and lists the parser made); :mod:`supervisor.child.spool`
+Pure lookups over plain JSON (the dicts and lists the parser made); :mod:`supervisor.upstream.spool`
 decides sizes, writes files and applies the rewrite. What counts as media:
 
 * **A content item** (``result.content[i]``): ``image`` or ``audio`` with a string ``data``,

@@ -38,8 +38,8 @@ from typing import Any
 
 import structlog
 
-from supervisor.child import media
-from supervisor.child.media import OutputSchemas
+from supervisor.upstream import media
+from supervisor.upstream.media import OutputSchemas
 
 __all__ = (
     "ExtensionSpool",
@@ -191,7 +191,7 @@ class Spool:
         """Spool the oversized media of a tool result in place; return how many payloads were replaced.
 
         *message* is a parsed JSON-RPC message; only results with a ``content`` list or a
-        ``structuredContent`` are looked at (see :mod:`supervisor.child.media` for what counts as
+        ``structuredContent`` are looked at (see :mod:`supervisor.upstream.media` for what counts as
         media where). A content item is replaced by a ``resource_link``; elsewhere only the
         base64 string is, by the file's URI. The same base64 text anywhere in the result goes
         to one file. A rewrite of ``structuredContent`` that *schemas* says a client would
