@@ -58,7 +58,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "process": (
         (
             "tree", "cgroups", "sandbox.install", "sandbox.system", "sandbox.landlock", "sandbox.mounts",
-            "sandbox.seccomp",
+            "sandbox.seccomp", "sandbox.pidsgroup",
         ),
         ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch", "sandbox.host"),
         ("spawner", "sandbox"),
@@ -67,7 +67,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("containment",),
     ),
     "upstream": (("listing", "wire", "media"), ("session", "spool")),
-    "remote": (("http",), ("connection",)),
+    "remote": (("http", "traffic"), ("connection",)),
     "child": (
         ("wire",),
         ("rawcalls",),

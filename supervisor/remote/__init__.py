@@ -1,7 +1,8 @@
 """A remote MCP server as an upstream: streamable HTTP (both protocol eras) or HTTP+SSE.
 
 ``connection`` (the transport and the session over it, held by one task; ``type: auto``'s
-fallback), ``http`` (the HTTP client: verified, every answer and event bounded).
+fallback), ``traffic`` (what of a run's traffic ends it; the session's write stream), ``http``
+(the HTTP client: verified, every answer and event bounded).
 """
 
 __all__ = ()  # the modules are the public surface

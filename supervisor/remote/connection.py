@@ -33,6 +33,7 @@ from pydantic import TypeAdapter
 
 from supervisor.errors import first_line
 from supervisor.remote import http
+from supervisor.remote.traffic import Sending, Watch, cut_off, failure, tool_result
 from supervisor.upstream.listing import Listing
 from supervisor.upstream.session import (
     LIST_CHANGED,
@@ -43,7 +44,7 @@ from supervisor.upstream.session import (
     asking_callbacks,
 )
 from supervisor.upstream.spool import ExtensionSpool
-from supervisor.upstream.wire import SENDING, check_encodable
+from supervisor.upstream.wire import check_encodable
 
 __all__ = ("RemoteConnection", "connect")
 
@@ -51,7 +52,6 @@ log = structlog.get_logger(__name__)
 
 _ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 _NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
-_STREAM_CUT = "SSE stream ended without a response"  # an answer's stream broke off (the server left)
 
 
 class RemoteConnection(SessionUpstream):
@@ -178,7 +178,7 @@ class _Holder:
         self.on_list_changed = on_list_changed
         self.on_notification = on_notification
         self.asking = asking_callbacks(connection, on_asked) if on_asked is not None else {}
-        self.watch = _Watch(connection)
+        self.watch = Watch(connection.end)
         self.closing = anyio.Event()  # the run is over: leave the session and the transport
         self.switch = anyio.Event()  # the handshake asks for the next transport
         self.opened = anyio.Event()  # a session is open (again)
@@ -206,7 +206,7 @@ class _Holder:
                         self.opened.set()
                         await _first(self.closing, self.switch)
                 except Exception as exc:  # the transport did not open: that ends the run
-                    connection.end(self.watch.last_failure or _failure(exc))
+                    connection.end(self.watch.last_failure or failure(exc))
                 if self.closing.is_set() or connection.ended.is_set() or not self.switch.is_set():
                     return
         finally:
@@ -228,7 +228,7 @@ class _Holder:
             try:
                 async with ClientSession(
                     ours_recv,
-                    _Sending(write, self.spool),
+                    Sending(write, self.spool),
                     message_handler=self._on_message,
                     logging_callback=_on_log,
                     **self.asking,
@@ -272,7 +272,7 @@ class _Holder:
                         forwarding.cancel_scope.cancel()
         except Exception as exc:  # the transport failed: that ends the run, first
             if not (self.closing.is_set() or self.switch.is_set()):
-                connection.end(watch.last_failure or _failure(exc))
+                connection.end(watch.last_failure or failure(exc))
             if not started:
                 raise
 
@@ -295,14 +295,10 @@ class _Holder:
                 if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
                     self.on_list_changed(kind)
                     continue
-                if (
-                    self.spool is not None
-                    and isinstance(inner, types.JSONRPCResponse)
-                    and _tool_result(inner)
-                ):
+                if self.spool is not None and isinstance(inner, types.JSONRPCResponse) and tool_result(inner):
                     answer = {"id": inner.id, "result": inner.result}  # rewritten in place
                     await anyio.to_thread.run_sync(self.spool.rewrite, answer)
-                if isinstance(inner, types.JSONRPCError) and _cut_off(inner.error):
+                if isinstance(inner, types.JSONRPCError) and cut_off(inner.error):
                     # First: the call it answers fails as cut by the run's end.
                     connection.end(self.watch.last_failure or "the server broke off an answer's stream")
                 await ours.send(message)
@@ -314,33 +310,6 @@ class _Holder:
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             self.on_notification(message)
-
-
-class _Sending:
-    """The session's write stream: tells :data:`SENDING` the id of each request, as the child's
-    outbox does, so that a server's question finds the call it came with; and the spool, whose
-    rewrite of an answer's structured output must keep it valid for the tool's schema."""
-
-    def __init__(self, inner: Any, spool: ExtensionSpool | None) -> None:
-        self._inner, self._spool = inner, spool
-
-    async def send(self, item: SessionMessage, /) -> None:
-        message = item.message
-        if isinstance(message, types.JSONRPCRequest):
-            if self._spool is not None:
-                self._spool.sent(message.id, message.method, message.params)
-            if (sending := SENDING.get()) is not None:
-                sending(message.id)
-        await self._inner.send(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _Sending:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._inner.aclose()
 
 
 async def _first(*events: anyio.Event) -> None:
@@ -356,48 +325,5 @@ async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None
     scope.cancel()
 
 
-def _tool_result(answer: types.JSONRPCResponse) -> bool:
-    result = answer.result
-    return isinstance(result, dict) and (
-        isinstance(result.get("content"), list) or "structuredContent" in result
-    )
-
-
-def _cut_off(error: types.ErrorData) -> bool:
-    """Whether the transport made *error* up for an answer whose stream broke off: the server
-    went away (a server that cannot answer says so), and the run with it."""
-    return error.code == types.CONNECTION_CLOSED and error.message == _STREAM_CUT
-
-
-class _Watch:
-    """The run's view of its HTTP traffic (:class:`supervisor.remote.http.Watch`): a 5xx, or a
-    404 for a request of an established session, ends the run before the request it answered
-    fails; the last failure of the network is kept, to say why a broken transport ended it."""
-
-    def __init__(self, connection: RemoteConnection) -> None:
-        self._connection = connection
-        self.last_failure: str | None = None
-
-    def answered(self, request: httpx2.Request, status: int) -> None:
-        if status >= 500:
-            self._connection.end(f"the server answered HTTP {status}")
-        elif status == 404 and "mcp-session-id" in request.headers:
-            self._connection.end("the server no longer knows the session (404): a new run initializes again")
-
-    def failed(self, error: httpx2.TransportError) -> None:
-        self.last_failure = _failure(error)
-
-
 async def _on_log(params: types.LoggingMessageNotificationParams) -> None:
     log.info("extension.log", level=params.level, logger=params.logger)
-
-
-def _failure(exc: BaseException) -> str:
-    """One line on why the transport failed, from the innermost error of an exception group."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, httpx2.ConnectError):
-        return f"cannot connect: {first_line(exc, typed=False)}"
-    if isinstance(exc, httpx2.HTTPStatusError):
-        return f"the server answered {exc.response.status_code} {exc.response.reason_phrase}"
-    return first_line(exc, typed=False)

@@ -26,6 +26,7 @@ import anyio
 import structlog
 
 from supervisor.errors import SpawnError
+from supervisor.process.sandbox import pidsgroup
 from supervisor.process.sandbox.host import Host, probe_host, probed
 from supervisor.process.sandbox.policy import (
     CACHE,
@@ -106,6 +107,7 @@ class Run:
         os.mkdir(self.tmp, 0o700)
         os.mkdir(self.staging, 0o700)
         self.scratch: tuple[str, ...] = ()  # its tmpfs mounts (paths inside its root): memory it holds
+        self.tasks: Path | None = None  # its pids cgroup (a root daemon's pids_max)
 
     def wrap(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
@@ -131,17 +133,34 @@ class Run:
         if host.namespaces and spec.tmp_max:
             launcher += ["-m", str(spec.tmp_max)]
             self.scratch = (os.path.realpath(self.tmp), "/dev/shm")
-        if host.tasks_limited and spec.pids_max:  # never the user's own RLIMIT_NPROC: only in its namespace
-            launcher += ["-p", str(spec.pids_max)]
+        if host.tasks_limited and spec.pids_max:
+            launcher += self._tasks_limit(spec.pids_max)
         for access, flag in (("read", "-r"), ("write", "-w"), ("hidden", "-x"), ("link", "-l")):
             for path in grants.paths(access):
                 launcher += [flag, path]
         launcher += ["-t", os.path.realpath(self.tmp), "-c", cwd or self.sandbox.context.cwd, "--", *argv]
         return launcher, {**env, **grants.environ, "TMPDIR": self.tmp}
 
+    def _tasks_limit(self, limit: int) -> list[str]:
+        """The launcher's arguments for at most *limit* tasks: RLIMIT_NPROC in its own user
+        namespace (never the user's own), or for a root daemon a pids cgroup of its own."""
+        if not self.sandbox.host.root:
+            return ["-p", str(limit)]
+        directory = pidsgroup.base(os.path.basename(self.sandbox.context.tmp))
+        try:
+            if directory is None:
+                raise OSError("no pids hierarchy to make it in")
+            self.tasks = pidsgroup.create(directory, os.path.basename(self.directory), limit)
+        except OSError as exc:
+            log.warning("sandbox.pids_unlimited", error=str(exc))
+            return []
+        return ["-P", str(self.tasks)]
+
     async def remove(self) -> None:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(_remove_tree, self.directory)
+            if self.tasks is not None:  # the tree is gone: its cgroup is empty
+                await anyio.to_thread.run_sync(pidsgroup.remove, self.tasks)
 
 
 def _remove_tree(path: str) -> None:
@@ -320,6 +339,11 @@ def sweep(base: str, *, remove: bool = False) -> int:
         return 0
     for entry in names:
         _remove_tree(os.path.join(base, entry))
+    if (tasks := pidsgroup.base(os.path.basename(base)) if os.getuid() == 0 else None) is not None:
+        pidsgroup.sweep(tasks)  # the runs' pids cgroups it left
+        if remove:
+            with contextlib.suppress(OSError):
+                tasks.rmdir()
     if remove:
         with contextlib.suppress(OSError):
             os.rmdir(base)

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.process.sandbox import pidsgroup
 from supervisor.process.sandbox.landlock import SCOPE_ABI, TCP_ABI
 
 __all__ = ("Host", "probe_host", "probed")
@@ -35,7 +36,8 @@ class Host:
     private root); *network_namespace*: a network namespace besides; *failure*: why the
     launcher cannot confine anything here (then nothing runs confined), else None; *refused*:
     why namespaces are not there, as the kernel said; *root*: the daemon runs as root, whose
-    processes ``RLIMIT_NPROC`` does not bind (so ``pids_max`` cannot).
+    processes ``RLIMIT_NPROC`` does not bind, so ``pids_max`` is a pids cgroup per run where
+    *pids_cgroups* says the host has a hierarchy for them (:mod:`.pidsgroup`).
     """
 
     landlock: int
@@ -44,11 +46,13 @@ class Host:
     failure: str | None = None
     refused: str | None = None
     root: bool = False
+    pids_cgroups: bool = False
 
     @property
     def tasks_limited(self) -> bool:
-        """Whether ``pids_max`` binds: ``RLIMIT_NPROC`` counted in the run's own user namespace."""
-        return self.namespaces and not self.root
+        """Whether ``pids_max`` binds: ``RLIMIT_NPROC`` counted in the run's own user namespace,
+        or (root) a pids cgroup per run."""
+        return self.pids_cgroups if self.root else self.namespaces
 
     def level(self) -> str:
         """``landlock 6, namespaces, seccomp``: the layers, as status shows them."""
@@ -63,7 +67,11 @@ class Host:
         ``require: full``."""
         if self.tasks_limited:
             return []
-        why = "root's processes are exempt from RLIMIT_NPROC" if self.namespaces else "no user namespace"
+        why = (
+            "root's processes are exempt from RLIMIT_NPROC, and no cgroup v1 pids hierarchy is here"
+            if self.root
+            else "no user namespace"
+        )
         return [f"pids_max is not enforced: {why}"]
 
     def lacks(self, network: str, *, seccomp: bool = True) -> list[str]:
@@ -127,7 +135,11 @@ def _probe(max_abi: int | None) -> Host:
     for network, namespaces in (("none", True), ("all", True), ("all", False)):
         found, why = _run([*cap, "-n", network, *([] if namespaces else ["-N"])])
         if found is not None:
-            return Host(found, namespaces, network == "none", refused=refused, root=os.getuid() == 0)
+            root = os.getuid() == 0
+            pids_cgroups = root and pidsgroup.available()
+            return Host(
+                found, namespaces, network == "none", refused=refused, root=root, pids_cgroups=pids_cgroups
+            )
         refused = refused or why
     return Host(0, False, False, failure=refused)
 

@@ -11,7 +11,8 @@ inside a grant, ``-l PATH`` a symlink leading to a grant (made again inside), ``
 private temporary directory (writable, placed last), ``-m BYTES`` the size of the memory it and
 ``/dev/shm`` are given (each its own tmpfs, with a private root; default: the directory as is),
 ``-p N`` the most tasks (processes and threads) the extension's tree may have (``RLIMIT_NPROC``
-in its own user namespace, so it counts that tree alone), ``-s DIR``
+in its own user namespace, so it counts that tree alone), ``-P DIR`` a pids cgroup to join
+first (a root daemon's ``pids_max``: root is exempt from ``RLIMIT_NPROC``), ``-s DIR``
 an empty directory to build the new root in, ``-c DIR`` the working directory to enter inside
 (made to exist, readable only if granted), ``-a N`` the Landlock ABI to use (0: none; default
 the kernel's), ``-N`` no namespaces (the host refuses them), ``-S`` no seccomp filter.
@@ -68,6 +69,7 @@ class Options:
         self.tmp = ""
         self.tmp_size = 0  # bytes of each private tmpfs; 0: TMPDIR bound from the host, /dev/shm unsized
         self.pids_max = 0  # 0: no limit
+        self.pids_cgroup = ""  # a cgroup to join first (a root daemon's pids_max), or none
         self.command: list[str] = []
         self.probe = False
         self.abi: int | None = None  # None: the kernel's
@@ -78,7 +80,7 @@ class Options:
 def parse(argv: list[str]) -> Options:
     """``-n/-r/-w/-x/-l/-t/-s/-c VALUE ... -- COMMAND ...``; raises ``ValueError`` on anything else."""
     options, lists = Options(), {"-r": "read", "-w": "write", "-x": "hide", "-l": "links"}
-    singles = {"-n": "network", "-s": "staging", "-c": "cwd", "-t": "tmp"}
+    singles = {"-n": "network", "-s": "staging", "-c": "cwd", "-t": "tmp", "-P": "pids_cgroup"}
     position = 0
     while position < len(argv):
         flag = argv[position]
@@ -141,6 +143,9 @@ def _drop_capabilities() -> None:
 def confine(options: Options) -> int:
     """Everything but the exec; the Landlock ABI used. Raises ``OSError`` naming the step that failed."""
     version = landlock.abi() if options.abi is None else min(options.abi, landlock.abi())
+    if options.pids_cgroup:  # first, as root in the host's namespaces: all it starts is counted
+        with open(os.path.join(options.pids_cgroup, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
     if options.namespaces:
         mounts.enter_namespaces(network=options.network != "none")
         if options.pids_max:  # counted per user namespace: this tree's tasks, not the user's

@@ -19,6 +19,7 @@ import pytest
 
 from supervisor.daemon.identity import instance_key
 from supervisor.process import sandbox
+from supervisor.process.sandbox import pidsgroup
 from tests.harness import CLI, SERVERS, Daemon, extension_settings
 from tests.harness.daemon import until
 from tests.process.sandbox.test_levels import start_at
@@ -38,6 +39,11 @@ try:
 except OSError as exc:
     sys.exit(str(exc))
 """
+
+ROOT_UNLIMITED = (
+    "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC, and no cgroup v1 "
+    "pids hierarchy is here"
+)
 
 
 @pytest.fixture
@@ -85,19 +91,37 @@ def test_pids_max_stops_a_fork_bomb_in_its_own_user_namespace_only(world_readabl
     assert free.returncode == 0, free
 
 
-def test_a_root_daemon_says_pids_max_is_not_enforced(sandboxed: Callable[..., Daemon]) -> None:
+@pytest.mark.skipif(not pidsgroup.available(), reason="needs root and a cgroup v1 pids hierarchy")
+def test_a_root_daemon_limits_each_run_in_a_pids_cgroup_of_its_own(sandboxed: Callable[..., Daemon]) -> None:
+    """Root is exempt from RLIMIT_NPROC: each run joins a pids cgroup with its pids_max before
+    it starts anything, so the bomb's 32nd task is refused; the cgroup goes with the run."""
+    daemon = sandboxed({"extensions": {"bomb": extension_settings("hostile.py", sandbox={"pids_max": 32})}})
+    record = daemon.wait_running("bomb")["bomb"]
+    assert record["sandbox"]["unlimited"] == [] and record["sandbox"]["lacks"] == [], record
+    mine = os.path.basename(sandbox.tmp_base(instance_key(daemon.socket)))  # this daemon's runs
+    (leaf,) = [
+        p for p in pidsgroup._pids_hierarchies()[0].glob(f"mcp-supervisor-{mine}/bomb-*") if p.is_dir()
+    ]
+    assert (leaf / "pids.max").read_text().strip() == "32"
+    assert record["pid"] in {int(pid) for pid in (leaf / "cgroup.procs").read_text().split()}
+    assert attempt(daemon, "bomb", "fork", 64).startswith("refused: EAGAIN")
+    daemon.request("stop", {"name": "bomb"})
+    until(lambda: not leaf.exists(), 10)
+
+
+def test_a_daemon_says_where_pids_max_is_not_enforced(sandboxed: Callable[..., Daemon]) -> None:
     """Said in status and by explain; not a sandbox.partial warning (the confinement is whole)."""
     daemon = sandboxed({"extensions": {"bomb": extension_settings("hostile.py", sandbox={"pids_max": 32})}})
     record = daemon.wait_running("bomb")["bomb"]["sandbox"]
-    root = os.getuid() == 0
-    said = "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC"
-    assert record["unlimited"] == ([said] if root else []) and record["lacks"] == [], record
+    unlimited = os.getuid() == 0 and not pidsgroup.available()
+    said = ROOT_UNLIMITED
+    assert record["unlimited"] == ([said] if unlimited else []) and record["lacks"] == [], record
     assert not daemon.find("sandbox.partial")
     explain = [*CLI, "check-config", str(daemon.config), "--explain", "bomb"]
     explained = subprocess.run(explain, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert (f"  not enforced here: {said}" in explained) is root, explained
+    assert (f"  not enforced here: {said}" in explained) is unlimited, explained
     outcome = attempt(daemon, "bomb", "fork", 64)
-    assert outcome == "ok" if root else outcome.startswith("refused: EAGAIN"), outcome
+    assert outcome == "ok" if unlimited else outcome.startswith("refused: EAGAIN"), outcome
 
 
 def test_tmpdir_and_dev_shm_are_memory_of_tmp_max_each(sandboxed: Callable[..., Daemon]) -> None:
@@ -134,6 +158,9 @@ def test_memory_max_counts_files_in_tmpdir_and_dev_shm(sandboxed: Callable[..., 
 def test_without_user_namespaces_the_limits_are_said_missing(sandboxed: Callable[..., Daemon]) -> None:
     daemon = start_at(sandboxed, "no user namespaces", {"plain": extension_settings("hostile.py")})
     record = daemon.wait_running("plain")["plain"]["sandbox"]
-    assert record["unlimited"] == ["pids_max is not enforced: no user namespace"]
+    if os.getuid() != 0:
+        assert record["unlimited"] == ["pids_max is not enforced: no user namespace"]
+    else:  # a pids cgroup needs no namespace
+        assert record["unlimited"] == ([] if pidsgroup.available() else [ROOT_UNLIMITED]), record
     assert "neither sized (tmp_max) nor counted in memory_max" in " ".join(record["lacks"])
     assert attempt(daemon, "plain", "fork", 40) == "ok"  # the user's own RLIMIT_NPROC is left alone
