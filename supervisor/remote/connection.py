@@ -14,6 +14,7 @@ every request in flight then fails with ``CONNECTION_CLOSED``, as a child's do w
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -51,6 +52,7 @@ __all__ = ("RemoteConnection", "connect")
 log = structlog.get_logger(__name__)
 
 _ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+OPEN_LIMIT = 30.0  # seconds for a transport to open (HTTP+SSE: its GET answered with the endpoint)
 _NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
 
 
@@ -142,7 +144,15 @@ async def connect(
     """
     connection = RemoteConnection(url, "sse" if kind == "sse" else "http")
     holder = _Holder(
-        connection, kind, headers, max_message_bytes, on_list_changed, on_notification, on_asked, spool
+        connection,
+        kind,
+        headers,
+        max_message_bytes,
+        on_list_changed,
+        on_notification,
+        on_asked,
+        spool,
+        stop_timeout,
     )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
@@ -150,6 +160,8 @@ async def connect(
             yield connection
         finally:
             holder.closing.set()
+            if holder.opening is not None:  # a transport still opening: abandoned
+                holder.opening.cancel()
             with anyio.CancelScope(shield=True):
                 with anyio.move_on_after(stop_timeout):
                     await holder.done.wait()
@@ -169,6 +181,7 @@ class _Holder:
         on_notification: Notified,
         on_asked: Asked | None,
         spool: ExtensionSpool | None,
+        stop_timeout: float,
     ) -> None:
         self.connection = connection
         self.spool = spool
@@ -179,6 +192,8 @@ class _Holder:
         self.on_notification = on_notification
         self.asking = asking_callbacks(connection, on_asked) if on_asked is not None else {}
         self.watch = Watch(connection.end)
+        self.stop_timeout = stop_timeout
+        self.opening: anyio.CancelScope | None = None  # the transport's, while it opens
         self.closing = anyio.Event()  # the run is over: leave the session and the transport
         self.switch = anyio.Event()  # the handshake asks for the next transport
         self.opened = anyio.Event()  # a session is open (again)
@@ -246,35 +261,50 @@ class _Holder:
         task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Open the transport, hand its write stream on, and forward what it reads to the
-        session's stream until *leaving*; a failure of it ends the run, with the reason."""
-        connection, limit, watch = self.connection, self.max_message_bytes, self.watch
+        session's stream until *leaving*; a failure of it ends the run, with the reason.
+
+        Shielded: a stop cancels the run's tasks, and the transport's end (streamable HTTP's
+        DELETE of the session) must still go out; it gets ``stop_timeout``. Opening gets
+        :data:`OPEN_LIMIT`, and is abandoned at once if the run closes meanwhile."""
+        self.opening = kept = anyio.CancelScope(shield=True, deadline=anyio.current_time() + OPEN_LIMIT)
         started = False
         try:
-            async with http.client(self.headers, max_message_bytes=limit, watch=watch) as client:
-                if kind == "sse":
-
-                    def factory(**_: Any) -> httpx2.AsyncClient:
-                        return http.client(self.headers, max_message_bytes=limit, watch=watch)
-
-                    transport: AbstractAsyncContextManager[Any] = sse_client(
-                        connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
-                    )
-                else:
-                    transport = streamable_http_client(
-                        connection.url, http_client=client, max_sse_event_size=limit
-                    )
-                async with transport as (read, write):
-                    started = True
+            with kept:
+                async with self._transport(kind) as (read, write):
+                    started, kept.deadline, self.opening = True, math.inf, None
                     task_status.started(write)
                     async with anyio.create_task_group() as forwarding:
                         forwarding.start_soon(self._forward, read, ours)
                         await leaving.wait()
                         forwarding.cancel_scope.cancel()
+                    kept.deadline = anyio.current_time() + self.stop_timeout  # for the DELETE
+            if not started:
+                raise TimeoutError(f"the transport did not open within {OPEN_LIMIT:g}s")
         except Exception as exc:  # the transport failed: that ends the run, first
             if not (self.closing.is_set() or self.switch.is_set()):
-                connection.end(watch.last_failure or failure(exc))
+                self.connection.end(self.watch.last_failure or failure(exc))
             if not started:
                 raise
+
+    @asynccontextmanager
+    async def _transport(self, kind: str) -> AsyncIterator[tuple[Any, Any]]:
+        """The SDK's transport of *kind* over our bounded HTTP client: its read and write streams."""
+        limit, watch = self.max_message_bytes, self.watch
+        async with http.client(self.headers, max_message_bytes=limit, watch=watch) as client:
+            if kind == "sse":
+
+                def factory(**_: Any) -> httpx2.AsyncClient:
+                    return http.client(self.headers, max_message_bytes=limit, watch=watch)
+
+                transport: AbstractAsyncContextManager[Any] = sse_client(
+                    self.connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
+                )
+            else:
+                transport = streamable_http_client(
+                    self.connection.url, http_client=client, max_sse_event_size=limit
+                )
+            async with transport as streams:
+                yield streams
 
     async def _forward(
         self,

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from supervisor.control.client import RemoteError
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
-from tests.harness.timing import patience
+from tests.harness.timing import fail_after, patience
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -115,6 +116,30 @@ class TestRuns:
         daemon = daemons({"far": remote.entry(headers={"X-Token": "${credential:absent}"})})
         status = daemon.wait_state("far", "failed")
         assert status["last_error"].startswith("headers X-Token:"), status
+
+
+class TestInstances:
+    async def test_per_client_instances_each_hold_a_session_of_their_own(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """instances: per-client opens one upstream session per gateway client, and a client's
+        leaving ends its session on the server (streamable HTTP's DELETE)."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry(instances="per-client")})
+        daemon.wait_state("far", "running")
+
+        async def sessions(session: Any) -> int:
+            return int(first_text(await session.call_tool("far__sessions", {})))
+
+        async with gateway_session(daemon.mcp_sock) as a:
+            alone = await sessions(a)
+            async with gateway_session(daemon.mcp_sock) as b:
+                assert await sessions(b) == alone + 1
+                assert await sessions(a) == alone + 1
+            with fail_after(patience(10)):
+                # b's instance stops and its session is deleted (polled: no event says so)
+                while await sessions(a) != alone:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
 
 
 class TestSupervision:
