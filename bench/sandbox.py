@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 
 from supervisor import logs
-from supervisor.config.settings import ExtensionConfig
+from supervisor.config.settings import StdioConfig
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from supervisor.process import sandbox
@@ -93,8 +93,8 @@ def launcher(repeat: int) -> dict[str, Any]:
     return result
 
 
-def _config(confined: bool, script: str = QUICK) -> ExtensionConfig:
-    return ExtensionConfig.model_validate(
+def _config(confined: bool, script: str = QUICK) -> StdioConfig:
+    return StdioConfig.model_validate(
         {"command": sys.executable, "args": [script], "stop_timeout": 1, "sandbox": confined}
     )
 

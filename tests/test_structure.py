@@ -60,7 +60,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
             "tree", "cgroups", "sandbox.install", "sandbox.system", "sandbox.landlock", "sandbox.mounts",
             "sandbox.seccomp", "sandbox.pidsgroup",
         ),
-        ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch", "sandbox.host"),
+        ("reaper", "guardian", "usage", "sandbox.policy", "sandbox.launch", "sandbox.host", "sandbox.caches"),
         ("spawner", "sandbox"),
         ("teardown",),
         ("children",),

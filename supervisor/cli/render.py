@@ -66,6 +66,9 @@ def exit_text(last_exit: dict[str, Any] | None) -> str | None:
 def _detail(record: dict[str, Any], now: datetime) -> str:
     """The most useful fact about one extension in its current state."""
     notes = [_state_detail(record, now)]
+    if (remote := record.get("remote")) and record["state"] == "running":
+        rtt = f", {remote['rtt_ms']:g} ms" if remote.get("rtt_ms") is not None else ""
+        notes.insert(0, f"{remote['url']} ({remote.get('transport')}{rtt})")
     count = len(record.get("instances") or ())
     if count:
         notes.append(f"{count} per-client instance{'s' if count != 1 else ''}")
@@ -143,7 +146,8 @@ def _status_cells(record: dict[str, Any], now: datetime) -> tuple[str, str, str,
     since = _when(record.get("since"))
     uptime = duration((now - since).total_seconds()) if since and record["state"] == "running" else "-"
     pid = record.get("pid")
-    return record["state"], str(pid) if pid else "-", uptime, str(record.get("restarts", 0))
+    shown = str(pid) if pid else "remote" if record.get("remote") else "-"
+    return record["state"], shown, uptime, str(record.get("restarts", 0))
 
 
 def profiles_table(profiles: list[dict[str, Any]]) -> str | None:

@@ -87,6 +87,7 @@ class SandboxConfig(Frozen):
     gateway: bool = False  # true: it may call the gateway's HTTP listener (other extensions' tools)
     tmp_max: MemorySize = 512 * 1024**2  # TMPDIR and /dev/shm: memory (tmpfs) of this size each
     pids_max: int | None = Field(1024, ge=8, le=4_194_304)  # tasks (processes, threads) of its tree
+    cache_max: MemorySize | None = 2 * 1024**3  # its private package cache on disk; over it: emptied
 
 
 def _sandbox_switch(value: Any) -> Any:
@@ -98,7 +99,7 @@ def _sandbox_switch(value: Any) -> Any:
     raise PydanticCustomError(
         "sandbox",
         "sandbox must be false, true or a mapping (network, read, write, require, seccomp, gateway, "
-        "tmp_max, pids_max)",
+        "tmp_max, pids_max, cache_max)",
     )
 
 

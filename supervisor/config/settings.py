@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         cls, extensions: dict[str, AnyExtension], info: ValidationInfo
     ) -> dict[str, AnyExtension]:
         """Each extension's sandbox on top of ``sandbox_defaults``: network, require, seccomp,
-        gateway, tmp_max and pids_max from the extension if it gives them, paths from both. The
+        gateway, tmp_max, pids_max and cache_max from the extension if it gives them, paths from both. The
         result is what a reload compares."""
         defaults = info.data.get("sandbox_defaults")
         if defaults is None or defaults == SandboxConfig():
@@ -208,6 +208,7 @@ class Settings(BaseSettings):
                     gateway=own.gateway if "gateway" in given else defaults.gateway,
                     tmp_max=own.tmp_max if "tmp_max" in given else defaults.tmp_max,
                     pids_max=own.pids_max if "pids_max" in given else defaults.pids_max,
+                    cache_max=own.cache_max if "cache_max" in given else defaults.cache_max,
                 )
                 extension = extension.model_copy(update={"sandbox": own})
             merged[name] = extension

@@ -29,6 +29,7 @@ from supervisor.extension.state import ExitStatus, one_line
 from supervisor.process import sandbox
 from supervisor.process import usage as resources
 from supervisor.process.children import ChildProcess
+from supervisor.process.sandbox import caches
 
 __all__ = ("ChildRun", "open_child")
 
@@ -44,8 +45,10 @@ class ChildRun:
         launched: launch.Launched,
         last_stderr: Callable[[], str | None],
         explain: str | None,
+        confinement: sandbox.Sandbox | None,
     ) -> None:
         self.upstream = connection
+        self._confinement = confinement
         self.child: ChildProcess = connection.child
         self._scratch = launched.jail.scratch if launched.jail is not None else ()
         self._last_stderr = last_stderr
@@ -82,11 +85,19 @@ class ChildRun:
         return Outcome(OutcomeKind.CRASHED, uptime, error=exit_status.describe(), exit=exit_status)
 
     def guard(self, helpers: TaskGroup, config: StdioConfig, exceeded: Callable[[str], None]) -> None:
-        """``memory_max``, when set: its tree (and its scratch tmpfs) over it ends the run."""
+        """``memory_max``, when set: its tree (and its scratch tmpfs) over it ends the run; and a
+        confined one's ``cache_max``: its private package cache growing past it does too."""
+        confined = self._confinement
+        if confined is not None and confined.cache is not None and confined.spec.cache_max is not None:
+            helpers.start_soon(caches.enforce, confined.cache, confined.spec.cache_max, self._cache_exceeded)
         if config.memory_max is not None:
             child = self.child
             enforce = functools.partial(resources.enforce_memory_max, scratch=self._scratch)
             helpers.start_soon(enforce, child.pid, child.marker, child.cgroup, config.memory_max, exceeded)
+
+    def _cache_exceeded(self, error: str) -> None:
+        log.warning("extension.cache_exceeded", error=error)
+        self.upstream.end(error)
 
     async def _said_last(self) -> str:
         """``: LINE`` when the child that exited during startup said why on stderr (its last line,
@@ -142,7 +153,7 @@ async def open_child(
             explain = None
             if confinement is not None:
                 explain = f"confined: `mcp-supervisor check-config --explain {name}` shows what it may reach"
-            yield ChildRun(connection, launched, last_stderr, explain)
+            yield ChildRun(connection, launched, last_stderr, explain, confinement)
     finally:
         if launched is not None:  # the tree if no connection took it over, then its directory
             await launch.discard(launched)

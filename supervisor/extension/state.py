@@ -112,6 +112,7 @@ class Snapshot:
     memory_exceeded: int = 0  # runs ended by memory_max
     resources: dict[str, Any] | None = None  # the tree's processes, RSS, CPU (filled in by status)
     sandbox: dict[str, Any] | None = None  # mode ("confined" | "off"), network, grants digest
+    remote: dict[str, Any] | None = None  # a remote server's url; running: transport, protocol, rtt_ms
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready status record of the control protocol."""
@@ -147,4 +148,5 @@ class Snapshot:
             "memory_exceeded": self.memory_exceeded,
             "resources": self.resources,
             "sandbox": self.sandbox,
+            "remote": self.remote,
         }

@@ -160,6 +160,7 @@ class Extension(Calls, Watcher):
             detail=detail,
             queued=queued,
             sandbox=self._sandbox_described(),
+            remote=self._remote_described(),
         )
 
     @property
@@ -173,6 +174,12 @@ class Extension(Calls, Watcher):
         tells this run's processes from those of another instance of the same extension."""
         child = getattr(self._connection, "child", None)
         return child.marker if child is not None else None
+
+    def _remote_described(self) -> dict[str, Any] | None:
+        if not isinstance(self.config, RemoteConfig):
+            return None
+        described = getattr(self._connection, "described", None)  # a RemoteConnection's, while it runs
+        return {"url": self.config.url, **(described() if described is not None else {})}
 
     def _sandbox_described(self) -> dict[str, Any]:
         if isinstance(self.config, RemoteConfig):

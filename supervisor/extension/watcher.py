@@ -104,8 +104,8 @@ class Watcher:
             "spool": self._spool,
         }
         config = self.config
-        if isinstance(config, RemoteConfig):
-            return open_remote(config, credentials=self._credentials, **session)
+        if isinstance(config, RemoteConfig):  # its log messages are what `logs` shows of it
+            return open_remote(config, credentials=self._credentials, on_log=self._on_stderr, **session)
         assert isinstance(config, StdioConfig)
         return open_child(
             self.name,

@@ -14,8 +14,10 @@ every request in flight then fails with ``CONNECTION_CLOSED``, as a child's do w
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -52,6 +54,7 @@ __all__ = ("RemoteConnection", "connect")
 log = structlog.get_logger(__name__)
 
 _ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+MAX_LOG_LINE = 4096  # characters of one log message kept for `logs`
 OPEN_LIMIT = 30.0  # seconds for a transport to open (HTTP+SSE: its GET answered with the endpoint)
 _NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
 
@@ -64,12 +67,24 @@ class RemoteConnection(SessionUpstream):
         self.url = url
         self.transport = transport  # "http" or "sse": what it speaks now
         self._run = secrets.token_hex(8)
+        self.round_trip: float | None = None  # seconds, of the last ping
         self._closers: list[Callable[[], None]] = []  # the current session's read stream
         self._fallback: Callable[[], Awaitable[None]] | None = None  # to the next transport (auto)
 
     @property
     def run(self) -> str:
         return self._run
+
+    async def ping(self) -> None:
+        """One ping; its round trip is kept (``status`` shows it). Errors as the session's."""
+        started = time.monotonic()
+        await super().ping()
+        self.round_trip = time.monotonic() - started
+
+    def described(self) -> dict[str, Any]:
+        """What ``status`` shows of the connection: transport, protocol, last ping's round trip."""
+        rtt = None if self.round_trip is None else round(self.round_trip * 1000, 1)
+        return {"transport": self.transport, "protocol": self.protocol, "rtt_ms": rtt}
 
     def end(self, failure: str | None = None) -> None:
         if not self.ended.is_set():
@@ -126,6 +141,7 @@ async def connect(
     on_notification: Notified,
     on_asked: Asked | None = None,
     spool: ExtensionSpool | None = None,
+    on_log: Callable[[str], None] | None = None,
 ) -> AsyncIterator[RemoteConnection]:
     """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
     :class:`RemoteConnection`.
@@ -140,7 +156,8 @@ async def connect(
 
     Bounds: every answer and event within *max_message_bytes* (:mod:`supervisor.remote.http`);
     *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
-    told at ``initialize`` that its client offers sampling, elicitation and roots.
+    told at ``initialize`` that its client offers sampling, elicitation and roots. *on_log*
+    gets each log message it sends as one line (``logs NAME`` shows them, as a child's stderr).
     """
     connection = RemoteConnection(url, "sse" if kind == "sse" else "http")
     holder = _Holder(
@@ -153,6 +170,7 @@ async def connect(
         on_asked,
         spool,
         stop_timeout,
+        on_log,
     )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
@@ -182,7 +200,9 @@ class _Holder:
         on_asked: Asked | None,
         spool: ExtensionSpool | None,
         stop_timeout: float,
+        on_log: Callable[[str], None] | None,
     ) -> None:
+        self.on_log = on_log
         self.connection = connection
         self.spool = spool
         self.kinds = ["http", "sse"] if kind == "auto" else [kind]
@@ -245,7 +265,7 @@ class _Holder:
                     ours_recv,
                     Sending(write, self.spool),
                     message_handler=self._on_message,
-                    logging_callback=_on_log,
+                    logging_callback=self._on_log,
                     **self.asking,
                 ) as session:
                     yield session
@@ -337,6 +357,13 @@ class _Holder:
         if not (self.closing.is_set() or self.switch.is_set()):  # it ended under us (SSE: the server left)
             connection.end(last_error or self.watch.last_failure or "the server closed the connection")
 
+    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        if self.on_log is not None:
+            data = params.data if isinstance(params.data, str) else json.dumps(params.data, default=str)
+            self.on_log(
+                f"{params.level}{f' {params.logger}' if params.logger else ''}: {data}"[:MAX_LOG_LINE]
+            )
+
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.LoggingMessageNotification | types.ResourceUpdatedNotification):
             self.on_notification(message)
@@ -353,7 +380,3 @@ async def _first(*events: anyio.Event) -> None:
 async def _set_then_cancel(event: anyio.Event, scope: anyio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
-
-
-async def _on_log(params: types.LoggingMessageNotificationParams) -> None:
-    log.info("extension.log", level=params.level, logger=params.logger)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import httpx2
+from httpx2._utils import get_environment_proxies  # httpx's own reading of *_PROXY and NO_PROXY
 
 __all__ = ("MAX_CONNECTIONS", "ResponseTooLarge", "Watch", "client")
 
@@ -47,20 +48,24 @@ def client(
 
     Reads have no deadline of their own: a call's budget (``call_timeout``) and the liveness
     pings bound every wait, and an event stream may rightly stay quiet for minutes. The
-    environment's proxies and ``.netrc`` are not read: a daemon's credentials come from its config.
+    environment's proxies (``HTTPS_PROXY``, ``NO_PROXY``, ...) are honoured; its ``.netrc`` is
+    not read: a daemon's credentials come from its config.
     """
-    transport = _Bounded(
-        httpx2.AsyncHTTPTransport(
+
+    def bounded(proxy: str | None = None) -> httpx2.AsyncBaseTransport:
+        inner = httpx2.AsyncHTTPTransport(
             verify=ssl.create_default_context(),
             limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
-        ),
-        max_message_bytes,
-        watch,
-    )
+            proxy=proxy,
+        )
+        return _Bounded(inner, max_message_bytes, watch)
+
+    proxies = get_environment_proxies()
     return httpx2.AsyncClient(
         headers=dict(headers),
         timeout=timeout or httpx2.Timeout(CONNECT_TIMEOUT, read=None, pool=None),
-        transport=transport,
+        transport=bounded(),
+        mounts={pattern: None if proxy is None else bounded(proxy) for pattern, proxy in proxies.items()},
         trust_env=False,
         follow_redirects=False,
     )

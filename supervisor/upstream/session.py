@@ -57,6 +57,7 @@ class SessionUpstream:
     def __init__(self) -> None:
         self.session: ClientSession | None = None
         self.capabilities = types.ServerCapabilities()  # what its initialize declared
+        self.protocol: str | None = None  # the protocol version its initialize agreed on
         self.ended = anyio.Event()  # exited, disconnected, or ended by a guard
         self.failure: str | None = None  # why it ended, unless the run's end says it all
         self.ready = False  # the handshake completed: only then is a stop graceful
@@ -82,7 +83,7 @@ class SessionUpstream:
         step = on_step or (lambda method: None)
         step("initialize")
         result = await self._session.initialize()
-        self.capabilities = result.capabilities
+        self.capabilities, self.protocol = result.capabilities, str(result.protocol_version)
         step(_LIST_METHODS["tools"])
         tools = await self.list("tools")
         optional: dict[str, list[Any]] = {}

@@ -27,7 +27,7 @@ pytestmark = [
 ]
 
 MIB = 1 << 20
-SHOT = extension_settings("screenshot.py", call_timeout=10)  # a 3 MiB answer, on a loaded machine too
+SHOT = extension_settings("screenshot.py", call_timeout=30)  # a 3 MiB answer, on a loaded machine too
 
 
 @pytest.fixture

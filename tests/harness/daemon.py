@@ -244,8 +244,9 @@ class Daemon:
         """Every extension's status record, by name."""
         return {record["name"]: record for record in self.request("status")["extensions"]}
 
-    def wait_state(self, name: str, state: str, within: float = 30.0) -> dict[str, Any]:
-        """*name*'s record once it is in *state*."""
+    def wait_state(self, name: str, state: str, within: float = 60.0) -> dict[str, Any]:
+        """*name*'s record once it is in *state* (60 s: an SDK server's start, two suites and more
+        at once, took over 30 in pair 8)."""
         found: dict[str, Any] = {}
 
         def reached() -> bool:
@@ -255,7 +256,7 @@ class Daemon:
         until(reached, within)
         return found
 
-    def wait_running(self, *names: str, within: float = 30.0) -> dict[str, dict[str, Any]]:
+    def wait_running(self, *names: str, within: float = 60.0) -> dict[str, dict[str, Any]]:
         """Every record once all *names* run; fails at once if one of them failed."""
         found: dict[str, dict[str, Any]] = {}
 

@@ -3,8 +3,10 @@ HTTP+SSE on loopback (tests/servers/remote.py), through the control socket and t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -116,6 +118,60 @@ class TestRuns:
         daemon = daemons({"far": remote.entry(headers={"X-Token": "${credential:absent}"})})
         status = daemon.wait_state("far", "failed")
         assert status["last_error"].startswith("headers X-Token:"), status
+
+
+class TestSeen:
+    async def test_status_shows_the_url_transport_protocol_and_round_trip(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        remote = remotes("sse")
+        daemon = daemons({"far": remote.entry(ping_interval=0.2)})
+        daemon.wait_state("far", "running")
+        until(lambda: daemon.status()["far"]["remote"].get("rtt_ms") is not None, within=patience(10))
+        seen = daemon.status()["far"]["remote"]
+        assert (seen["url"], seen["transport"], seen["protocol"]) == (remote.url, "sse", "2025-11-25"), seen
+        assert 0 < seen["rtt_ms"] < 10_000, seen
+        (row,) = [line for line in daemon.ok("status").splitlines() if line.startswith("far ")]
+        assert row.split()[:3] == ["far", "running", "remote"] and f"{remote.url} (sse, " in row, row
+
+    async def test_its_log_messages_are_what_logs_shows(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry()})
+        daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "log", text="hello from afar")) == "logged"
+        lines = lambda: daemon.request("logs", {"name": "far", "lines": 10})["lines"]  # noqa: E731
+        until(lambda: "info remote: hello from afar" in lines(), within=patience(10))
+
+    async def test_the_environment_s_proxy_is_used(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """HTTP_PROXY is honoured: the request goes to the proxy, in absolute form (here a proxy
+        that answers 502, which the extension's start then names)."""
+        remote = remotes("http")
+        seen: list[bytes] = []
+        proxy = socket.create_server(("127.0.0.1", 0))
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                while True:
+                    peer, _ = proxy.accept()
+                    with peer:
+                        seen.append(peer.recv(65536).split(b"\r\n", 1)[0])
+                        peer.sendall(
+                            b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        )
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            env = {"HTTP_PROXY": f"http://127.0.0.1:{proxy.getsockname()[1]}", "NO_PROXY": ""}
+            daemon = daemons({"far": remote.entry(max_restarts=0)}, env=env)
+            status = daemon.wait_state("far", "failed")
+        finally:
+            proxy.close()
+        assert seen and seen[0] == f"POST {remote.url} HTTP/1.1".encode(), seen
+        assert "HTTP 502" in status["last_error"], status
 
 
 class TestInstances:

@@ -11,7 +11,8 @@ permission check every signal goes through, without its effect), ``connect_abstr
 abstract unix socket NAME, ``connect_unix`` to the unix socket at a path, ``ptrace`` PID
 (PTRACE_ATTACH, wait for the stop, PTRACE_DETACH), ``fork`` N processes that wait (all
 killed again; refused with how many started), ``fill`` ("PATH BYTES": write that many bytes to
-a file, ``$VARS`` expanded, and keep it), ``syscall`` NAME (a call the seccomp filter refuses:
+a file, ``$VARS`` expanded, and keep it), ``mkdir`` a directory and its parents (``$VARS``
+expanded), ``syscall`` NAME (a call the seccomp filter refuses:
 ``unshare_user`` a new user namespace, ``keyctl`` the session keyring, ``bpf``,
 ``userfaultfd``), ``http_post`` ("URL TOKEN": an MCP
 initialize with that bearer token; refused unless it answers 200), ``http_post_from_child``
@@ -32,7 +33,7 @@ _WALL = 0x40000000
 
 
 def _read(target: str) -> None:
-    with open(target, "rb") as file:
+    with open(os.path.expandvars(target), "rb") as file:
         file.read(1)
 
 
@@ -168,6 +169,7 @@ ATTEMPTS = {
     "ptrace": _ptrace,
     "fork": _fork,
     "fill": _fill,
+    "mkdir": lambda target: os.makedirs(os.path.expandvars(target), exist_ok=True),
     "syscall": _syscall,
     "http_post": _http_post,
     "http_post_from_child": _http_post_from_child,

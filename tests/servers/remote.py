@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ EXTRA = (
     echo._tool("forget", "End every session: the next request of one is answered 404."),
     echo._tool("answer_next", "Answer the next POST with this HTTP status.", {"status": {"type": "integer"}}),
     echo._tool("image", "A PNG-typed image of N random bytes.", {"bytes": {"type": "integer"}}),
+    echo._tool(
+        "log", "Send a log message (info, logger 'remote') with this text.", {"text": {"type": "string"}}
+    ),
 )
 FAULT: dict[str, int] = {}  # "status": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
@@ -62,6 +66,11 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         case "image":
             data = base64.b64encode(os.urandom(int((params.arguments or {})["bytes"]))).decode()
             return types.CallToolResult(content=[types.ImageContent(data=data, mime_type="image/png")])
+        case "log":
+            with warnings.catch_warnings():  # the logging capability is deprecated in 2026-07-28
+                warnings.simplefilter("ignore")
+                await ctx.session.send_log_message("info", (params.arguments or {})["text"], logger="remote")
+            return echo._text("logged")
         case "answer_next":
             FAULT["status"] = int((params.arguments or {})["status"])
             return echo._text("armed")

@@ -26,7 +26,7 @@ import anyio
 import structlog
 
 from supervisor.errors import SpawnError
-from supervisor.process.sandbox import pidsgroup
+from supervisor.process.sandbox import caches, pidsgroup
 from supervisor.process.sandbox.host import Host, probe_host, probed
 from supervisor.process.sandbox.policy import (
     CACHE,
@@ -212,7 +212,7 @@ class Sandbox:
             context=self.context,
             env={**self.context.environ, **(env or {})},
             own_env=self.own_env,
-            cache=os.path.join(self.context.caches, self.name) if self.context.caches else None,
+            cache=self.cache,
         )
         if len(grants.entries) > MAX_GRANTS:
             raise SpawnError(
@@ -221,6 +221,11 @@ class Sandbox:
             )
         self._last = grants
         return grants
+
+    @property
+    def cache(self) -> str | None:
+        """Its private package cache's directory (None: the daemon keeps none)."""
+        return os.path.join(self.context.caches, self.name) if self.context.caches else None
 
     def warn_once(self, grants: Grants) -> None:
         """Say once (a restart does not again) which path arguments *grants* leave out."""
@@ -278,6 +283,7 @@ class Sandbox:
         return await anyio.to_thread.run_sync(self._new_run)
 
     def _new_run(self) -> Run:
+        caches.trim(self.cache, self.spec.cache_max, self.name)  # over cache_max: downloads again
         base = self.context.tmp
         try:
             os.makedirs(base, 0o700, exist_ok=True)
@@ -322,6 +328,7 @@ def sandbox_for(name: str, config: Any, context: Context) -> Sandbox | None:
         given.seccomp,
         tmp_max=given.tmp_max,
         pids_max=given.pids_max,
+        cache_max=given.cache_max,
     )
     return Sandbox(
         name, spec, context, args=config.args, cwd=config.cwd, roots=config.roots, own_env=config.env

@@ -63,6 +63,7 @@ class Spec:
     seccomp: bool = True
     tmp_max: int = 0  # bytes of TMPDIR and of /dev/shm, each a tmpfs where there is a private root
     pids_max: int | None = None  # tasks of its tree, counted in its user namespace
+    cache_max: int | None = None  # bytes its private package cache may hold on disk
 
 
 @dataclass(frozen=True, slots=True)

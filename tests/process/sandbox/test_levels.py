@@ -159,8 +159,11 @@ def test_what_each_host_lacks_is_said_in_words() -> None:
     assert Host(6, False, False).unlimited() == ["pids_max is not enforced: no user namespace"]
     root = Host(7, True, True, root=True)  # not a lack of confinement: no warning, no require: full refusal
     assert root.lacks("all") == [] and root.unlimited() == [
-        "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC"
+        "pids_max is not enforced: root's processes are exempt from RLIMIT_NPROC, and no cgroup v1 "
+        "pids hierarchy is here"
     ]
+    assert Host(7, True, True, root=True, pids_cgroups=True).unlimited() == []  # a pids cgroup per run
+    assert Host(6, False, False, root=True, pids_cgroups=True).unlimited() == []  # needs no namespace
     assert Host(7, True, True).unlimited() == []
     assert Host(0, True, True).lacks("all")[0] == "no Landlock: files are confined by the private root only"
     assert Host(0, False, False, failure="no seccomp").level() == "none"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -153,6 +154,33 @@ def test_memory_max_counts_files_in_tmpdir_and_dev_shm(sandboxed: Callable[..., 
     assert "memory_max 96 MiB exceeded" in record["last_error"], record
     assert "of it files in its TMPDIR and /dev/shm" in record["last_error"], record
     assert daemon.status()["sibling"]["state"] == "running"
+
+
+def test_a_package_cache_past_cache_max_ends_the_run_and_is_emptied(
+    sandboxed: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    """The private cache is on disk, out of tmp_max's reach: measured instead. Past cache_max the
+    run ends with the reason, and the next start empties the cache before it runs. (The server
+    runs as `pip`, a link to the interpreter: a command that gets a private pip cache.)"""
+    pip = short_tmp / "bin" / "pip"
+    pip.parent.mkdir()
+    pip.symlink_to(sys.executable)
+    settings = {**extension_settings("hostile.py", sandbox={"cache_max": "4M"}), "command": str(pip)}
+    daemon = sandboxed({"extensions": {"filler": settings}})
+    first = daemon.wait_running("filler")["filler"]
+    assert attempt(daemon, "filler", "mkdir", "$PIP_CACHE_DIR") == "ok"  # as pip makes it
+    assert attempt(daemon, "filler", "fill", f"$PIP_CACHE_DIR/big {6 * MIB}") == "ok"
+    record: dict[str, Any] = {}
+
+    def restarted() -> bool:
+        record.update(daemon.status()["filler"])
+        return bool(record["restarts"] > first["restarts"])
+
+    until(restarted, 30)
+    assert "package cache grew past cache_max (4 MiB)" in record["last_error"], record
+    daemon.wait_running("filler")
+    assert attempt(daemon, "filler", "read", "$PIP_CACHE_DIR/big").startswith("refused: ENOENT")
+    assert daemon.find("sandbox.cache_cleared")
 
 
 def test_without_user_namespaces_the_limits_are_said_missing(sandboxed: Callable[..., Daemon]) -> None:
