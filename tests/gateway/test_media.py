@@ -110,14 +110,14 @@ class TestThroughTheGateway:
         assert spooled_files(short_tmp) == []
 
     async def test_deep_nesting_is_spooled_or_refused_never_fatal(
-        self, shot: Daemon, short_tmp: Path
+        self, gateway: Callable[..., Daemon], short_tmp: Path
     ) -> None:
         """Media 90 levels down is spooled; a result past the parser's depth fails its call only.
 
         The hostile answer cannot be parsed at all (nesting over the parser's limit of about
         200), so its call ends at call_timeout; the child and the daemon carry on.
         """
-        daemon = shot
+        daemon = gateway({"shot": {**SHOT, "call_timeout": 10}})  # small answers: 10 s is plenty
         pid = daemon.status()["shot"]["pid"]
         async with gateway_session(daemon.mcp_sock) as session:
             spooled = await session.call_tool("shot__deep", {"bytes": 2 * INLINE, "depth": 90})
@@ -125,7 +125,7 @@ class TestThroughTheGateway:
             for _ in range(90):
                 node = node["next"][0]
             assert node["data"].startswith("file:///")
-            with fail_after(30):  # its call_timeout (10 s) ends it
+            with fail_after(40):  # its call_timeout (10 s) ends it
                 hostile = await session.call_tool("shot__deep", {"bytes": 2 * INLINE, "depth": 5000})
             assert hostile.is_error
             after = await session.call_tool("shot__items", {"bytes": 16})

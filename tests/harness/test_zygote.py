@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -20,8 +21,12 @@ pytestmark = [
 
 def _links(pid: int) -> set[str]:
     """What the fds of *pid* point at, but stdio (sockets and pipes by inode)."""
-    folder = f"/proc/{pid}/fd"
-    return {os.readlink(f"{folder}/{fd}") for fd in os.listdir(folder) if int(fd) > 2}
+    folder, links = f"/proc/{pid}/fd", set()
+    for fd in os.listdir(folder):
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing (the zygote forks on)
+            if int(fd) > 2:
+                links.add(os.readlink(f"{folder}/{fd}"))
+    return links
 
 
 def test_a_forked_daemon_has_its_own_stdio_environment_limits_and_exit_code(

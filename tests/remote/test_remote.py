@@ -28,17 +28,17 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 class Remote:
     """tests/servers/remote.py in one of its modes, on a port that stays its own across restarts."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode, self.port = mode, 0
+    def __init__(self, mode: str, tls: tuple[str, str] | None = None) -> None:
+        self.mode, self.port, self.tls = mode, 0, tls
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
     def start(self) -> Remote:
-        argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port)]
+        argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port), *(self.tls or ())]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()  # printed once it listens
-        assert self.url.startswith("http://127.0.0.1:"), self.url
+        assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), self.url
         self.port = int(self.url.split(":")[2].split("/")[0])
         return self
 
@@ -172,6 +172,49 @@ class TestSeen:
             proxy.close()
         assert seen and seen[0] == f"POST {remote.url} HTTP/1.1".encode(), seen
         assert "HTTP 502" in status["last_error"], status
+
+
+class TestTrust:
+    def test_a_certificate_the_system_does_not_trust_is_refused(
+        self, daemons: Callable[..., Daemon], tmp_path: Path
+    ) -> None:
+        """HTTPS is verified against the system's trust store: a self-signed server never gets
+        the headers, and the error says why."""
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+             "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        remote = Remote("http", (str(cert), str(key))).start()
+        try:
+            daemon = daemons({"far": remote.entry(max_restarts=0)})
+            status = daemon.wait_state("far", "failed")
+        finally:
+            remote.kill()
+        assert "CERTIFICATE_VERIFY_FAILED" in status["last_error"], status
+
+    def test_a_redirect_to_another_origin_is_not_followed(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """The configured headers never leave the URL's origin: a 307 elsewhere fails that call
+        and the other origin sees no request."""
+        remote = remotes("http")
+        elsewhere = socket.create_server(("127.0.0.1", 0))
+        elsewhere.settimeout(0.5)
+        try:
+            daemon = daemons({"far": remote.entry(headers={"X-Token": "not-for-others"})})
+            daemon.wait_state("far", "running")
+            other = f"http://127.0.0.1:{elsewhere.getsockname()[1]}/mcp"
+            assert text(daemon.call("far", "redirect_next", url=other)) == "armed"
+            with pytest.raises(RemoteError, match=r"Redirect to .* not followed"):
+                daemon.call("far", "echo", text="lost")
+            with pytest.raises(TimeoutError):
+                elsewhere.accept()  # nobody came
+        finally:
+            elsewhere.close()
+        assert text(daemon.call("far", "echo", text="still")) == "still"
 
 
 class TestInstances:

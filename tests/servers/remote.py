@@ -1,8 +1,9 @@
 """Realistic fixture: a remote MCP server, the SDK's own, over HTTP on a loopback port.
 
-``remote.py MODE [PORT]``: ``http`` (streamable HTTP, answers as event streams), ``json``
-(streamable HTTP, answers as JSON), ``sse`` (the older HTTP+SSE transport: ``/sse`` and
-``/messages/``). PORT 0 or none: a free one. Prints its URL on stdout once it listens. Tools
+``remote.py MODE [PORT [CERT KEY]]``: ``http`` (streamable HTTP, answers as event streams),
+``json`` (streamable HTTP, answers as JSON), ``sse`` (the older HTTP+SSE transport: ``/sse`` and
+``/messages/``). PORT 0 or none: a free one. With CERT and KEY (PEM files): HTTPS. Prints its
+URL on stdout once it listens. Tools
 as ``echo.py``'s (``echo``, ``sleep``, ``toggle_tool``, ``big_text``, ``pid``, ...), plus
 ``headers`` (the request's headers that start with ``x-``), ``sessions`` (how many sessions it
 holds), ``forget`` (ends every session, so the next request of one is answered 404) and
@@ -38,12 +39,13 @@ EXTRA = (
     echo._tool("sessions", "How many sessions the server holds."),
     echo._tool("forget", "End every session: the next request of one is answered 404."),
     echo._tool("answer_next", "Answer the next POST with this HTTP status.", {"status": {"type": "integer"}}),
+    echo._tool("redirect_next", "Answer the next POST with 307 to this URL.", {"url": {"type": "string"}}),
     echo._tool("image", "A PNG-typed image of N random bytes.", {"bytes": {"type": "integer"}}),
     echo._tool(
         "log", "Send a log message (info, logger 'remote') with this text.", {"text": {"type": "string"}}
     ),
 )
-FAULT: dict[str, int] = {}  # "status": what the next POST is answered with
+FAULT: dict[str, Any] = {}  # "status" / "location": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
 
 
@@ -71,6 +73,9 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
                 warnings.simplefilter("ignore")
                 await ctx.session.send_log_message("info", (params.arguments or {})["text"], logger="remote")
             return echo._text("logged")
+        case "redirect_next":
+            FAULT["status"], FAULT["location"] = 307, str((params.arguments or {})["url"])
+            return echo._text("armed")
         case "answer_next":
             FAULT["status"] = int((params.arguments or {})["status"])
             return echo._text("armed")
@@ -115,20 +120,16 @@ class _Faults:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and "status" in FAULT:
-            status = FAULT.pop("status")
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [(b"content-type", b"text/plain")],
-                }
-            )
+            status, headers = FAULT.pop("status"), [(b"content-type", b"text/plain")]
+            if "location" in FAULT:
+                headers.append((b"location", FAULT.pop("location").encode()))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": b"injected"})
             return
         await self.app(scope, receive, send)
 
 
-async def main(mode: str, port: int) -> None:
+async def main(mode: str, port: int, tls: tuple[str, str] | None) -> None:
     global APP
     if mode == "sse":
         APP, path = _sse_app(), "/sse"
@@ -138,12 +139,19 @@ async def main(mode: str, port: int) -> None:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
-    config = uvicorn.Config(_Faults(APP), log_level="warning", lifespan="on")
+    config = uvicorn.Config(
+        _Faults(APP),
+        log_level="warning",
+        lifespan="on",
+        **({"ssl_certfile": tls[0], "ssl_keyfile": tls[1]} if tls else {}),
+    )
     server = uvicorn.Server(config)
     server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
-    print(f"http://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
+    scheme = "https" if tls else "http"
+    print(f"{scheme}://127.0.0.1:{listener.getsockname()[1]}{path}", flush=True)
     await server.serve(sockets=[listener])
 
 
 if __name__ == "__main__":
-    anyio.run(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    tls = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else None
+    anyio.run(main, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0, tls)

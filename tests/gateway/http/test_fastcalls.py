@@ -30,6 +30,7 @@ pytestmark = [
 ASKER = extension_settings("asker.py")
 ODD = extension_settings("odd_answers.py")
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+WAIT = 30  # a read deadline that bounds a hang: 10 s was missed with two suites at once (pair 9)
 
 
 def _initialize() -> bytes:
@@ -95,7 +96,7 @@ class TestJson:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open(list_tools=False)
             before = await session.post(_call(1, "rich__echo", text="before"))
@@ -114,7 +115,7 @@ class TestJson:
         http_gateway: Callable[..., Daemon],
     ) -> None:
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             headers = {**HEADERS, "mcp-session-id": "0" * 32}
             answer = await client.post(
                 http.url + "/mcp", content=_call(1, "rich__echo", text="x"), headers=headers
@@ -129,7 +130,7 @@ class TestJson:
         path) as after (the fast path, or the SDK's again for a name not routed)."""
         http = http_gateway({"rich": RICH})
         calls = [("rich__echo", {}), ("rich__nonexistent", {}), ("rich__echo", {"text": "x"})]
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open(list_tools=False)
             slow = [
@@ -148,7 +149,7 @@ class TestJson:
         """An Accept without event streams (the SDK serves streams: 406), a body not labelled
         JSON (400): refused there, never answered here."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open()
             json_only = await client.post(
@@ -215,7 +216,7 @@ class TestCancel:
         """The body comes in a read of its own: over uvicorn's 64 KiB high-water mark that pauses
         reading, and a paused connection hears no close unless reading resumes."""
         http = http_gateway({"rich": RICH})
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             session = Raw(client, http.url + "/mcp")
             await session.open()
         host, port = http.url.removeprefix("http://").split(":")
@@ -304,7 +305,7 @@ class TestModern:
         http = http_gateway({"rich": RICH})
         calls = [("rich__echo", {"text": "x"}), ("rich__echo", {}), ("rich__nonexistent", {})]
         url = http.url + "/mcp"
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             fast = [await _post_modern(client, url, n, tool, args) for n, (tool, args) in enumerate(calls)]
             slow = [
                 await _post_modern(client, url, n, tool, args, logLevel="emergency")
@@ -384,7 +385,7 @@ class TestModern:
     ) -> None:
         http = http_gateway({"rich": RICH})
         body, headers = _modern(1, "rich__echo", {"text": "x"})
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             mismatch = await client.post(
                 http.url + "/mcp", content=body, headers={**headers, "mcp-name": "rich__fail"}
             )
@@ -426,7 +427,7 @@ class TestModern:
             ("odd__video", {}, {}, {}),
             ("odd__nullerror", {}, {}, {}),
         ]
-        async with httpx2.AsyncClient(timeout=10, headers=http.headers) as client:
+        async with httpx2.AsyncClient(timeout=WAIT, headers=http.headers) as client:
             answers = {}
             for slow in (False, True):
                 for n, (tool, arguments, meta, headers) in enumerate(cases):

@@ -333,7 +333,7 @@ class TestSandboxOf:
         )
         made = sandbox.sandbox_for("x", settings.extensions["x"], Context({}))
         assert made is not None and made.spec == Spec(
-            "none", ("/a",), ("/b",), tmp_max=512 * 1024**2, pids_max=1024
+            "none", ("/a",), ("/b",), tmp_max=512 * 1024**2, pids_max=1024, cache_max=2 * 1024**3
         )
         assert settings.extensions["y"].sandbox.network == "none"
 
