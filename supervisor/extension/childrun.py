@@ -88,7 +88,8 @@ class ChildRun:
         """``memory_max``, when set: its tree (and its scratch tmpfs) over it ends the run; and a
         confined one's ``cache_max``: its private package cache growing past it does too."""
         confined = self._confinement
-        if confined is not None and confined.cache is not None and confined.spec.cache_max is not None:
+        if confined is not None and confined.caching and confined.spec.cache_max is not None:
+            assert confined.cache is not None
             helpers.start_soon(caches.enforce, confined.cache, confined.spec.cache_max, self._cache_exceeded)
         if config.memory_max is not None:
             child = self.child

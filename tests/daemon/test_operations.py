@@ -213,7 +213,7 @@ class TestSystemdNotify:
 
         async def next_message(containing: str, value: str | None = None) -> dict[str, str]:
             """The next datagram with field *containing* (equal to *value*, if given); others are skipped."""
-            with fail_after(15):
+            with fail_after(30):  # 15 s was missed with two suites at once (pair 10)
                 while True:
                     await anyio.wait_readable(systemd)
                     fields = dict(line.split("=", 1) for line in systemd.recv(4096).decode().split("\n"))

@@ -35,6 +35,7 @@ from supervisor.process.sandbox.policy import (
     Grant,
     Grants,
     Spec,
+    explain,
     grants_for,
     ungranted_paths,
 )
@@ -227,6 +228,12 @@ class Sandbox:
         """Its private package cache's directory (None: the daemon keeps none)."""
         return os.path.join(self.context.caches, self.name) if self.context.caches else None
 
+    @property
+    def caching(self) -> bool:
+        """Whether its last run was given a private package cache (its command is a package
+        manager or runs one): only then is there a cache to keep within ``cache_max``."""
+        return self.cache is not None and self._last is not None and bool(self._last.environ)
+
     def warn_once(self, grants: Grants) -> None:
         """Say once (a restart does not again) which path arguments *grants* leave out."""
         if self._warned:
@@ -384,17 +391,4 @@ def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     lines += [f"  not enforced here: {limit}" for limit in host.unlimited() if confined.spec.pids_max]
     if refusal is not None:
         lines.append(f"  it will not start: {refusal}")
-    return lines
-
-
-def explain(name: str, grants: Grants) -> list[str]:
-    """``check-config --explain``: the effective grants, one per line, with why."""
-    lines = [f"{name}: sandbox, network {grants.network}, grants digest {grants.digest}"]
-    private = Grant("<a private temporary directory>", "write", "TMPDIR, removed after each run")
-    shown = [g for g in grants.entries if g.access != "hidden"] + [private]
-    shown += [g for g in grants.entries if g.access == "hidden"]
-    width = max(len(g.path) for g in shown)
-    for grant in shown:
-        lines.append(f"  {grant.access:<6}  {grant.path:<{width}}  {grant.reason}")
-    lines.append("  everything else: not there for it (ENOENT), read-only (EROFS) or refused (EACCES)")
     return lines

@@ -43,6 +43,7 @@ __all__ = (
     "Grant",
     "Grants",
     "Spec",
+    "explain",
     "grants_for",
     "package_caches",
     "ungranted_paths",
@@ -377,3 +378,16 @@ def ungranted_paths(args: Sequence[str], grants: Grants, *, home: str, base: str
         if os.path.exists(path) and not shown and path not in found:
             found.append(path)
     return found
+
+
+def explain(name: str, grants: Grants) -> list[str]:
+    """``check-config --explain``: the effective grants, one per line, with why."""
+    lines = [f"{name}: sandbox, network {grants.network}, grants digest {grants.digest}"]
+    private = Grant("<a private temporary directory>", "write", "TMPDIR, removed after each run")
+    shown = [g for g in grants.entries if g.access != "hidden"] + [private]
+    shown += [g for g in grants.entries if g.access == "hidden"]
+    width = max(len(g.path) for g in shown)
+    for grant in shown:
+        lines.append(f"  {grant.access:<6}  {grant.path:<{width}}  {grant.reason}")
+    lines.append("  everything else: not there for it (ENOENT), read-only (EROFS) or refused (EACCES)")
+    return lines
