@@ -29,7 +29,7 @@ from supervisor.child.pipes import (
     watch_exit,
 )
 from supervisor.child.rawcalls import RawCalls
-from supervisor.child.wire import InboundRequests, Outbox
+from supervisor.child.wire import Outbox
 from supervisor.errors import first_line
 from supervisor.process import children as process
 from supervisor.process.children import ChildProcess
@@ -42,6 +42,7 @@ from supervisor.upstream.session import (
     asking_callbacks,
 )
 from supervisor.upstream.spool import ExtensionSpool
+from supervisor.upstream.wire import InboundRequests
 
 __all__ = ("EXIT_FLUSH_GRACE", "Connection", "LineSplitter", "connect")
 

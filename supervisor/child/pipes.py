@@ -19,10 +19,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 
 from supervisor.child.rawcalls import MARK, RawCalls
-from supervisor.child.wire import InboundRequests
 from supervisor.process.children import ChildProcess
 from supervisor.upstream.spool import ExtensionSpool
-from supervisor.upstream.wire import Watched
+from supervisor.upstream.wire import InboundRequests, Watched
 
 __all__ = (
     "EXIT_FLUSH_GRACE",

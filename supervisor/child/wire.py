@@ -3,7 +3,6 @@
 :class:`Outbox` is the session's write stream: each message is encoded in the task that sends
 it, so a message that cannot be encoded (a lone surrogate in a client's arguments, nesting too
 deep) fails its sender only, never the stdin pump whose failure would end the connection.
-:class:`InboundRequests` bounds the requests from the child that the session answers at once.
 What every upstream shares (the ids a task sends, late answers) is in :mod:`supervisor.upstream.wire`.
 """
 
@@ -21,43 +20,11 @@ from mcp import MCPError
 from mcp.shared.message import SessionMessage
 
 from supervisor.errors import first_line
-from supervisor.upstream.wire import SENDING
+from supervisor.upstream.wire import SENDING, InboundRequests
 
-__all__ = ("InboundRequests", "Outbox")
+__all__ = ("Outbox",)
 
 log = structlog.get_logger(__name__)
-
-
-class InboundRequests:
-    """Requests from the child that the session is still answering, at most *limit* at once.
-
-    The session answers each in a task of its own, and a child that floods requests (pings)
-    while not reading our answers would otherwise grow the daemon by one task per request.
-    Dropped requests get no answer: answering needs the stdin the flood is clogging.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.dropped = 0
-        self._ids: set[types.RequestId] = set()
-
-    def admit(self, message: SessionMessage | Exception) -> bool:
-        inner = message.message if isinstance(message, SessionMessage) else None
-        if isinstance(inner, types.JSONRPCRequest):
-            if inner.id in self._ids or len(self._ids) >= self.limit:  # a repeated id is refused too
-                self.dropped += 1
-                if self.dropped == 1 or self.dropped % 1000 == 0:
-                    log.warning("extension.requests_dropped", dropped=self.dropped, limit=self.limit)
-                return False
-            self._ids.add(inner.id)
-        elif isinstance(inner, types.JSONRPCNotification) and inner.method == "notifications/cancelled":
-            request_id = (inner.params or {}).get("requestId")
-            if isinstance(request_id, str | int):
-                self.settle(request_id)  # its handler is cancelled and writes nothing
-        return True
-
-    def settle(self, request_id: types.RequestId) -> None:
-        self._ids.discard(request_id)
 
 
 class Outbox:

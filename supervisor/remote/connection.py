@@ -47,13 +47,14 @@ from supervisor.upstream.session import (
     asking_callbacks,
 )
 from supervisor.upstream.spool import ExtensionSpool
-from supervisor.upstream.wire import check_encodable
+from supervisor.upstream.wire import InboundRequests, check_encodable
 
 __all__ = ("RemoteConnection", "connect")
 
 log = structlog.get_logger(__name__)
 
 _ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
+MAX_INBOUND_REQUESTS = 32  # the server's requests being answered at once; more are dropped
 MAX_LOG_LINE = 4096  # characters of one log message kept for `logs`
 OPEN_LIMIT = 30.0  # seconds for a transport to open (HTTP+SSE: its GET answered with the endpoint)
 _NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
@@ -212,6 +213,7 @@ class _Holder:
         self.on_notification = on_notification
         self.asking = asking_callbacks(connection, on_asked) if on_asked is not None else {}
         self.watch = Watch(connection.end)
+        self.inbound = InboundRequests(MAX_INBOUND_REQUESTS)
         self.stop_timeout = stop_timeout
         self.opening: anyio.CancelScope | None = None  # the transport's, while it opens
         self.closing = anyio.Event()  # the run is over: leave the session and the transport
@@ -263,7 +265,7 @@ class _Holder:
             try:
                 async with ClientSession(
                     ours_recv,
-                    Sending(write, self.spool),
+                    Sending(write, self.spool, self.inbound),
                     message_handler=self._on_message,
                     logging_callback=self._on_log,
                     **self.asking,
@@ -339,6 +341,8 @@ class _Holder:
                 if isinstance(message, Exception):
                     last_error = first_line(message, typed=False)
                     log.warning("extension.bad_message", error=last_error)
+                    continue
+                if not self.inbound.admit(message):  # more of its requests than we answer at once
                     continue
                 inner = message.message
                 connection.watched.see(message)

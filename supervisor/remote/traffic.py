@@ -17,7 +17,7 @@ from mcp.shared.message import SessionMessage
 
 from supervisor.errors import first_line
 from supervisor.upstream.spool import ExtensionSpool
-from supervisor.upstream.wire import SENDING
+from supervisor.upstream.wire import SENDING, InboundRequests
 
 __all__ = ("STREAM_CUT", "Sending", "Watch", "cut_off", "failure", "tool_result")
 
@@ -46,8 +46,8 @@ class Sending:
     outbox does, so that a server's question finds the call it came with; and the spool, whose
     rewrite of an answer's structured output must keep it valid for the tool's schema."""
 
-    def __init__(self, inner: Any, spool: ExtensionSpool | None) -> None:
-        self._inner, self._spool = inner, spool
+    def __init__(self, inner: Any, spool: ExtensionSpool | None, inbound: InboundRequests) -> None:
+        self._inner, self._spool, self._inbound = inner, spool, inbound
 
     async def send(self, item: SessionMessage, /) -> None:
         message = item.message
@@ -56,7 +56,11 @@ class Sending:
                 self._spool.sent(message.id, message.method, message.params)
             if (sending := SENDING.get()) is not None:
                 sending(message.id)
-        await self._inner.send(item)
+        try:
+            await self._inner.send(item)
+        finally:
+            if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+                self._inbound.settle(message.id)  # one of its requests answered
 
     async def aclose(self) -> None:
         await self._inner.aclose()
