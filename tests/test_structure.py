@@ -31,7 +31,7 @@ MODULES = sorted(  # dotted, relative to the package: "daemon", "gateway.names",
 # session every upstream kind shares, a child's stdio, the extension that owns it, the gateway
 # and the control socket that reach extensions, the daemon that composes them, the CLI.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "paths", "peers"),
+    ("errors", "paths", "peers", "privatefiles"),
     ("logs", "streams", "sockets"),
     ("config",),
     ("process",),
@@ -67,7 +67,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("containment",),
     ),
     "upstream": (("listing", "wire", "media"), ("session", "spool")),
-    "remote": (("http", "traffic"), ("connection",)),
+    "remote": (("http", "traffic", "tokens"), ("auth", "connection"), ("login",)),
     "child": (
         ("wire",),
         ("rawcalls",),
@@ -108,7 +108,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
     "daemon": (
-        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken"),
+        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken", "logins"),
         ("headstart", "facade"),
         ("root",),
         ("run",),

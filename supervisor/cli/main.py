@@ -136,6 +136,20 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_argument("name", metavar="NAME")
     sub.add_argument("tool", nargs="?", metavar="TOOL", help="only this tool (default: every changed one)")
     sub.add_argument("--json", action="store_true", help="print the raw result")
+    sub = add("login", "remote:login", "log in to a remote extension's server (OAuth), once for the host")
+    sub.add_argument("name", metavar="NAME")
+    sub.add_argument(
+        "--no-browser", action="store_true", help="print the authorization URL only (default: open it too)"
+    )
+    sub.add_argument(
+        "--wait",
+        type=_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for the login in the browser (default 600)",
+    )
+    sub = add("logout", "remote:logout", "revoke and forget the login to a remote extension's server")
+    sub.add_argument("name", metavar="NAME")
     sub = add("logs", "remote:logs", "print the last lines an extension wrote to stderr")
     sub.add_argument("name", metavar="NAME")
     sub.add_argument("-n", "--lines", type=_line_count, default=50, metavar="N", help="how many (default 50)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
 
 from supervisor.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, fail, print_json
 
-__all__ = ("action", "approve", "call", "health", "logs", "reload", "status", "tools")
+__all__ = ("action", "approve", "call", "health", "login", "logout", "logs", "reload", "status", "tools")
 
 _QUERY_TIMEOUT = 30.0  # status, tools, logs: they answer from memory
+_LOGIN_START = 90.0  # the servers' metadata and a registration, before the URL is known
 _ALL_CONCURRENCY = 16  # requests in flight for --all, well under the daemon's connection cap
 
 
@@ -181,6 +183,42 @@ async def call(args: argparse.Namespace) -> int:
         if text:
             print(text)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+async def login(args: argparse.Namespace) -> int:
+    """Print (and open) the authorization URL, then wait for the person's login and say how it went."""
+    begun = await client.request(args.socket, "login", {"name": args.name}, timeout=_LOGIN_START)
+    url = begun.get("url")
+    if url:
+        print(f"Open this URL to log in to {args.name!r} (it waits {args.wait:g}s):", file=sys.stderr)
+        print(url, flush=True)
+        if not args.no_browser and _has_display():
+            await anyio.to_thread.run_sync(_open_browser, url)
+    params = {"name": args.name, "wait": max(1.0, min(args.wait, 3600.0))}
+    record = await client.request(args.socket, "login_wait", params, timeout=params["wait"] + _QUERY_TIMEOUT)
+    if record["state"] == "running":
+        print(f"logged in: {args.name!r} is running")
+        return EXIT_OK
+    reason = record.get("last_error") or f"it is {record['state']}"
+    fail(f"logged in, but {args.name!r} is not running: {reason}")
+    return EXIT_FAILED
+
+
+def _has_display() -> bool:
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform == "darwin"
+
+
+def _open_browser(url: str) -> None:
+    import webbrowser  # only here: it reads the environment for browsers at import
+
+    webbrowser.open(url)
+
+
+async def logout(args: argparse.Namespace) -> int:
+    result = await client.request(args.socket, "logout", {"name": args.name}, timeout=_QUERY_TIMEOUT)
+    revoked = "revoked and forgotten" if result["revoked"] else "forgotten (the server revoked nothing)"
+    print(f"logged out of {args.name!r}: its tokens are {revoked}")
+    return EXIT_OK
 
 
 async def logs(args: argparse.Namespace) -> int:

@@ -68,7 +68,7 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
     notes = [_state_detail(record, now)]
     if (remote := record.get("remote")) and record["state"] == "running":
         rtt = f", {remote['rtt_ms']:g} ms" if remote.get("rtt_ms") is not None else ""
-        notes.insert(0, f"{remote['url']} ({remote.get('transport')}{rtt})")
+        notes.insert(0, f"{remote['url']} ({remote.get('transport')}{rtt}{_login_note(remote, now)})")
     count = len(record.get("instances") or ())
     if count:
         notes.append(f"{count} per-client instance{'s' if count != 1 else ''}")
@@ -77,6 +77,18 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
         text = f"{len(changed)} tool{'s' if len(changed) != 1 else ''} changed since pinned"
         notes.append(f"{text}{f' ({held} held)' if held else ''}: mcp-supervisor approve {record['name']}")
     return "; ".join(note for note in notes if note)
+
+
+def _login_note(remote: dict[str, Any], now: datetime) -> str:
+    """", logged in for 59m" (the access token's life left; it is refreshed before it ends)."""
+    login = remote.get("login")
+    if not login or not login.get("logged_in"):
+        return ""
+    expires = login.get("expires_at")
+    if expires is None:
+        return ", logged in"
+    left = max(0.0, expires - now.timestamp())
+    return f", logged in, token {duration(left)} left{', refreshable' if login.get('refreshable') else ''}"
 
 
 def _state_detail(record: dict[str, Any], now: datetime) -> str:
@@ -110,6 +122,8 @@ def _state_detail(record: dict[str, Any], now: datetime) -> str:
             text = f"{text}; {record['detail']}"
         last = record.get("last_stderr")  # a wrapper's download progress, say; made safe by the daemon
         return f"{text}; stderr: {last}" if last else text
+    if state == "needs-login":
+        return f"run `mcp-supervisor login {record['name']}`"
     if state in ("failed", "stopped"):
         if record.get("detail"):  # "on demand": idle, not broken; the next call starts it
             return str(record["detail"])

@@ -7,6 +7,7 @@ Client entries (Claude Desktop, Cursor, VS Code, Cline, ...) load as they are: s
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -46,6 +47,7 @@ __all__ = (
     "AnyExtension",
     "BackoffConfig",
     "ExtensionConfig",
+    "OAuthSettings",
     "RemoteConfig",
     "SandboxConfig",
     "StdioConfig",
@@ -184,6 +186,45 @@ class StdioConfig(ExtensionConfig):
             raise PydanticCustomError("client_key", str(exc)) from None
 
 
+_SCOPE = re.compile(r"[!#-\[\]-~]+")  # RFC 6749 3.3: printable ASCII but space, '"' and '\\'
+
+
+def _scope(value: str) -> str:
+    if not _SCOPE.fullmatch(value):
+        raise PydanticCustomError(
+            "scope", "'{scope}' is not one OAuth scope (printable, no spaces)", {"scope": value}
+        )
+    return value
+
+
+class OAuthSettings(Frozen):
+    """How the daemon logs in to a remote server that asks for OAuth (see :mod:`supervisor.remote.auth`).
+
+    Nothing set: the server's metadata says where to log in, and the client is registered there
+    (a Client ID Metadata Document where the server takes one, else dynamic registration). A
+    pre-registered client gives ``client_id`` (and ``client_secret``, expanded like ``env``:
+    ``${credential:NAME}``); its redirect URI is ``http://127.0.0.1:PORT/callback`` with
+    ``callback_port``. ``grant: client_credentials`` logs in as the client itself, no browser.
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    enabled: bool = True  # false: never log in, a 401 is an error like any other
+    client_id: Annotated[str, Field(min_length=1, max_length=1024)] | None = Field(None, alias="clientId")
+    client_secret: EnvValue | None = Field(None, alias="clientSecret")
+    scopes: list[Annotated[str, AfterValidator(_scope)]] | None = None  # None: what the server asks
+    grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
+    callback_port: int | None = Field(None, ge=1024, le=65535, alias="callbackPort")  # None: any free one
+
+    @model_validator(mode="after")
+    def _machine_needs_its_credentials(self) -> OAuthSettings:
+        if self.grant == "client_credentials" and (self.client_id is None or self.client_secret is None):
+            raise PydanticCustomError(
+                "client_credentials", "'grant: client_credentials' needs 'client_id' and 'client_secret'"
+            )
+        return self
+
+
 class RemoteConfig(ExtensionConfig):
     """One remote MCP server: streamable HTTP (both protocol eras) or the older HTTP+SSE.
 
@@ -201,6 +242,7 @@ class RemoteConfig(ExtensionConfig):
     headers: dict[Annotated[str, AfterValidator(header_name)], EnvValue] = {}
     allow_http: bool = False  # plain http:// to a host other than loopback (its traffic is readable)
     ping_interval: Timeout | None = 30.0  # nothing else notices an idle server going away
+    oauth: OAuthSettings = OAuthSettings()
 
     @model_validator(mode="after")
     def _plain_http_stays_local(self) -> RemoteConfig:
@@ -238,7 +280,7 @@ class RemoteConfig(ExtensionConfig):
                 "'{key}' is for stdio servers; this entry has a 'url' (a remote server)",
                 {"key": stdio[0]},
             )
-        kept = {"headers": data.pop("headers")} if "headers" in data else {}  # clientkeys drops it
+        kept = {key: data.pop(key) for key in ("headers", "oauth") if key in data}  # clientkeys drops them
         try:
             folded = clientkeys.fold(data)[0]
         except clientkeys.ClientKeyError as exc:

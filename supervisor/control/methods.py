@@ -47,6 +47,9 @@ class Backend(Protocol):
     def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
     async def explain(self, name: str) -> list[str]: ...  # its sandbox's grants, as this daemon sees them
+    async def login(self, name: str) -> dict[str, Any]: ...  # a remote server's login: its URL
+    async def login_wait(self, name: str, patience: float) -> Snapshot: ...
+    async def logout(self, name: str) -> dict[str, Any]: ...
 
 
 class _Params(BaseModel):
@@ -81,6 +84,11 @@ class _Logs(_Params):
 class _Approve(_Params):
     name: str = Field(min_length=1)
     tool: str | None = Field(None, min_length=1)  # None: every changed tool of the extension
+
+
+class _LoginWait(_Params):
+    name: str = Field(min_length=1)
+    wait: float = Field(600.0, gt=0, le=3600)  # seconds for the person to log in
 
 
 class _Health(_Params):
@@ -178,6 +186,18 @@ async def _explain(backend: Backend, params: _Name) -> dict[str, Any]:
     return {"lines": await backend.explain(params.name)}
 
 
+async def _login(backend: Backend, params: _Name) -> dict[str, Any]:
+    return await backend.login(params.name)
+
+
+async def _login_wait(backend: Backend, params: _LoginWait) -> dict[str, Any]:
+    return (await backend.login_wait(params.name, params.wait)).as_dict()
+
+
+async def _logout(backend: Backend, params: _Name) -> dict[str, Any]:
+    return await backend.logout(params.name)
+
+
 async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
     if params.format == "prometheus":
         return {"text": backend.metrics_text()}
@@ -197,5 +217,8 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "health": Method(_Health, _health),
         "approve": Method(_Approve, _approve),
         "explain": Method(_Name, _explain),
+        "login": Method(_Name, _login),
+        "login_wait": Method(_LoginWait, _login_wait),
+        "logout": Method(_Name, _logout),
     }
 )

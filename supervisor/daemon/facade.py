@@ -17,7 +17,7 @@ import structlog
 from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.daemon.health import cgroup_of, process_stats
-from supervisor.errors import UnknownExtension
+from supervisor.errors import SupervisorError, UnknownExtension
 from supervisor.extension.instances import Instances, figures
 from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
@@ -85,6 +85,44 @@ class Facade:
                 restarts.start_soon(self._instances[name].restart_all, self._tg)  # per-client: each
             return ext
         return None
+
+    async def login(self, name: str) -> dict[str, Any]:
+        """Start a login of remote extension *name* (or join the one under way): its authorization
+        URL for a person to open, or why it ended before one was known."""
+        ext = self.get(name)
+        attempt = await self.logins.begin(
+            self._tg, name, ext.config, ext.credentials_dir, functools.partial(self._logged_in, name)
+        )
+        if attempt.url is None and attempt.error is not None:
+            raise SupervisorError(attempt.error)
+        return {"url": attempt.url, "done": attempt.done.is_set()}
+
+    async def login_wait(self, name: str, patience: float) -> Snapshot:
+        """Wait up to *patience* s for the login of *name* under way; its status once it started again."""
+        ext = self.get(name)
+        attempt = self.logins.attempt(name)
+        if attempt is not None:
+            with anyio.move_on_after(patience):
+                await attempt.done.wait()
+            if not attempt.done.is_set():
+                raise SupervisorError(f"the login of {name!r} is still waiting for its person")
+            if attempt.error is not None:
+                raise SupervisorError(attempt.error)
+        return await ext.wait_for(lambda s: s.state not in (State.STARTING, State.STOPPING, State.BACKOFF))
+
+    async def _logged_in(self, name: str) -> None:
+        """A login succeeded: the extension (and each per-client instance) runs with it, unless stopped."""
+        with contextlib.suppress(UnknownExtension):
+            if self.get(name).snapshot().state is not State.STOPPED:
+                await self._restart(name)
+
+    async def logout(self, name: str) -> dict[str, Any]:
+        """Revoke and forget the login of *name*; a run of it ends (the next wants a login)."""
+        ext = self.get(name)
+        revoked = await self.logins.log_out(name, ext.config)
+        if ext.snapshot().state is not State.STOPPED:
+            await self._restart(name)
+        return {"revoked": revoked, "status": ext.snapshot().as_dict()}
 
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         chosen = [self.get(name)] if name is not None else self._extensions.values()

@@ -24,6 +24,7 @@ from supervisor.config.settings import ExtensionConfig, Settings, StdioConfig
 from supervisor.daemon import identity
 from supervisor.daemon.facade import Facade
 from supervisor.daemon.headstart import HeadStart
+from supervisor.daemon.logins import Logins
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
@@ -88,6 +89,7 @@ class Daemon(Facade, Reloading):
         )
         self.catalogs = paths.default_state_root(environ) / "catalogs" / self.instance  # saved listings
         self.pin_dir = paths.default_state_root(environ) / "pins" / self.instance  # pinned tool definitions
+        self.logins = Logins(paths.default_state_root(environ) / "oauth" / self.instance)  # remote logins
         self.sandbox_context = identity.sandbox_context(
             settings, config_path=config_path, environ=self._environ
         )
@@ -123,6 +125,7 @@ class Daemon(Facade, Reloading):
             pins=self._pins[name],
             start_slots=self.start_slots,
             sandbox_context=self.sandbox_context,
+            tokens=self.logins.store(name, config),
         )
 
     def _configure_pins(self, settings: Settings) -> None:
@@ -156,14 +159,14 @@ class Daemon(Facade, Reloading):
             own = config.model_copy(update={"on_demand": True})  # its client's first call starts it
             holds = functools.partial(self.gateway.holds, name)
             demand = Demand(idle_stop=config.idle_stop, store=None, start=self._start_instance, holds=holds)
-            last_run: int | None = None  # the pid of its last run seen running
+            last_run: str | None = None  # the id of its last run seen running
 
             def changed(snapshot: Snapshot) -> None:
                 nonlocal last_run
-                if snapshot.state is State.RUNNING and snapshot.pid != last_run:
+                if snapshot.state is State.RUNNING and snapshot.run != last_run:
                     if last_run is not None:  # a new run knows nothing of its client's subscriptions
                         self.gateway.instance_restarted(instance, client)
-                    last_run = snapshot.pid
+                    last_run = snapshot.run
 
             instance = Extension(
                 name,
@@ -179,6 +182,7 @@ class Daemon(Facade, Reloading):
                 pins=pins,
                 start_slots=self.start_slots,
                 sandbox_context=self.sandbox_context,
+                tokens=self.logins.store(name, config),  # the host's one login
             )
             return instance
 

@@ -51,6 +51,7 @@ class OutcomeKind(enum.StrEnum):
     START_FAILED = enum.auto()  # spawned, but no handshake within start_timeout
     PERMANENT = enum.auto()  # cannot ever start as configured: command not found, not executable
     STOPPED = enum.auto()  # stopped on request
+    NEEDS_LOGIN = enum.auto()  # a remote server refused the run's credentials: waits for a person
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class RestartPolicy:
 
     def next_failures(self, outcome: Outcome, failures: int) -> int:
         """The consecutive-failure count after *outcome*: reset only by a run that stayed up."""
-        if outcome.kind is OutcomeKind.STOPPED:
+        if outcome.kind in (OutcomeKind.STOPPED, OutcomeKind.NEEDS_LOGIN):
             return failures
         ran = outcome.kind in (OutcomeKind.CLEAN_EXIT, OutcomeKind.CRASHED)
         if ran and outcome.uptime >= self.reset_after:
@@ -81,7 +82,9 @@ class RestartPolicy:
 
     def should_restart(self, outcome: Outcome, failures: int) -> bool:
         """Whether to start again after *outcome*, given the count from :meth:`next_failures`."""
-        if outcome.kind in (OutcomeKind.STOPPED, OutcomeKind.PERMANENT) or self.mode == "never":
+        if outcome.kind in (OutcomeKind.STOPPED, OutcomeKind.PERMANENT, OutcomeKind.NEEDS_LOGIN):
+            return False
+        if self.mode == "never":
             return False
         if self.mode == "on-failure" and outcome.kind is OutcomeKind.CLEAN_EXIT:
             return False
@@ -89,7 +92,7 @@ class RestartPolicy:
 
     def gave_up(self, outcome: Outcome, failures: int) -> bool:
         """Whether the end of the watcher means ``failed`` rather than ``stopped``."""
-        if outcome.kind is OutcomeKind.STOPPED:
+        if outcome.kind in (OutcomeKind.STOPPED, OutcomeKind.NEEDS_LOGIN):
             return False
         if outcome.kind is OutcomeKind.CLEAN_EXIT:
             # A clean exit under `always` only ends the watcher when the restart budget ran out.

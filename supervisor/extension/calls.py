@@ -289,7 +289,7 @@ class Calls:
                     state.value,
                     retryable=False,
                     detail=self._snapshot.last_error,
-                    advice=f"start it with `mcp-supervisor start {self.name}`",
+                    advice=state.remedy(self.name),
                 )
             await changed.wait()
 

@@ -36,6 +36,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from supervisor.errors import ExtensionUnavailable
+from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from supervisor.process.usage import Sampler
 
@@ -104,7 +105,7 @@ class Instances:
         if client.closed:  # a request outliving its client (it waited for room): no child, no reclaim
             raise ExtensionUnavailable(self.name, "per-client", retryable=False, detail="its client is gone")
         if self.held:
-            advice = f"start it with `mcp-supervisor start {self.name}`"  # as the shared one says
+            advice = State.STOPPED.remedy(self.name)  # as the shared one says
             raise ExtensionUnavailable(self.name, "stopped", retryable=False, advice=advice)
         self._prune()
         # A client waiting for room (queued) is served before any that came after it.

@@ -37,7 +37,7 @@ import mcp_types as types
 import structlog
 
 from supervisor.errors import SupervisorError
-from supervisor.extension.saved import write_private
+from supervisor.privatefiles import write_private
 from supervisor.upstream.listing import Listing
 
 __all__ = (

@@ -8,6 +8,7 @@ session, a guard) is a crash the restart policy backs off from, never a clean ex
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,9 +19,11 @@ from supervisor.config import secrets as secretrefs
 from supervisor.config.extension import RemoteConfig
 from supervisor.errors import first_line
 from supervisor.extension.backoff import Outcome, OutcomeKind
+from supervisor.remote.auth import configured_client, run_auth
 from supervisor.remote.connection import RemoteConnection, connect
+from supervisor.remote.tokens import TokenStore
 
-__all__ = ("RemoteRun", "open_remote")
+__all__ = ("RemoteRun", "oauth_secrets", "open_remote")
 
 
 class RemoteRun:
@@ -28,7 +31,8 @@ class RemoteRun:
 
     pid: int | None = None
 
-    def __init__(self, connection: RemoteConnection) -> None:
+    def __init__(self, name: str, connection: RemoteConnection) -> None:
+        self.name = name
         self.upstream = connection
 
     async def cpu_seconds(self) -> float | None:
@@ -36,11 +40,24 @@ class RemoteRun:
 
     async def start_failed(self, exc: Exception) -> Outcome:
         """A handshake that failed: the transport's reason first (a refused connection, a 4xx)."""
+        if (login := self._login_outcome(0.0)) is not None:
+            return login
         error = self.upstream.failure or first_line(exc, typed=False)
         return Outcome(OutcomeKind.START_FAILED, error=f"{error} ({self.upstream.url})")
 
     def ended(self, uptime: float) -> Outcome:
+        if (login := self._login_outcome(uptime)) is not None:
+            return login
         return Outcome(OutcomeKind.CRASHED, uptime, error=self.upstream.failure or "the connection ended")
+
+    def _login_outcome(self, uptime: float) -> Outcome | None:
+        """The server refused the run's credentials: it waits for ``mcp-supervisor login``."""
+        why = self.upstream.needs_login
+        if why is None:
+            return None
+        return Outcome(
+            OutcomeKind.NEEDS_LOGIN, uptime, error=f"{why}; run `mcp-supervisor login {self.name}`"
+        )
 
     def guard(self, helpers: TaskGroup, config: Any, exceeded: Any) -> None:
         """No guard of its own: liveness (``ping_interval``) is every kind's."""
@@ -48,21 +65,41 @@ class RemoteRun:
 
 @asynccontextmanager
 async def open_remote(
-    config: RemoteConfig, *, credentials: str | None, **connect_options: Any
+    name: str,
+    config: RemoteConfig,
+    *,
+    credentials: str | None,
+    tokens: TokenStore | None = None,
+    **connect_options: Any,
 ) -> AsyncIterator[RemoteRun]:
-    """Open a run of *config* and yield its :class:`RemoteRun`; *connect_options* go to
-    :func:`supervisor.remote.connection.connect`.
+    """Open a run of *config* (extension *name*) and yield its :class:`RemoteRun`;
+    *connect_options* go to :func:`supervisor.remote.connection.connect`. *tokens*: its OAuth
+    login, refreshed by the run (:func:`supervisor.remote.auth.run_auth`).
 
-    Error handling: :class:`~supervisor.errors.SpawnError` (permanent) for a header whose secret
-    cannot be read.
+    Error handling: :class:`~supervisor.errors.SpawnError` (permanent) for a header or a
+    ``client_secret`` whose secret cannot be read.
     """
     headers: Mapping[str, str] = await secretrefs.resolve(config.headers, credentials, field="headers")
+    secrets = await oauth_secrets(config, credentials)
+    if tokens is not None:
+        tokens.configured = configured_client(
+            config.oauth, secrets.get("client_secret"), config.oauth.callback_port or 0
+        )
     async with connect(
         config.url,
         kind=config.type,
         headers=headers,
         max_message_bytes=config.max_message_bytes,
         stop_timeout=config.stop_timeout,
+        auth=functools.partial(run_auth, config, tokens, secrets),
         **connect_options,
     ) as connection:
-        yield RemoteRun(connection)
+        yield RemoteRun(name, connection)
+
+
+async def oauth_secrets(config: RemoteConfig, credentials: str | None) -> Mapping[str, str]:
+    """The config's OAuth secrets, expanded (``client_secret``: ``${credential:NAME}``, ...)."""
+    secret = config.oauth.client_secret
+    if secret is None:
+        return {}
+    return await secretrefs.resolve({"client_secret": secret}, credentials, field="oauth")

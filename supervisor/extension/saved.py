@@ -11,11 +11,8 @@ with a warning that names what changed.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -25,12 +22,13 @@ import mcp_types as types
 import structlog
 
 from supervisor.config.extension import RemoteConfig
+from supervisor.privatefiles import write_private
 from supervisor.upstream.listing import Listing
 
 if TYPE_CHECKING:
     from supervisor.config.extension import ExtensionConfig
 
-__all__ = ("MAX_BYTES", "CatalogStore", "changed_parts", "fingerprint", "prune", "write_private")
+__all__ = ("MAX_BYTES", "CatalogStore", "changed_parts", "fingerprint", "prune")
 
 log = structlog.get_logger(__name__)
 
@@ -138,26 +136,6 @@ class CatalogStore:
         return True
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Replace *path* with *data* atomically: a 0600 file in 0700 directories. Blocking.
-
-    A crash leaves the old file or the new one, never half of one (the temporary file it may
-    leave, ``.NAME.*.tmp``, is :func:`prune`'s). Error handling: raises OSError.
-    """
-    _private_dirs(path.parent)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:  # mkstemp: mode 0600
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
 def prune(directory: Path, keep: Collection[str]) -> list[str]:
     """Delete the saved listings in *directory* of extensions not in *keep*. Blocking.
 
@@ -191,13 +169,3 @@ def prune(directory: Path, keep: Collection[str]) -> list[str]:
 
 def _dump(item: Any) -> Any:
     return item.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def _private_dirs(directory: Path) -> None:
-    """Create *directory* and its missing parents, each 0700; an existing leaf is narrowed to 0700."""
-    missing = [d for d in (directory, *directory.parents) if not d.exists()]
-    for level in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            level.mkdir(mode=0o700)
-    if directory.stat().st_mode & 0o077:
-        os.chmod(directory, 0o700)

@@ -11,6 +11,8 @@
     STOPPING ◀── stop() from any live state                   │ policy says give up,
                                                               ▼ or a permanent error
                                                            FAILED
+    A remote server that wants a login ends the watcher in NEEDS_LOGIN instead (not a failure:
+    nothing restarts it until ``mcp-supervisor login`` succeeds, or a start).
 
 A snapshot is immutable and written by the extension's watcher task only, so readers
 (control socket, gateway) never take a lock and never see a half-updated record.
@@ -47,11 +49,18 @@ class State(enum.StrEnum):
     BACKOFF = enum.auto()
     STOPPING = enum.auto()
     FAILED = enum.auto()
+    NEEDS_LOGIN = "needs-login"  # a remote server wants a person to log in: no restart until one does
 
     @property
     def is_live(self) -> bool:
         """A watcher task exists for this state (it may be about to restart the child)."""
         return self in (State.STARTING, State.RUNNING, State.BACKOFF, State.STOPPING)
+
+    def remedy(self, name: str) -> str:
+        """What brings extension *name* back from this state (not running), in the user's words."""
+        if self is State.NEEDS_LOGIN:
+            return f"log in with `mcp-supervisor login {name}`"
+        return f"start it with `mcp-supervisor start {name}`"
 
     @property
     def is_transient(self) -> bool:

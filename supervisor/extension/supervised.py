@@ -35,6 +35,7 @@ from supervisor.upstream.spool import ExtensionSpool
 
 if TYPE_CHECKING:
     from supervisor.config.extension import ExtensionConfig
+    from supervisor.remote.tokens import TokenStore
 
 __all__ = ("Extension",)
 
@@ -92,9 +93,11 @@ class Extension(Calls, Watcher):
         pins: Pins | None = None,
         start_slots: startup.StartSlots | None = None,
         sandbox_context: sandbox.Context | None = None,
+        tokens: TokenStore | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.tokens = tokens  # a remote server's OAuth login (see supervisor.remote.auth)
         self.policy = _policy_of(config)
         self._env, self._credentials = launch.environment(environ, config)  # secrets filled at each run
         self._head_start: launch.Launched | None = None  # a first run the daemon spawned for it
@@ -130,6 +133,7 @@ class Extension(Calls, Watcher):
         self._stop_requested = False
         self._ending = False  # the watcher decided to end on its own (gave up, clean exit)
         self._gave_up = False
+        self._needs_login = False  # the last run ended waiting for a person to log in (remote)
         self._restart_at = 0.0
         self._demand = demand
         self._armed = config.on_demand and demand is not None  # a call may start it (see dormant)
@@ -164,6 +168,11 @@ class Extension(Calls, Watcher):
         )
 
     @property
+    def credentials_dir(self) -> str | None:
+        """Where its ``${credential:NAME}`` references are read (``$CREDENTIALS_DIRECTORY``)."""
+        return self._credentials
+
+    @property
     def run_id(self) -> str | None:
         """The running run's id (None until one runs): a request meant for one run is refused by the next."""
         return self._connection.run if self._connection is not None else None
@@ -179,7 +188,9 @@ class Extension(Calls, Watcher):
         if not isinstance(self.config, RemoteConfig):
             return None
         described = getattr(self._connection, "described", None)  # a RemoteConnection's, while it runs
-        return {"url": self.config.url, **(described() if described is not None else {})}
+        record = {"url": self.config.url, **(described() if described is not None else {})}
+        login = self.tokens.shown() if self.tokens is not None else None
+        return record if login is None else {**record, "login": login.as_dict()}
 
     def _sandbox_described(self) -> dict[str, Any]:
         if isinstance(self.config, RemoteConfig):
@@ -278,7 +289,7 @@ class Extension(Calls, Watcher):
         self._head_start = head_start  # the watcher takes it before its first await
         # No await between the check above and these assignments: one watcher per lifetime.
         self._scope, self._done = anyio.CancelScope(), anyio.Event()
-        self._stop_requested = self._ending = self._gave_up = self._idled = False
+        self._stop_requested = self._ending = self._gave_up = self._idled = self._needs_login = False
         self._armed = self.config.on_demand and self._demand is not None
         if self._demand is not None:
             self._demand.learning = learn

@@ -66,6 +66,8 @@ class Watcher:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._spool.remove)
                 final = State.FAILED if self._gave_up and not self._stop_requested else State.STOPPED
+                if self._needs_login and not self._stop_requested:
+                    final = State.NEEDS_LOGIN
                 self._set(final, pid=None, run=None, next_restart=None)
                 done.set()
 
@@ -105,7 +107,14 @@ class Watcher:
         }
         config = self.config
         if isinstance(config, RemoteConfig):  # its log messages are what `logs` shows of it
-            return open_remote(config, credentials=self._credentials, on_log=self._on_stderr, **session)
+            return open_remote(
+                self.name,
+                config,
+                credentials=self._credentials,
+                tokens=self.tokens,
+                on_log=self._on_stderr,
+                **session,
+            )
         assert isinstance(config, StdioConfig)
         return open_child(
             self.name,
@@ -226,6 +235,7 @@ class Watcher:
             return True
         self._ending = True
         self._gave_up = self.policy.gave_up(outcome, failures)
+        self._needs_login = outcome.kind is OutcomeKind.NEEDS_LOGIN
         self._set(State.STOPPING, **changes)
         return False
 

@@ -126,8 +126,7 @@ class Handlers:
             )
         if ext is not None and state is not State.RUNNING:
             return _tool_error(
-                f"extension {ext.name!r} is {state.value}; "
-                f"start it with `mcp-supervisor start {ext.name}`, then list tools again"
+                f"extension {ext.name!r} is {state.value}; {state.remedy(ext.name)}, then list tools again"
             )
         raise MCPError(types.INVALID_PARAMS, f"unknown tool {name!r}; list tools again")
 

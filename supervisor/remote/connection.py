@@ -49,10 +49,11 @@ from supervisor.upstream.session import (
 from supervisor.upstream.spool import ExtensionSpool
 from supervisor.upstream.wire import InboundRequests, check_encodable
 
-__all__ = ("RemoteConnection", "connect")
+__all__ = ("AuthFor", "RemoteConnection", "connect")
 
 log = structlog.get_logger(__name__)
 
+AuthFor = Callable[[Callable[[str], None]], httpx2.Auth | None]  # a run's signer, given its login_required
 _ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 MAX_INBOUND_REQUESTS = 32  # the server's requests being answered at once; more are dropped
 MAX_LOG_LINE = 4096  # characters of one log message kept for `logs`
@@ -71,6 +72,12 @@ class RemoteConnection(SessionUpstream):
         self.round_trip: float | None = None  # seconds, of the last ping
         self._closers: list[Callable[[], None]] = []  # the current session's read stream
         self._fallback: Callable[[], Awaitable[None]] | None = None  # to the next transport (auto)
+        self.needs_login: str | None = None  # why the server wants a person to log in, if it does
+
+    def login_required(self, why: str) -> None:
+        """The server refused the run's credentials (or has none): the run ends, waiting for a login."""
+        self.needs_login = why
+        self.end(why)
 
     @property
     def run(self) -> str:
@@ -143,6 +150,7 @@ async def connect(
     on_asked: Asked | None = None,
     spool: ExtensionSpool | None = None,
     on_log: Callable[[str], None] | None = None,
+    auth: AuthFor | None = None,
 ) -> AsyncIterator[RemoteConnection]:
     """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
     :class:`RemoteConnection`.
@@ -159,8 +167,11 @@ async def connect(
     *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
     told at ``initialize`` that its client offers sampling, elicitation and roots. *on_log*
     gets each log message it sends as one line (``logs NAME`` shows them, as a child's stderr).
+    *auth*, given the run's :meth:`RemoteConnection.login_required`, makes what signs its
+    requests (an OAuth login: :func:`supervisor.remote.auth.run_auth`).
     """
     connection = RemoteConnection(url, "sse" if kind == "sse" else "http")
+    signer = auth(connection.login_required) if auth is not None else None
     holder = _Holder(
         connection,
         kind,
@@ -172,6 +183,7 @@ async def connect(
         spool,
         stop_timeout,
         on_log,
+        signer,
     )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
@@ -202,8 +214,10 @@ class _Holder:
         spool: ExtensionSpool | None,
         stop_timeout: float,
         on_log: Callable[[str], None] | None,
+        auth: httpx2.Auth | None,
     ) -> None:
         self.on_log = on_log
+        self.auth = auth
         self.connection = connection
         self.spool = spool
         self.kinds = ["http", "sse"] if kind == "auto" else [kind]
@@ -311,12 +325,12 @@ class _Holder:
     @asynccontextmanager
     async def _transport(self, kind: str) -> AsyncIterator[tuple[Any, Any]]:
         """The SDK's transport of *kind* over our bounded HTTP client: its read and write streams."""
-        limit, watch = self.max_message_bytes, self.watch
-        async with http.client(self.headers, max_message_bytes=limit, watch=watch) as client:
+        limit, watch, auth = self.max_message_bytes, self.watch, self.auth
+        async with http.client(self.headers, max_message_bytes=limit, watch=watch, auth=auth) as client:
             if kind == "sse":
 
                 def factory(**_: Any) -> httpx2.AsyncClient:
-                    return http.client(self.headers, max_message_bytes=limit, watch=watch)
+                    return http.client(self.headers, max_message_bytes=limit, watch=watch, auth=auth)
 
                 transport: AbstractAsyncContextManager[Any] = sse_client(
                     self.connection.url, httpx_client_factory=factory, sse_read_timeout=86_400

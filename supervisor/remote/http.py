@@ -42,9 +42,11 @@ def client(
     max_message_bytes: int,
     watch: Watch | None = None,
     timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
 ) -> httpx2.AsyncClient:
     """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*;
-    *watch* sees each response before anyone reads it, and each failure of the network.
+    *watch* sees each response before anyone reads it, and each failure of the network; *auth*
+    (an OAuth login, :mod:`supervisor.remote.auth`) signs each request.
 
     Reads have no deadline of their own: a call's budget (``call_timeout``) and the liveness
     pings bound every wait, and an event stream may rightly stay quiet for minutes. The
@@ -63,6 +65,7 @@ def client(
     proxies = get_environment_proxies()
     return httpx2.AsyncClient(
         headers=dict(headers),
+        auth=auth,
         timeout=timeout or httpx2.Timeout(CONNECT_TIMEOUT, read=None, pool=None),
         transport=bounded(),
         mounts={pattern: None if proxy is None else bounded(proxy) for pattern, proxy in proxies.items()},

@@ -1,0 +1,217 @@
+"""OAuth for remote servers, the client side of the MCP authorization spec, on the SDK's provider.
+
+The MCP SDK's ``OAuthClientProvider`` (an ``httpx2.Auth``) does the protocol: on a 401 it reads
+the protected resource metadata (RFC 9728), the authorization server's (RFC 8414, then OpenID
+discovery), registers (dynamic registration, RFC 7591, unless a client is configured), runs
+the authorization code grant with PKCE S256 and ``resource`` (RFC 8707), refreshes an expired
+token, and asks for the union of scopes on ``insufficient_scope``. What it does not do, done
+here:
+
+- keep, across daemon restarts, the servers' metadata and the real expiry time (it holds them
+  in memory and would refresh at the resource server's origin): :mod:`.tokens` keeps them and
+  :class:`StoredAuth` loads them;
+- register the way the server authenticates clients: a public client (``none``) where the
+  server takes one, else a confidential one with the secret it issues (RFC 7591 2);
+- refresh *before* expiry: a token counts as expired :data:`REFRESH_AHEAD` early (a tenth of its
+  life for short ones), so no request goes out with a token about to lapse;
+- never ask a person from a run: :func:`run_auth`'s provider refreshes, but a 401 (or a 403 for
+  a wider scope) to the run's own request raises :class:`LoginRequired` (the extension waits in
+  ``needs-login``) instead of registering and redirecting. ``mcp-supervisor login`` runs the
+  person's part (:mod:`.login`).
+
+``grant: client_credentials`` uses the SDK's ``ClientCredentialsOAuthProvider`` in the run: no
+person at all, a new token whenever the old one is refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import fields
+from typing import Any
+
+import httpx2
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
+from mcp.client.auth.oauth2 import OAuthContext
+from mcp.client.auth.utils import extract_field_from_www_auth
+from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from supervisor.config.extension import OAuthSettings, RemoteConfig
+from supervisor.remote.tokens import TokenStore
+
+__all__ = (
+    "CALLBACK_PATH",
+    "REFRESH_AHEAD",
+    "LoginRequired",
+    "StoredAuth",
+    "client_metadata",
+    "configured_client",
+    "redirect_uri",
+    "run_auth",
+    "uses_oauth",
+)
+
+REFRESH_AHEAD = 60.0  # seconds before expiry a token is refreshed (at most a tenth of its life)
+CALLBACK_PATH = "/callback"
+CLIENT_NAME = "mcp-supervisor"
+
+
+class LoginRequired(Exception):
+    """The server wants a person to log in (or to grant a wider scope): ``mcp-supervisor login NAME``."""
+
+
+def uses_oauth(config: RemoteConfig) -> bool:
+    """Whether the daemon logs in to *config*'s server: unless switched off, or the config sends
+    its own ``Authorization`` header (a static token the user manages)."""
+    return config.oauth.enabled and not any(name.lower() == "authorization" for name in config.headers)
+
+
+def redirect_uri(port: int) -> str:
+    """The loopback redirect URI of a native client (RFC 8252 7.3): an IP literal, not ``localhost``."""
+    return f"http://127.0.0.1:{port}{CALLBACK_PATH}"
+
+
+def client_metadata(settings: OAuthSettings, port: int) -> OAuthClientMetadata:
+    """What the daemon registers as: a native public client with a loopback redirect."""
+    return OAuthClientMetadata(
+        client_name=CLIENT_NAME,
+        redirect_uris=[redirect_uri(port)],  # type: ignore[list-item]  # pydantic validates the str
+        grant_types=["authorization_code", "refresh_token"],
+        response_types=["code"],
+        token_endpoint_auth_method="client_secret_post" if settings.client_secret else "none",
+        scope=" ".join(settings.scopes) if settings.scopes else None,
+    )
+
+
+def configured_client(
+    settings: OAuthSettings, secret: str | None, port: int
+) -> OAuthClientInformationFull | None:
+    """The pre-registered client of the config (*secret*: its ``client_secret``, expanded), if any."""
+    if settings.client_id is None:
+        return None
+    metadata = client_metadata(settings, port).model_dump(exclude_none=True)
+    return OAuthClientInformationFull(**metadata, client_id=settings.client_id, client_secret=secret)
+
+
+class _Context(OAuthContext):
+    """The SDK's context, with a token's expiry moved ahead of its real one, and a registration
+    that asks for a way of authenticating the server offers (see the module)."""
+
+    @property  # type: ignore[override]
+    def client_metadata(self) -> OAuthClientMetadata:
+        metadata: OAuthClientMetadata = self.__dict__["_metadata"]
+        offered = self.oauth_metadata.token_endpoint_auth_methods_supported if self.oauth_metadata else None
+        if metadata.token_endpoint_auth_method == "none" and offered and "none" not in offered:
+            # A public client the server does not take: a confidential one, issued a secret.
+            basic_only = "client_secret_post" not in offered and "client_secret_basic" in offered
+            metadata.token_endpoint_auth_method = (
+                "client_secret_basic" if basic_only else "client_secret_post"
+            )
+        return metadata
+
+    @client_metadata.setter
+    def client_metadata(self, metadata: OAuthClientMetadata) -> None:
+        self.__dict__["_metadata"] = metadata
+
+    def update_token_expiry(self, token: OAuthToken) -> None:
+        super().update_token_expiry(token)
+        if self.token_expiry_time is not None and token.expires_in is not None:
+            self.token_expiry_time -= min(REFRESH_AHEAD, int(token.expires_in) / 10)
+
+
+class StoredAuth(OAuthClientProvider):
+    """The SDK's provider over a :class:`TokenStore`: servers and expiry as of the last login."""
+
+    def __init__(self, store: TokenStore, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, storage=store, **kwargs)
+        self.store = store
+        context = self.context
+        self.context = _Context(**{field.name: getattr(context, field.name) for field in fields(context)})
+
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        server, resource = await self.store.servers()
+        context = self.context
+        context.oauth_metadata, context.protected_resource_metadata = server, resource
+        if resource is not None and resource.authorization_servers:
+            context.auth_server_url = str(resource.authorization_servers[0])
+        if context.current_tokens is not None and context.current_tokens.expires_in is not None:
+            context.update_token_expiry(context.current_tokens)  # the SDK leaves a stored token unexpiring
+
+    async def remember_servers(self) -> None:
+        """Keep what this login discovered, for the runs after a restart to refresh with."""
+        await self.store.set_servers(self.context.oauth_metadata, self.context.protected_resource_metadata)
+
+
+class _RunAuth(StoredAuth):
+    """A run's provider: refreshes, never asks a person (see the module)."""
+
+    def __init__(
+        self, store: TokenStore, url: str, settings: OAuthSettings, on_required: Callable[[str], None]
+    ) -> None:
+        super().__init__(store, url, client_metadata(settings, 0))
+        self._on_required = on_required
+
+    async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        """The SDK's flow, but a refusal of the request itself is a login to wait for, after one
+        refresh where the token may have lapsed early (the server's clock, a revocation of the
+        access token alone)."""
+        for last in (False, True):
+            flow = super()._auth_flow(request)
+            refresh = False
+            try:
+                outgoing = await flow.__anext__()
+                while True:
+                    response = yield outgoing
+                    if outgoing is request and (why := _needs_person(response)) is not None:
+                        if not last and response.status_code == 401 and self.context.can_refresh_token():
+                            self.context.token_expiry_time = 1.0  # long past (0 means "never expires")
+                            refresh = True
+                            break
+                        self._on_required(why)
+                        raise LoginRequired(why)
+                    outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                return
+            finally:
+                await flow.aclose()
+            if not refresh:
+                return
+
+
+def _needs_person(response: httpx2.Response) -> str | None:
+    if response.status_code == 401:
+        return "the server wants a login"
+    if response.status_code == 403 and extract_field_from_www_auth(response, "error") == "insufficient_scope":
+        scope = extract_field_from_www_auth(response, "scope")
+        return f"the server wants a wider scope{f' ({scope})' if scope else ''}"
+    return None
+
+
+def run_auth(
+    config: RemoteConfig,
+    store: TokenStore | None,
+    secrets: Mapping[str, str],
+    on_required: Callable[[str], None],
+) -> httpx2.Auth | None:
+    """The OAuth of one run of *config* (None: it logs in to nothing). *secrets*: the config's
+    expanded values (``client_secret``); *on_required* hears why a person must log in, before
+    the request fails."""
+    if store is None or not uses_oauth(config):
+        return None
+    settings = config.oauth
+    if settings.grant == "client_credentials":
+        assert settings.client_id is not None
+        with warnings.catch_warnings():  # the issuer is discovered; the SDK will want it named in 3.0
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            return ClientCredentialsOAuthProvider(
+                config.url,
+                store,
+                settings.client_id,
+                secrets["client_secret"],
+                token_endpoint_auth_method="client_secret_post",
+                scope=" ".join(settings.scopes) if settings.scopes else None,
+            )
+    return _RunAuth(store, config.url, settings, on_required)

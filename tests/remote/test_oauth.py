@@ -1,0 +1,273 @@
+"""OAuth, one login per host: a real daemon, the SDK's protected server and authorization server
+on loopback (tests/servers/oauth.py), ``mcp-supervisor login`` run as a person would, the test
+following the URL it prints as the person's browser would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from supervisor.control.client import RemoteError
+from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
+from tests.harness.timing import patience
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+class Protected:
+    """tests/servers/oauth.py with some options: the MCP URL, and the server's own counters."""
+
+    def __init__(self, *options: str) -> None:
+        argv = [sys.executable, str(SERVERS / "oauth.py"), *options]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        assert self.url.startswith("http://127.0.0.1:"), self.url
+
+    def entry(self, **overrides: Any) -> dict[str, Any]:
+        settings = {
+            "url": self.url,
+            "backoff": {"initial": 0.1, "max": 0.5, "jitter": 0},
+            "start_timeout": patience(10),
+            "stop_timeout": 1,
+        }
+        return {**settings, **overrides}
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., Protected]]:
+    started: list[Protected] = []
+
+    def start(*options: str) -> Protected:
+        started.append(Protected(*options))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+class Login:
+    """``mcp-supervisor login NAME`` running, as a person runs it: the URL it printed."""
+
+    def __init__(self, daemon: Daemon, name: str, *options: str) -> None:
+        env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+        argv = [*CLI, "login", name, "--socket", daemon.socket, *options]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+
+    def approve(self) -> httpx2.Response:
+        """Follow the authorization URL, as the browser does: the server consents at once and
+        redirects to the daemon's loopback receiver."""
+        assert self.url.startswith("http://127.0.0.1:"), self.outcome()
+        consent = httpx2.get(self.url, follow_redirects=False, timeout=patience(10))
+        assert consent.status_code in (302, 303, 307), consent.text
+        return httpx2.get(consent.headers["location"], timeout=patience(10))
+
+    def outcome(self) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=patience(30))
+        return self.proc.returncode, out, err
+
+
+def stats(daemon: Daemon, name: str = "far") -> dict[str, int]:
+    return json.loads(text(daemon.call(name, "stats")))  # type: ignore[no-any-return]
+
+
+def text(result: dict[str, Any]) -> str:
+    return str(result["content"][0]["text"])
+
+
+def logged_in(daemon: Daemon, server: Protected, name: str = "far") -> None:
+    login = Login(daemon, name, "--no-browser")
+    assert login.approve().status_code == 200
+    code, out, err = login.outcome()
+    assert code == 0, err
+    assert f"logged in: {name!r} is running" in out
+
+
+class TestNeedsLogin:
+    async def test_it_waits_in_needs_login_and_a_call_says_what_to_run(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """A 401 is no crash: no restart loop, no registration behind the person's back, and a
+        call names the command that helps."""
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        status = daemon.wait_state("far", "needs-login")
+        assert status["restarts"] == 0 and "mcp-supervisor login far" in status["last_error"], status
+        with pytest.raises(RemoteError, match=r"needs-login.*log in with `mcp-supervisor login far`"):
+            daemon.call("far", "echo", text="hi")
+        async with gateway_session(daemon.mcp_sock) as session:
+            result = await session.call_tool("far__echo", {"text": "hi"})
+        assert result.is_error and "mcp-supervisor login far" in first_text(result)
+        assert daemon.status()["far"]["state"] == "needs-login"
+        assert len([e for e in daemon.find("extension.state") if e.get("state") == "starting"]) == 1
+        (row,) = [line for line in daemon.ok("status").splitlines() if line.startswith("far ")]
+        assert row.split()[:2] == ["far", "needs-login"] and "run `mcp-supervisor login far`" in row, row
+
+
+class TestLogin:
+    async def test_one_login_serves_every_client_and_shows_no_token(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """The person follows the printed URL once; the extension runs; two gateway clients at
+        once call through the one login; the token file is the daemon user's alone and no token
+        is in status or the log."""
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
+            results: list[Any] = []
+
+            async def call(session: Any, words: str) -> None:
+                results.append(first_text(await session.call_tool("far__echo", {"text": words})))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, one, "one")
+                tg.start_soon(call, two, "two")
+        assert sorted(results) == ["one", "two"]
+        counts = stats(daemon)
+        assert counts["authorization_code"] == 1 and counts["registered"] == 1, counts
+        (row,) = [line for line in daemon.ok("status").splitlines() if line.startswith("far ")]
+        assert "logged in, token 59m" in row and "refreshable" in row, row
+        login = daemon.status()["far"]["remote"]["login"]
+        assert login["logged_in"] and login["refreshable"] and login["expires_at"] > time.time(), login
+        (token_file,) = (daemon.state / "oauth").glob("*/far.json")
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        tokens = json.loads(token_file.read_text())["tokens"]
+        for secret in (tokens["access_token"], tokens["refresh_token"]):
+            assert secret not in json.dumps(daemon.status()) and secret not in daemon.log.read_text()
+
+    async def test_tokens_survive_a_restart_and_are_refreshed_before_they_expire(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """Two-second tokens: calls keep working past many expiries with refreshes, not logins,
+        and a new daemon on the same state serves at once with the stored refresh token."""
+        server = servers("--expires", "2")
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        until(lambda: stats(daemon)["refresh_token"] >= 2, within=patience(20), interval=0.5)
+        daemon.kill()
+        daemon.start()
+        daemon.wait_state("far", "running")
+        assert text(daemon.call("far", "echo", text="after a restart")) == "after a restart"
+        counts = stats(daemon)
+        assert counts["authorization_code"] == 1 and counts["registered"] == 1, counts
+
+    async def test_a_revoked_login_returns_to_needs_login_once(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        server = servers()
+        daemon = daemons({"far": server.entry(ping_interval=0.2)}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        assert text(daemon.call("far", "revoke_all")) == "revoked"
+        status = daemon.wait_state("far", "needs-login")
+        assert "mcp-supervisor login far" in status["last_error"], status
+        assert daemon.status()["far"]["restarts"] == 0
+
+    async def test_logout_revokes_and_forgets(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        revoked_before = stats(daemon)["revoked"]
+        assert "revoked and forgotten" in daemon.ok("logout", "far")
+        daemon.wait_state("far", "needs-login")
+        assert not list((daemon.state / "oauth").glob("*/far.json"))
+        logged_in(daemon, server)  # the server saw the revocation: count it through a new login
+        assert stats(daemon)["revoked"] >= revoked_before + 1
+
+    async def test_a_preregistered_client_logs_in_with_its_secret(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path
+    ) -> None:
+        port = _free_port()
+        server = servers("--preregistered", f"fixed-client:s3cret:{port}")
+        credentials = tmp_path / "credentials"
+        credentials.mkdir()
+        (credentials / "oauth-secret").write_text("s3cret\n")
+        oauth = {
+            "client_id": "fixed-client",
+            "client_secret": "${credential:oauth-secret}",
+            "callback_port": port,
+        }
+        env = {"CREDENTIALS_DIRECTORY": str(credentials)}
+        daemon = daemons({"far": server.entry(oauth=oauth)}, state=True, env=env)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == "fixed-client"
+        assert stats(daemon)["registered"] == 0
+
+
+class TestRefused:
+    async def test_another_state_on_the_redirect_is_refused_and_the_login_waits_on(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        login = Login(daemon, "far", "--no-browser")
+        consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
+        forged = consent.headers["location"].split("?")[0] + "?code=stolen&state=forged"
+        refused = httpx2.get(forged, timeout=patience(10))
+        assert refused.status_code == 400 and "not the login" in refused.text
+        assert httpx2.get(consent.headers["location"], timeout=patience(10)).status_code == 200
+        code, _, err = login.outcome()
+        assert code == 0, err
+
+    @pytest.mark.parametrize(
+        ("options", "words"),
+        [
+            (("--deny",), "refused: access_denied (the user said no)"),
+            (("--issuer", "http://elsewhere.example"), "issuer"),
+            (("--token-bytes", "64"), "Invalid token response"),
+            (("--token-bytes", "300000"), "over 65536 bytes"),
+        ],
+    )
+    async def test_a_bad_answer_fails_the_login_in_words(
+        self,
+        daemons: Callable[..., Daemon],
+        servers: Callable[..., Protected],
+        options: tuple[str, ...],
+        words: str,
+    ) -> None:
+        server = servers(*options)
+        daemon = daemons({"far": server.entry(max_message_bytes=65536)}, state=True)
+        daemon.wait_state("far", "needs-login")
+        login = Login(daemon, "far", "--no-browser", "--wait", str(patience(20)))
+        if login.url.startswith("http"):
+            consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
+            if consent.status_code in (302, 303, 307):
+                httpx2.get(consent.headers["location"], timeout=patience(10))
+        code, _, err = login.outcome()
+        assert code == 1 and words in err, err
+        assert daemon.status()["far"]["state"] == "needs-login"
+        assert not daemon.problems()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,253 @@
+"""Realistic fixture: an OAuth-protected MCP server and its authorization server, the SDK's own.
+
+``oauth.py [OPTIONS]`` serves streamable HTTP on a free loopback port and prints the MCP URL
+(``http://127.0.0.1:PORT/mcp``) once it listens. The authorization server is the SDK's
+(``/authorize``, ``/token``, ``/register``, ``/revoke`` and both metadata documents) over an
+in-memory provider that approves every authorization at once: following the authorization URL
+is the person's consent. Options:
+
+- ``--expires N``: access tokens live N seconds (default 3600); refresh tokens never expire.
+- ``--preregistered ID:SECRET:PORT``: dynamic registration is off; only this client exists, its
+  redirect URI ``http://127.0.0.1:PORT/callback``.
+- ``--deny``: every authorization is refused (``error=access_denied``).
+- ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
+- ``--token-bytes N``: the token endpoint answers N bytes of padding and no token.
+
+Tools: ``echo(text)``; ``whoami`` (the calling token's client id and scopes); ``stats`` (JSON:
+tokens issued by grant, refreshes, revocations, registrations); ``revoke_all`` (every token
+issued so far stops working, refresh tokens too: the server "revoked" the login).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import socket
+import sys
+import time
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    RefreshToken,
+    construct_redirect_uri,
+)
+from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, RevocationOptions
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+STATS: dict[str, int] = {"authorization_code": 0, "refresh_token": 0, "revoked": 0, "registered": 0}
+
+
+class Provider:
+    """An in-memory authorization server that consents at once (see the module)."""
+
+    def __init__(self, expires: int, deny: bool) -> None:
+        self.expires, self.deny = expires, deny
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        STATS["registered"] += 1
+        assert client_info.client_id is not None
+        self.clients[client_info.client_id] = client_info
+
+    async def authorize(self, client: OAuthClientInformationFull, params: AuthorizationParams) -> str:
+        if self.deny:
+            return construct_redirect_uri(
+                str(params.redirect_uri),
+                error="access_denied",
+                error_description="the user said no",
+                state=params.state,
+            )
+        code = secrets.token_urlsafe(24)
+        self.codes[code] = AuthorizationCode(
+            code=code,
+            scopes=params.scopes or [],
+            expires_at=time.time() + 300,
+            client_id=client.client_id or "",
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+        )
+        return construct_redirect_uri(str(params.redirect_uri), code=code, state=params.state)
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, code: str
+    ) -> AuthorizationCode | None:
+        return self.codes.get(code)
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, code: AuthorizationCode
+    ) -> OAuthToken:
+        self.codes.pop(code.code, None)
+        STATS["authorization_code"] += 1
+        return self._issue(client.client_id or "", code.scopes, code.resource)
+
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
+        token = self.refresh.get(refresh_token)
+        return token if token is not None and token.client_id == client.client_id else None
+
+    async def exchange_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: RefreshToken, scopes: list[str]
+    ) -> OAuthToken:
+        self.refresh.pop(refresh_token.token, None)
+        STATS["refresh_token"] += 1
+        return self._issue(client.client_id or "", scopes or refresh_token.scopes, refresh_token.resource)
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        found = self.access.get(token)
+        if found is None or (found.expires_at is not None and found.expires_at < time.time()):
+            return None
+        return found
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        STATS["revoked"] += 1
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+    def revoke_all(self) -> None:
+        self.access.clear()
+        self.refresh.clear()
+
+    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        expires_at = int(time.time()) + self.expires
+        self.access[access] = AccessToken(
+            token=access, client_id=client_id, scopes=scopes, expires_at=expires_at, resource=resource
+        )
+        self.refresh[refresh] = RefreshToken(
+            token=refresh, client_id=client_id, scopes=scopes, resource=resource
+        )
+        return OAuthToken(
+            access_token=access,
+            expires_in=self.expires,
+            refresh_token=refresh,
+            scope=" ".join(scopes) or None,
+        )
+
+
+def build(base: str, options: argparse.Namespace) -> Any:
+    provider = Provider(options.expires, options.deny)
+    registration = ClientRegistrationOptions(
+        enabled=options.preregistered is None, valid_scopes=["mcp", "admin"], default_scopes=["mcp"]
+    )
+    if options.preregistered is not None:
+        client_id, secret, port = options.preregistered.split(":", 2)
+        provider.clients[client_id] = OAuthClientInformationFull(
+            client_id=client_id,
+            client_secret=secret,
+            redirect_uris=[f"http://127.0.0.1:{port}/callback"],  # type: ignore[list-item]
+            token_endpoint_auth_method="client_secret_post",
+            grant_types=["authorization_code", "refresh_token"],
+            scope="mcp admin",
+        )
+    server = MCPServer(
+        "oauth-fixture",
+        auth_server_provider=provider,
+        auth=AuthSettings(
+            issuer_url=base,
+            resource_server_url=f"{base}/mcp",
+            required_scopes=["mcp"],
+            client_registration_options=registration,
+            revocation_options=RevocationOptions(enabled=True),
+            validate_token_resource=False,
+        ),
+    )
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Return the text."""
+        return text
+
+    @server.tool()
+    def whoami() -> str:
+        """The calling token's client id and scopes."""
+        token = get_access_token()
+        return json.dumps(
+            {"client_id": token.client_id if token else None, "scopes": token.scopes if token else []}
+        )
+
+    @server.tool()
+    def stats() -> str:
+        """Tokens issued by grant, refreshes, revocations, registrations."""
+        return json.dumps(STATS)
+
+    @server.tool()
+    def revoke_all() -> str:
+        """Every token issued so far stops working."""
+        provider.revoke_all()
+        return "revoked"
+
+    app = server.streamable_http_app()
+    return _Lies(app, base, options.issuer, options.token_bytes)
+
+
+class _Lies:
+    """ASGI middleware for the hostile options: another issuer in the metadata, a huge token answer."""
+
+    def __init__(self, app: Any, base: str, issuer: str | None, token_bytes: int | None) -> None:
+        self.app, self.base, self.issuer, self.token_bytes = app, base, issuer, token_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and self.issuer and path == "/.well-known/oauth-authorization-server":
+            body = json.dumps(
+                {
+                    "issuer": self.issuer,
+                    "authorization_endpoint": f"{self.base}/authorize",
+                    "token_endpoint": f"{self.base}/token",
+                    "registration_endpoint": f"{self.base}/register",
+                    "response_types_supported": ["code"],
+                    "code_challenge_methods_supported": ["S256"],
+                }
+            ).encode()
+            await _answer(send, 200, body)
+            return
+        if scope["type"] == "http" and self.token_bytes and path == "/token":
+            await _answer(send, 200, b'{"padding": "' + b"x" * self.token_bytes + b'"}')
+            return
+        await self.app(scope, receive, send)
+
+
+async def _answer(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def main(options: argparse.Namespace) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    config = uvicorn.Config(build(base, options), log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    print(f"{base}/mcp", flush=True)
+    await server.serve(sockets=[listener])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--expires", type=int, default=3600)
+    parser.add_argument("--preregistered", metavar="ID:SECRET")
+    parser.add_argument("--deny", action="store_true")
+    parser.add_argument("--issuer")
+    parser.add_argument("--token-bytes", type=int)
+    try:
+        anyio.run(main, parser.parse_args())
+    except KeyboardInterrupt:
+        sys.exit(0)
