@@ -80,7 +80,7 @@ def _detail(record: dict[str, Any], now: datetime) -> str:
 
 
 def _login_note(remote: dict[str, Any], now: datetime) -> str:
-    """", logged in for 59m" (the access token's life left; it is refreshed before it ends)."""
+    """ ", logged in for 59m" (the access token's life left; it is refreshed before it ends)."""
     login = remote.get("login")
     if not login or not login.get("logged_in"):
         return ""
