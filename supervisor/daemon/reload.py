@@ -55,6 +55,7 @@ class Reloading:
                     await held.enter_async_context(self._name_locks.setdefault(name, anyio.Lock()))
                 await self._apply(new, gone, changed, added)
             self._pins = {name: pins for name, pins in self._pins.items() if name in new.extensions}
+            self.logins.forget(set(new.extensions))  # a removed server's login file stays: the user's
             self.start_slots.resize(new.start_slots or default_slots())
             frozen = [key for key in _RESTART_ONLY if getattr(new, key) != getattr(old, key)]
             self.settings = new.model_copy(update={key: getattr(old, key) for key in _RESTART_ONLY})

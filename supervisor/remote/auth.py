@@ -34,7 +34,7 @@ import httpx2
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 from mcp.client.auth.oauth2 import OAuthContext
-from mcp.client.auth.utils import extract_field_from_www_auth
+from mcp.client.auth.utils import extract_field_from_www_auth, union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from mcp.shared.exceptions import MCPDeprecationWarning
 
@@ -99,9 +99,13 @@ class _Context(OAuthContext):
     """The SDK's context, with a token's expiry moved ahead of its real one, and a registration
     that asks for a way of authenticating the server offers (see the module)."""
 
+    wanted_scope: str | None = None  # a scope a run was refused for: asked for on top of the rest
+
     @property  # type: ignore[override]
     def client_metadata(self) -> OAuthClientMetadata:
         metadata: OAuthClientMetadata = self.__dict__["_metadata"]
+        if self.wanted_scope:  # the flow sets the scope it discovered; this is read after
+            metadata.scope = union_scopes(metadata.scope, self.wanted_scope)
         offered = self.oauth_metadata.token_endpoint_auth_methods_supported if self.oauth_metadata else None
         if metadata.token_endpoint_auth_method == "none" and offered and "none" not in offered:
             # A public client the server does not take: a confidential one, issued a secret.
@@ -139,6 +143,8 @@ class StoredAuth(OAuthClientProvider):
             context.auth_server_url = str(resource.authorization_servers[0])
         if context.current_tokens is not None and context.current_tokens.expires_in is not None:
             context.update_token_expiry(context.current_tokens)  # the SDK leaves a stored token unexpiring
+        if isinstance(context, _Context):
+            context.wanted_scope = self.store.wanted_scope()
 
     async def remember_servers(self) -> None:
         """Keep what this login discovered, for the runs after a restart to refresh with."""
@@ -170,6 +176,14 @@ class _RunAuth(StoredAuth):
                             self.context.token_expiry_time = 1.0  # long past (0 means "never expires")
                             refresh = True
                             break
+                        if response.status_code == 403:  # what it has and what it lacks, asked for next
+                            tokens = self.context.current_tokens
+                            held = union_scopes(
+                                tokens.scope if tokens else None, self.context.client_metadata.scope
+                            )
+                            wanted = union_scopes(held, extract_field_from_www_auth(response, "scope"))
+                            if wanted:
+                                await self.store.want_scope(wanted)
                         self._on_required(why)
                         raise LoginRequired(why)
                     outgoing = await flow.asend(response)

@@ -173,6 +173,14 @@ async def log_in(
     """
     settings = config.oauth
     await store.forget_tokens()  # a login asks anew; the registration is kept
+    registered = await store.get_client_info()
+    wanted = set((store.wanted_scope() or "").split())
+    if (
+        store.configured is None
+        and registered is not None
+        and not wanted <= set((registered.scope or "").split())
+    ):
+        await store.forget_client()  # registered for less than the server now asks: register anew
     async with contextlib.AsyncExitStack() as stack:
         receiver = await _listen(stack, settings.callback_port, store)
         store.configured = configured_client(settings, client_secret, receiver.port)

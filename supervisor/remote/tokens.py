@@ -127,6 +127,18 @@ class TokenStore:
             record[key] = None if value is None else value.model_dump(mode="json", exclude_none=True)
         await self._save(record)
 
+    async def want_scope(self, scope: str) -> None:
+        """The server asked for *scope* (``insufficient_scope``): the next login asks for it too."""
+        record = await self._load()
+        if record.get("wanted_scope") != scope:
+            record["wanted_scope"] = scope
+            await self._save(record)
+
+    def wanted_scope(self) -> str | None:
+        """The scope the server last asked for (see :meth:`want_scope`), once the file was read."""
+        wanted = (self._record or {}).get("wanted_scope")
+        return wanted if isinstance(wanted, str) else None
+
     async def forget_tokens(self) -> None:
         """Drop the tokens, keep the registration: the next login registers no new client."""
         record = await self._load()

@@ -221,6 +221,44 @@ class TestLogin:
         assert stats(daemon)["registered"] == 0
 
 
+class TestStepUp:
+    async def test_a_call_refused_for_a_wider_scope_waits_for_a_login_that_asks_for_it(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """A 403 ``insufficient_scope`` is a login to wait for, not a crash; the next login asks
+        for the scope the server named on top of the one granted, and the call then goes through."""
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        with pytest.raises(RemoteError):
+            daemon.call("far", "admin")
+        status = daemon.wait_state("far", "needs-login")
+        assert "wider scope (mcp admin)" in status["last_error"], status
+        logged_in(daemon, server)
+        assert text(daemon.call("far", "admin")) == "admin done"
+        assert json.loads(text(daemon.call("far", "whoami")))["scopes"] == ["mcp", "admin"]
+
+
+class TestMachine:
+    async def test_client_credentials_log_in_with_no_person(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path
+    ) -> None:
+        """``grant: client_credentials``: the run logs in as the client itself, and again when its
+        two-second token lapses; no login command, no needs-login."""
+        server = servers("--machine", "robot:beep", "--expires", "2")
+        credentials = tmp_path / "credentials"
+        credentials.mkdir()
+        (credentials / "robot").write_text("beep\n")
+        oauth = {"grant": "client_credentials", "client_id": "robot", "client_secret": "${credential:robot}"}
+        env = {"CREDENTIALS_DIRECTORY": str(credentials)}
+        daemon = daemons({"far": server.entry(oauth=oauth)}, state=True, env=env)
+        daemon.wait_state("far", "running")
+        assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == "robot"
+        until(lambda: stats(daemon)["client_credentials"] >= 2, within=patience(20), interval=0.5)
+        assert daemon.status()["far"]["restarts"] == 0
+
+
 class TestRefused:
     async def test_another_state_on_the_redirect_is_refused_and_the_login_waits_on(
         self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
@@ -236,6 +274,33 @@ class TestRefused:
         assert httpx2.get(consent.headers["location"], timeout=patience(10)).status_code == 200
         code, _, err = login.outcome()
         assert code == 0, err
+
+    async def test_a_silent_or_oversized_visitor_of_the_receiver_costs_the_login_nothing(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """The loopback receiver is open to every local user while it waits: one connection that
+        says nothing and one that sends more than a request head may hold never block the person's
+        redirect; a second ``login`` meanwhile joins the one under way (same URL)."""
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        login = Login(daemon, "far", "--no-browser")
+        assert daemon.request("login", {"name": "far"})["url"] == login.url
+        consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
+        port = int(consent.headers["location"].split(":")[2].split("/")[0])
+        with socket.create_connection(("127.0.0.1", port)) as silent:
+            with socket.create_connection(("127.0.0.1", port)) as flooding:
+                flooding.sendall(b"GET /callback?" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n")
+                flooding.settimeout(patience(15))
+                try:
+                    answer = flooding.recv(100)
+                except ConnectionResetError:  # closed with the rest unread
+                    answer = b""
+                assert answer == b""  # closed without an answer
+            assert httpx2.get(consent.headers["location"], timeout=patience(10)).status_code == 200
+            code, _, err = login.outcome()
+            assert code == 0, err
+            assert silent.fileno() >= 0
 
     @pytest.mark.parametrize(
         ("options", "words"),

@@ -365,4 +365,6 @@ def test_explain_says_nothing_of_it_runs_here(tmp_path: Path) -> None:
     assert result.stdout == (
         "far: a remote server (https://example.com/mcp): nothing of it runs on this host, so there "
         "is nothing to confine; the daemon sends its headers to that origin only\n"
+        "  OAuth: when the server asks, the daemon logs in once for the host: `mcp-supervisor login far`; "
+        "tokens stay in the daemon's state directory (0600), never in a child's view, a log or status\n"
     )

@@ -9,13 +9,16 @@ is the person's consent. Options:
 - ``--expires N``: access tokens live N seconds (default 3600); refresh tokens never expire.
 - ``--preregistered ID:SECRET:PORT``: dynamic registration is off; only this client exists, its
   redirect URI ``http://127.0.0.1:PORT/callback``.
+- ``--machine ID:SECRET``: a client that logs in as itself (``grant_type=client_credentials``,
+  its secret in the body), no person; tokens issued so are counted as ``client_credentials``.
 - ``--deny``: every authorization is refused (``error=access_denied``).
 - ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
 - ``--token-bytes N``: the token endpoint answers N bytes of padding and no token.
 
 Tools: ``echo(text)``; ``whoami`` (the calling token's client id and scopes); ``stats`` (JSON:
 tokens issued by grant, refreshes, revocations, registrations); ``revoke_all`` (every token
-issued so far stops working, refresh tokens too: the server "revoked" the login).
+issued so far stops working, refresh tokens too: the server "revoked" the login); ``admin``
+(its POST is answered 403 ``insufficient_scope`` unless the token has the ``admin`` scope).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import secrets
 import socket
 import sys
 import time
+import urllib.parse
 from typing import Any
 
 import anyio
@@ -42,7 +46,13 @@ from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, Re
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
-STATS: dict[str, int] = {"authorization_code": 0, "refresh_token": 0, "revoked": 0, "registered": 0}
+STATS: dict[str, int] = {
+    "authorization_code": 0,
+    "refresh_token": 0,
+    "client_credentials": 0,
+    "revoked": 0,
+    "registered": 0,
+}
 
 
 class Provider:
@@ -188,20 +198,34 @@ def build(base: str, options: argparse.Namespace) -> Any:
         return json.dumps(STATS)
 
     @server.tool()
+    def admin() -> str:
+        """Only with the admin scope (the middleware refuses the call otherwise)."""
+        return "admin done"
+
+    @server.tool()
     def revoke_all() -> str:
         """Every token issued so far stops working."""
         provider.revoke_all()
         return "revoked"
 
-    app = server.streamable_http_app()
-    return _Lies(app, base, options.issuer, options.token_bytes)
+    machine = tuple(options.machine.split(":", 1)) if options.machine else None
+    return _Lies(server.streamable_http_app(), base, options, provider, machine)
 
 
 class _Lies:
-    """ASGI middleware for the hostile options: another issuer in the metadata, a huge token answer."""
+    """ASGI middleware for what the SDK's server does not do: another issuer in the metadata, a
+    huge or tokenless token answer, and the client_credentials grant of ``--machine``."""
 
-    def __init__(self, app: Any, base: str, issuer: str | None, token_bytes: int | None) -> None:
-        self.app, self.base, self.issuer, self.token_bytes = app, base, issuer, token_bytes
+    def __init__(
+        self,
+        app: Any,
+        base: str,
+        options: argparse.Namespace,
+        provider: Provider,
+        machine: tuple[str, ...] | None,
+    ) -> None:
+        self.app, self.base, self.provider, self.machine = app, base, provider, machine
+        self.issuer, self.token_bytes = options.issuer, options.token_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -221,11 +245,62 @@ class _Lies:
         if scope["type"] == "http" and self.token_bytes and path == "/token":
             await _answer(send, 200, b'{"padding": "' + b"x" * self.token_bytes + b'"}')
             return
+        if scope["type"] == "http" and self.machine and path == "/token":
+            body = await _read(receive)
+            form = {key: values[0] for key, values in urllib.parse.parse_qs(body.decode()).items()}
+            if form.get("grant_type") == "client_credentials":
+                if (form.get("client_id"), form.get("client_secret")) != self.machine:
+                    await _answer(send, 401, b'{"error": "invalid_client"}')
+                    return
+                STATS["client_credentials"] += 1
+                token = self.provider._issue(self.machine[0], ["mcp"], form.get("resource"))
+                token.refresh_token = None
+                await _answer(send, 200, token.model_dump_json(exclude_none=True).encode())
+                return
+            await self.app(scope, _replay(body), send)
+            return
+        if scope["type"] == "http" and path == "/mcp" and scope.get("method") == "POST":
+            body = await _read(receive)
+            if b'"admin"' in body and b'"tools/call"' in body and not self._has_admin(scope):
+                challenge = b'Bearer error="insufficient_scope", scope="mcp admin"'
+                await _answer(send, 403, b'{"error": "insufficient_scope"}', challenge)
+                return
+            receive = _replay(body)
         await self.app(scope, receive, send)
 
+    def _has_admin(self, scope: dict[str, Any]) -> bool:
+        headers = dict(scope.get("headers") or [])
+        token = headers.get(b"authorization", b"").decode().removeprefix("Bearer ")
+        found = self.provider.access.get(token)
+        return found is not None and "admin" in found.scopes
 
-async def _answer(send: Any, status: int, body: bytes) -> None:
+
+async def _read(receive: Any) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def _replay(body: bytes) -> Any:
+    """A receive callable that hands the app *body* again (this middleware read it)."""
+    replay = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+    async def again() -> Any:
+        message = next(replay, None)
+        if message is None:
+            await anyio.sleep_forever()  # the app waits for a disconnect that the server reports
+        return message
+
+    return again
+
+
+async def _answer(send: Any, status: int, body: bytes, challenge: bytes | None = None) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if challenge is not None:
+        headers.append((b"www-authenticate", challenge))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -244,6 +319,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--expires", type=int, default=3600)
     parser.add_argument("--preregistered", metavar="ID:SECRET")
+    parser.add_argument("--machine", metavar="ID:SECRET")
     parser.add_argument("--deny", action="store_true")
     parser.add_argument("--issuer")
     parser.add_argument("--token-bytes", type=int)
