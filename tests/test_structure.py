@@ -67,7 +67,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("containment",),
     ),
     "upstream": (("listing", "wire", "media"), ("session", "spool")),
-    "remote": (("http", "traffic", "tokens"), ("auth", "connection"), ("login",)),
+    "remote": (("http", "traffic", "tokens"), ("auth", "connection"), ("login",), ("device",)),
     "child": (
         ("wire",),
         ("rawcalls",),

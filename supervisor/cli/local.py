@@ -61,9 +61,10 @@ def check_config(args: argparse.Namespace) -> int:
 
 
 def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
-    from supervisor.config.settings import StdioConfig
+    from supervisor.config.settings import RemoteConfig
     from supervisor.daemon.identity import sandbox_context
     from supervisor.process import sandbox
+    from supervisor.remote import auth
 
     unknown = [name for name in names if name not in settings.extensions]
     if unknown:
@@ -72,9 +73,9 @@ def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
     context = sandbox_context(settings, config_path=config_path, environ=os.environ)
     running = anyio.run(_explained_by_the_daemon, settings.socket, names)
     for name in names:
-        lines = running.get(name)
-        if not isinstance(settings.extensions[name], StdioConfig):
-            lines = sandbox.explain_extension(name, settings.extensions[name], context)
+        lines, config = running.get(name), settings.extensions[name]
+        if isinstance(config, RemoteConfig):
+            lines = auth.explain(name, config)
         elif lines is None:
             lines = sandbox.explain_extension(name, settings.extensions[name], context)
             lines.insert(1, "  (no daemon runs it: as one started from this shell would confine it)")

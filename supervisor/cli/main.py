@@ -142,6 +142,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--no-browser", action="store_true", help="print the authorization URL only (default: open it too)"
     )
     sub.add_argument(
+        "--device",
+        action="store_true",
+        help="log in with a code entered on another device (for a host reached over SSH)",
+    )
+    sub.add_argument(
         "--wait",
         type=_seconds,
         default=600.0,

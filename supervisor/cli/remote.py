@@ -187,9 +187,16 @@ async def call(args: argparse.Namespace) -> int:
 
 async def login(args: argparse.Namespace) -> int:
     """Print (and open) the authorization URL, then wait for the person's login and say how it went."""
-    begun = await client.request(args.socket, "login", {"name": args.name}, timeout=_LOGIN_START)
-    url = begun.get("url")
-    if url:
+    params = {"name": args.name, **({"device": True} if args.device else {})}
+    begun = await client.request(args.socket, "login", params, timeout=_LOGIN_START)
+    url, code = begun.get("url"), begun.get("user_code")
+    if url and code:
+        print(
+            f"To log in to {args.name!r}, open this URL on any device and enter the code {code}:",
+            file=sys.stderr,
+        )
+        print(url, flush=True)
+    elif url:
         print(f"Open this URL to log in to {args.name!r} (it waits {args.wait:g}s):", file=sys.stderr)
         print(url, flush=True)
         if not args.no_browser and _has_display():

@@ -47,7 +47,7 @@ class Backend(Protocol):
     def health(self) -> dict[str, Any]: ...
     def metrics_text(self) -> str: ...
     async def explain(self, name: str) -> list[str]: ...  # its sandbox's grants, as this daemon sees them
-    async def login(self, name: str) -> dict[str, Any]: ...  # a remote server's login: its URL
+    async def login(self, name: str, *, device: bool = False) -> dict[str, Any]: ...  # its URL (and code)
     async def login_wait(self, name: str, patience: float) -> Snapshot: ...
     async def logout(self, name: str) -> dict[str, Any]: ...
 
@@ -84,6 +84,11 @@ class _Logs(_Params):
 class _Approve(_Params):
     name: str = Field(min_length=1)
     tool: str | None = Field(None, min_length=1)  # None: every changed tool of the extension
+
+
+class _Login(_Params):
+    name: str = Field(min_length=1)
+    device: bool = False  # a device code (RFC 8628) instead of a redirect to this host's loopback
 
 
 class _LoginWait(_Params):
@@ -186,8 +191,8 @@ async def _explain(backend: Backend, params: _Name) -> dict[str, Any]:
     return {"lines": await backend.explain(params.name)}
 
 
-async def _login(backend: Backend, params: _Name) -> dict[str, Any]:
-    return await backend.login(params.name)
+async def _login(backend: Backend, params: _Login) -> dict[str, Any]:
+    return await backend.login(params.name, device=params.device)
 
 
 async def _login_wait(backend: Backend, params: _LoginWait) -> dict[str, Any]:
@@ -217,7 +222,7 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "health": Method(_Health, _health),
         "approve": Method(_Approve, _approve),
         "explain": Method(_Name, _explain),
-        "login": Method(_Name, _login),
+        "login": Method(_Login, _login),
         "login_wait": Method(_LoginWait, _login_wait),
         "logout": Method(_Name, _logout),
     }

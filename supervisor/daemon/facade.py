@@ -16,6 +16,7 @@ import mcp_types as types
 import structlog
 from mcp.shared.dispatcher import ProgressFnT
 
+from supervisor.config.extension import RemoteConfig
 from supervisor.daemon.health import cgroup_of, process_stats
 from supervisor.errors import SupervisorError, UnknownExtension
 from supervisor.extension.instances import Instances, figures
@@ -23,6 +24,7 @@ from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.process import sandbox
 from supervisor.process import usage as resources
+from supervisor.remote import auth as remote_auth
 
 __all__ = ("Facade",)
 
@@ -86,16 +88,17 @@ class Facade:
             return ext
         return None
 
-    async def login(self, name: str) -> dict[str, Any]:
+    async def login(self, name: str, *, device: bool = False) -> dict[str, Any]:
         """Start a login of remote extension *name* (or join the one under way): its authorization
-        URL for a person to open, or why it ended before one was known."""
+        URL for a person to open (*device*: and the code to enter there), or why it ended first."""
         ext = self.get(name)
+        on_success = functools.partial(self._logged_in, name)
         attempt = await self.logins.begin(
-            self._tg, name, ext.config, ext.credentials_dir, functools.partial(self._logged_in, name)
+            self._tg, name, ext.config, ext.credentials_dir, on_success, device=device
         )
         if attempt.url is None and attempt.error is not None:
             raise SupervisorError(attempt.error)
-        return {"url": attempt.url, "done": attempt.done.is_set()}
+        return {"url": attempt.url, "user_code": attempt.user_code, "done": attempt.done.is_set()}
 
     async def login_wait(self, name: str, patience: float) -> Snapshot:
         """Wait up to *patience* s for the login of *name* under way; its status once it started again."""
@@ -149,6 +152,8 @@ class Facade:
         """``check-config --explain``, as this daemon confines *name*: its environment, state and
         spool, not those of the shell that asks. In a thread: it reads the file system."""
         config = self.get(name).config
+        if isinstance(config, RemoteConfig):
+            return remote_auth.explain(name, config)
         return await anyio.to_thread.run_sync(sandbox.explain_extension, name, config, self.sandbox_context)
 
     def tool_changes(self, name: str) -> list[dict[str, Any]]:

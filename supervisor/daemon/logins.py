@@ -21,6 +21,7 @@ from supervisor.config.extension import ExtensionConfig, RemoteConfig
 from supervisor.errors import SpawnError, SupervisorError
 from supervisor.extension.remoterun import oauth_secrets
 from supervisor.remote.auth import uses_oauth
+from supervisor.remote.device import DeviceCode, log_in_device
 from supervisor.remote.login import LoginFailed, log_in, log_out
 from supervisor.remote.tokens import TokenStore
 
@@ -35,8 +36,10 @@ URL_DEADLINE = 60.0  # seconds for the servers' metadata and a registration, bef
 class Attempt:
     """One login under way: its authorization URL once known, its end and why it failed."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: bool) -> None:
+        self.device = device  # by a device code (RFC 8628), not a redirect
         self.url: str | None = None
+        self.user_code: str | None = None
         self.error: str | None = None
         self.known = anyio.Event()  # the URL is known, or the attempt ended without one
         self.done = anyio.Event()
@@ -45,6 +48,10 @@ class Attempt:
     def show(self, url: str) -> None:
         self.url = url
         self.known.set()
+
+    def show_code(self, code: DeviceCode) -> None:
+        self.user_code = code.user_code
+        self.show(code.verification_uri_complete or code.verification_uri)
 
 
 class Logins:
@@ -80,9 +87,12 @@ class Logins:
         config: ExtensionConfig,
         credentials: str | None,
         on_success: Callable[[], Awaitable[None]],
+        *,
+        device: bool = False,
     ) -> Attempt:
-        """Start a login of *name* (or join the one under way) and return it once its URL is known
-        or it ended. *on_success* runs once the tokens are stored.
+        """Start a login of *name* (or join the one under way) and return it once its URL (and
+        with *device*, its user code) is known or it ended. *on_success* runs once the tokens
+        are stored. A login of the other kind under way is cancelled first.
 
         Error handling: :class:`SupervisorError` for an extension that logs in to nothing.
         """
@@ -91,8 +101,13 @@ class Logins:
             why = "is not a remote server" if not isinstance(config, RemoteConfig) else "does not use OAuth"
             raise SupervisorError(f"extension {name!r} {why}: there is nothing to log in to")
         attempt = self._attempts.get(name)
+        if attempt is not None and attempt.device != device:
+            attempt.error = "replaced by a login of the other kind"
+            attempt.scope.cancel()
+            await attempt.done.wait()
+            attempt = None
         if attempt is None:
-            attempt = self._attempts[name] = Attempt()
+            attempt = self._attempts[name] = Attempt(device)
             tg.start_soon(self._run, name, config, store, credentials, attempt, on_success)
         with anyio.move_on_after(URL_DEADLINE):
             await attempt.known.wait()
@@ -112,7 +127,12 @@ class Logins:
             with bound, attempt.scope:
                 headers = await secretrefs.resolve(config.headers, credentials, field="headers")
                 secret = (await oauth_secrets(config, credentials)).get("client_secret")
-                await log_in(config, store, headers=headers, client_secret=secret, on_url=attempt.show)
+                if attempt.device:
+                    await log_in_device(
+                        config, store, headers=headers, client_secret=secret, on_code=attempt.show_code
+                    )
+                else:
+                    await log_in(config, store, headers=headers, client_secret=secret, on_url=attempt.show)
             if attempt.scope.cancelled_caught and attempt.error is None:
                 attempt.error = (
                     f"no login came within {LOGIN_TIMEOUT:g}s; run `mcp-supervisor login {name}` again"

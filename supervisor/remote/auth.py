@@ -48,6 +48,7 @@ __all__ = (
     "StoredAuth",
     "client_metadata",
     "configured_client",
+    "explain",
     "redirect_uri",
     "run_auth",
     "uses_oauth",
@@ -202,6 +203,25 @@ def _needs_person(response: httpx2.Response) -> str | None:
         scope = extract_field_from_www_auth(response, "scope")
         return f"the server wants a wider scope{f' ({scope})' if scope else ''}"
     return None
+
+
+def explain(name: str, config: RemoteConfig) -> list[str]:
+    """``check-config --explain NAME`` of a remote server: nothing to confine, and how it logs in."""
+    lines = [
+        f"{name}: a remote server ({config.url}): nothing of it runs on this host, so there is "
+        "nothing to confine; the daemon sends its headers to that origin only"
+    ]
+    if uses_oauth(config):
+        how = (
+            "as its own client (client_credentials)"
+            if config.oauth.grant == "client_credentials"
+            else f"once for the host: `mcp-supervisor login {name}`"
+        )
+        lines.append(
+            f"  OAuth: when the server asks, the daemon logs in {how}; tokens stay in the daemon's "
+            "state directory (0600), never in a child's view, a log or status"
+        )
+    return lines
 
 
 def run_auth(

@@ -36,7 +36,17 @@ from supervisor.remote import http
 from supervisor.remote.auth import CALLBACK_PATH, StoredAuth, client_metadata, configured_client
 from supervisor.remote.tokens import TokenStore
 
-__all__ = ("HEAD_DEADLINE", "MAX_CONNECTIONS", "MAX_HEAD", "LoginFailed", "Receiver", "log_in", "log_out")
+__all__ = (
+    "HEAD_DEADLINE",
+    "MAX_CONNECTIONS",
+    "MAX_HEAD",
+    "LoginFailed",
+    "Receiver",
+    "knock",
+    "log_in",
+    "log_out",
+    "shown",
+)
 
 log = structlog.get_logger(__name__)
 
@@ -131,9 +141,9 @@ class Receiver:
             )
         if "error" in given:
             words = given.get("error_description") or given["error"]
-            self._error = f"the authorization server refused: {_shown(given['error'])} ({_shown(words)})"
+            self._error = f"the authorization server refused: {shown(given['error'])} ({shown(words)})"
             self._arrived.set()
-            return "200 OK", f"The login was refused: {_shown(words)}. You may close this page."
+            return "200 OK", f"The login was refused: {shown(words)}. You may close this page."
         if not given.get("code"):
             return "400 Bad Request", "The redirect carries no authorization code."
         self._result = AuthorizationCodeResult(code=given["code"], state=given["state"], iss=given.get("iss"))
@@ -141,7 +151,7 @@ class Receiver:
         return "200 OK", "mcp-supervisor is logged in. You may close this page."
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
     """A server's words, one short line of printable text."""
     return " ".join(text.split())[:MAX_ERROR].encode("ascii", "replace").decode()
 
@@ -198,7 +208,7 @@ async def log_in(
             callback_handler=receiver.result,
         )
         try:
-            status = await _knock(config, provider, headers)
+            status = await knock(config, provider, headers)
         except LoginFailed as exc:  # raised out here, not from inside the receiver's task group
             failed = exc
         else:
@@ -215,7 +225,7 @@ async def log_in(
     log.info("oauth.logged_in", url=config.url)
 
 
-async def _knock(config: RemoteConfig, provider: StoredAuth, headers: Mapping[str, str]) -> int:
+async def knock(config: RemoteConfig, provider: StoredAuth, headers: Mapping[str, str]) -> int:
     """One request to the MCP endpoint, signed by *provider* (its 401 starts the login); its status.
     Streamable HTTP: an ``initialize``, whose session is ended at once; SSE: the stream's GET."""
     async with http.client(headers, max_message_bytes=config.max_message_bytes, auth=provider) as client:
@@ -246,12 +256,12 @@ async def _knock(config: RemoteConfig, provider: StoredAuth, headers: Mapping[st
                     await client.delete(config.url, headers={"mcp-session-id": session})
             return status
         except (OAuthFlowError, OAuthTokenError, OAuthRegistrationError) as exc:
-            raise LoginFailed(_shown(first_line(exc, typed=False))) from None
+            raise LoginFailed(shown(first_line(exc, typed=False))) from None
         except httpx2.HTTPError as exc:
-            raise LoginFailed(f"cannot reach {config.url}: {_shown(first_line(exc, typed=False))}") from None
+            raise LoginFailed(f"cannot reach {config.url}: {shown(first_line(exc, typed=False))}") from None
         except ValueError as exc:  # a metadata or token answer the SDK's models refuse
             raise LoginFailed(
-                f"the server's answer is malformed: {_shown(first_line(exc, typed=False))}"
+                f"the server's answer is malformed: {shown(first_line(exc, typed=False))}"
             ) from None
 
 
@@ -263,6 +273,9 @@ async def _listen(stack: contextlib.AsyncExitStack, configured: int | None, stor
         client = await store.get_client_info()
         if client is not None and client.redirect_uris:
             port = urllib.parse.urlsplit(str(client.redirect_uris[0])).port
+    if port == 0 and configured is None:  # registered for no port of its own (a device login)
+        await store.forget_client()
+        port = None
     try:
         return await stack.enter_async_context(Receiver.open(port or 0))
     except OSError as exc:

@@ -221,6 +221,33 @@ class TestLogin:
         assert stats(daemon)["registered"] == 0
 
 
+class TestDevice:
+    async def test_a_device_code_logs_in_a_host_without_a_browser(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """``login --device``: the command prints where to go and the code; the person approves
+        on another device (here: the URL carrying the code); the daemon, polling, gets the tokens."""
+        server = servers("--device")
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        login = Login(daemon, "far", "--device")
+        assert "/device?user_code=" in login.url, login.outcome()
+        assert httpx2.get(login.url, timeout=patience(10)).status_code == 200  # the person approves
+        code, _, err = login.outcome()
+        assert code == 0 and "enter the code" in err, err
+        assert text(daemon.call("far", "echo", text="from afar")) == "from afar"
+        assert stats(daemon)["device_code"] == 1
+
+    async def test_a_server_without_device_login_says_so(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        result = daemon.cli("login", "far", "--device")
+        assert result.returncode == 1 and "offers no device login" in result.stderr, result.stderr
+
+
 class TestStepUp:
     async def test_a_call_refused_for_a_wider_scope_waits_for_a_login_that_asks_for_it(
         self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]

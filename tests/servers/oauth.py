@@ -11,6 +11,9 @@ is the person's consent. Options:
   redirect URI ``http://127.0.0.1:PORT/callback``.
 - ``--machine ID:SECRET``: a client that logs in as itself (``grant_type=client_credentials``,
   its secret in the body), no person; tokens issued so are counted as ``client_credentials``.
+- ``--device``: the device authorization grant (RFC 8628) too: ``device_authorization_endpoint``
+  in the metadata, ``/device_authorization``, and ``/device?user_code=CODE`` where the person
+  approves (GET: at once).
 - ``--deny``: every authorization is refused (``error=access_denied``).
 - ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
 - ``--token-bytes N``: the token endpoint answers N bytes of padding and no token.
@@ -50,6 +53,7 @@ STATS: dict[str, int] = {
     "authorization_code": 0,
     "refresh_token": 0,
     "client_credentials": 0,
+    "device_code": 0,
     "revoked": 0,
     "registered": 0,
 }
@@ -225,7 +229,8 @@ class _Lies:
         machine: tuple[str, ...] | None,
     ) -> None:
         self.app, self.base, self.provider, self.machine = app, base, provider, machine
-        self.issuer, self.token_bytes = options.issuer, options.token_bytes
+        self.issuer, self.token_bytes, self.device = options.issuer, options.token_bytes, options.device
+        self.devices: dict[str, dict[str, Any]] = {}  # device code -> its user code, client, approval
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -244,6 +249,8 @@ class _Lies:
             return
         if scope["type"] == "http" and self.token_bytes and path == "/token":
             await _answer(send, 200, b'{"padding": "' + b"x" * self.token_bytes + b'"}')
+            return
+        if scope["type"] == "http" and self.device and await self._device(scope, receive, send):
             return
         if scope["type"] == "http" and self.machine and path == "/token":
             body = await _read(receive)
@@ -267,6 +274,74 @@ class _Lies:
                 return
             receive = _replay(body)
         await self.app(scope, receive, send)
+
+    async def _device(self, scope: dict[str, Any], receive: Any, send: Any) -> bool:
+        """The device grant's endpoints; whether this request was one of them (else untouched)."""
+        path, query = scope.get("path", ""), scope.get("query_string", b"").decode()
+        if path == "/.well-known/oauth-authorization-server":
+            parts: list[bytes] = []
+
+            async def keep(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.body":
+                    parts.append(message.get("body", b""))
+
+            await self.app(scope, receive, keep)
+            document = json.loads(b"".join(parts))
+            document["device_authorization_endpoint"] = f"{self.base}/device_authorization"
+            await _answer(send, 200, json.dumps(document).encode())
+            return True
+        if path == "/device":
+            user_code = urllib.parse.parse_qs(query).get("user_code", [""])[0]
+            for pending in self.devices.values():
+                if pending["user_code"] == user_code:
+                    pending["approved"] = True
+                    await _answer(send, 200, b'{"approved": true}')
+                    return True
+            await _answer(send, 404, b'{"error": "no such code"}')
+            return True
+        if path not in ("/device_authorization", "/token"):
+            return False
+        body = await _read(receive)
+        form = {key: values[0] for key, values in urllib.parse.parse_qs(body.decode()).items()}
+        client = self.provider.clients.get(form.get("client_id", ""))
+        if path == "/device_authorization":
+            if client is None:
+                await _answer(send, 401, b'{"error": "invalid_client"}')
+                return True
+            device_code, user_code = secrets.token_urlsafe(16), secrets.token_hex(4).upper()
+            scopes = form.get("scope", "mcp").split()
+            self.devices[device_code] = {
+                "user_code": user_code,
+                "client": client.client_id,
+                "approved": False,
+            }
+            self.devices[device_code].update(scopes=scopes, resource=form.get("resource"))
+            answer = {
+                "device_code": device_code,
+                "user_code": user_code,
+                "verification_uri": f"{self.base}/device",
+                "verification_uri_complete": f"{self.base}/device?user_code={user_code}",
+                "expires_in": 300,
+                "interval": 1,
+            }
+            await _answer(send, 200, json.dumps(answer).encode())
+            return True
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:device_code":
+            await self.app(scope, _replay(body), send)
+            return True
+        pending = self.devices.get(form.get("device_code", ""))
+        if pending is None or client is None or client.client_id != pending["client"]:
+            await _answer(send, 400, b'{"error": "invalid_grant"}')
+        elif client.client_secret and form.get("client_secret") != client.client_secret:
+            await _answer(send, 401, b'{"error": "invalid_client"}')
+        elif not pending["approved"]:
+            await _answer(send, 400, b'{"error": "authorization_pending"}')
+        else:
+            del self.devices[form["device_code"]]
+            STATS["device_code"] += 1
+            token = self.provider._issue(pending["client"], pending["scopes"], pending["resource"])
+            await _answer(send, 200, token.model_dump_json(exclude_none=True).encode())
+        return True
 
     def _has_admin(self, scope: dict[str, Any]) -> bool:
         headers = dict(scope.get("headers") or [])
@@ -320,6 +395,7 @@ if __name__ == "__main__":
     parser.add_argument("--expires", type=int, default=3600)
     parser.add_argument("--preregistered", metavar="ID:SECRET")
     parser.add_argument("--machine", metavar="ID:SECRET")
+    parser.add_argument("--device", action="store_true")
     parser.add_argument("--deny", action="store_true")
     parser.add_argument("--issuer")
     parser.add_argument("--token-bytes", type=int)

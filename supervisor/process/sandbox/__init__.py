@@ -365,28 +365,8 @@ def sweep(base: str, *, remove: bool = False) -> int:
 
 
 def explain_extension(name: str, config: Any, context: Context) -> list[str]:
-    """``check-config --explain NAME``: what extension *name* (its config) may reach, and why."""
-    if (url := getattr(config, "url", None)) is not None:  # a RemoteConfig
-        lines = [
-            f"{name}: a remote server ({url}): nothing of it runs on this host, so there is "
-            "nothing to confine; the daemon sends its headers to that origin only"
-        ]
-        oauth = getattr(config, "oauth", None)
-        if (
-            oauth is not None
-            and oauth.enabled
-            and not any(h.lower() == "authorization" for h in config.headers)
-        ):
-            how = (
-                "as its own client (client_credentials)"
-                if oauth.grant == "client_credentials"
-                else (f"once for the host: `mcp-supervisor login {name}`")
-            )
-            lines.append(
-                f"  OAuth: when the server asks, the daemon logs in {how}; tokens stay in the daemon's "
-                "state directory (0600), never in a child's view, a log or status"
-            )
-        return lines
+    """``check-config --explain NAME``: what stdio extension *name* (its config) may reach, and
+    why (a remote one: :func:`supervisor.remote.auth.explain`)."""
     confined = sandbox_for(name, config, context)
     if confined is None:
         return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
