@@ -25,6 +25,8 @@ person at all, a new token whenever the old one is refused.
 
 from __future__ import annotations
 
+import ipaddress
+import urllib.parse
 import warnings
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import fields
@@ -49,6 +51,8 @@ __all__ = (
     "client_metadata",
     "configured_client",
     "explain",
+    "exposed",
+    "exposed_words",
     "redirect_uri",
     "run_auth",
     "uses_oauth",
@@ -61,6 +65,31 @@ CLIENT_NAME = "mcp-supervisor"
 
 class LoginRequired(Exception):
     """The server wants a person to log in (or to grant a wider scope): ``mcp-supervisor login NAME``."""
+
+
+def exposed(url: str, config: RemoteConfig) -> bool:
+    """Whether *url* (an endpoint a login sends a code, a secret or a token to, or sends a
+    person to) is plain ``http://`` off loopback, where *config* does not say ``allow_http``."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "https":
+        return False
+    host = parsed.hostname or ""
+    local = host == "localhost" or _is_loopback(host)
+    return not (parsed.scheme == "http" and (local or config.allow_http))
+
+
+def exposed_words(url: str) -> str:
+    """Why a login refuses *url* (see :func:`exposed`): its origin and path, not its query."""
+    parsed = urllib.parse.urlsplit(url)
+    where = f"{parsed.scheme}://{parsed.netloc}{parsed.path}"
+    return f"refused: the authorization server uses {where}, plain http:// off loopback"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def uses_oauth(config: RemoteConfig) -> bool:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from supervisor.config.extension import RemoteConfig
 from supervisor.errors import first_line
 from supervisor.remote import http
-from supervisor.remote.auth import StoredAuth, client_metadata, configured_client
+from supervisor.remote.auth import StoredAuth, client_metadata, configured_client, exposed, exposed_words
 from supervisor.remote.login import LoginFailed, knock, shown
 from supervisor.remote.tokens import TokenStore
 
@@ -85,9 +85,12 @@ async def log_in_device(
     context = provider.context
     if context.client_info is None or context.oauth_metadata is None:
         raise LoginFailed("the authorization server's metadata or the client's registration is missing")
+    for endpoint in (str(context.oauth_metadata.token_endpoint),):
+        if exposed(endpoint, config):
+            raise LoginFailed(exposed_words(endpoint))
     limit = config.max_message_bytes
     async with http.client(headers, max_message_bytes=limit) as client:
-        endpoint = await _device_endpoint(client, provider)
+        endpoint = await _device_endpoint(client, provider, config)
         form = {"client_id": context.client_info.client_id}
         if context.client_metadata.scope:
             form["scope"] = context.client_metadata.scope
@@ -112,7 +115,7 @@ def _device_metadata(metadata: OAuthClientMetadata) -> OAuthClientMetadata:
     return metadata.model_copy(update={"grant_types": [*metadata.grant_types, DEVICE_GRANT]})
 
 
-async def _device_endpoint(client: httpx2.AsyncClient, provider: StoredAuth) -> str:
+async def _device_endpoint(client: httpx2.AsyncClient, provider: StoredAuth, config: RemoteConfig) -> str:
     """The ``device_authorization_endpoint`` of the authorization server's metadata (the SDK's
     model drops it): the same documents, read again, from the same issuer only."""
     context = provider.context
@@ -125,6 +128,8 @@ async def _device_endpoint(client: httpx2.AsyncClient, provider: StoredAuth) -> 
         if isinstance(document, dict) and document.get("issuer") in (issuer, issuer.rstrip("/")):
             endpoint = document.get("device_authorization_endpoint")
             if isinstance(endpoint, str) and endpoint.startswith(("https://", "http://")):
+                if exposed(endpoint, config):
+                    raise LoginFailed(exposed_words(endpoint))
                 return endpoint
             break
     raise LoginFailed(

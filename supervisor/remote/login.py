@@ -33,7 +33,14 @@ from mcp_types import LATEST_PROTOCOL_VERSION
 from supervisor.config.extension import OAuthSettings, RemoteConfig
 from supervisor.errors import SupervisorError, first_line
 from supervisor.remote import http
-from supervisor.remote.auth import CALLBACK_PATH, StoredAuth, client_metadata, configured_client
+from supervisor.remote.auth import (
+    CALLBACK_PATH,
+    StoredAuth,
+    client_metadata,
+    configured_client,
+    exposed,
+    exposed_words,
+)
 from supervisor.remote.tokens import TokenStore
 
 __all__ = (
@@ -196,6 +203,11 @@ async def log_in(
         store.configured = configured_client(settings, client_secret, receiver.port)
 
         async def redirect(url: str) -> None:
+            server = provider.context.oauth_metadata
+            token = str(server.token_endpoint) if server is not None else url
+            for endpoint in (url, token):
+                if exposed(endpoint, config):
+                    raise LoginFailed(exposed_words(endpoint))
             state = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("state", [""])[0]
             receiver.expect(state)
             on_url(url)

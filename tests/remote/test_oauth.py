@@ -334,6 +334,10 @@ class TestRefused:
         [
             (("--deny",), "refused: access_denied (the user said no)"),
             (("--issuer", "http://elsewhere.example"), "issuer"),
+            (
+                ("--authorize-at", "http://login.example/authorize"),
+                "uses http://login.example/authorize, plain http:// off loopback",
+            ),
             (("--token-bytes", "64"), "Invalid token response"),
             (("--token-bytes", "300000"), "over 65536 bytes"),
         ],

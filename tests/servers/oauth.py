@@ -16,6 +16,7 @@ is the person's consent. Options:
   approves (GET: at once).
 - ``--deny``: every authorization is refused (``error=access_denied``).
 - ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
+- ``--authorize-at URL``: its metadata sends the person there to log in.
 - ``--token-bytes N``: the token endpoint answers N bytes of padding and no token.
 
 Tools: ``echo(text)``; ``whoami`` (the calling token's client id and scopes); ``stats`` (JSON:
@@ -230,15 +231,17 @@ class _Lies:
     ) -> None:
         self.app, self.base, self.provider, self.machine = app, base, provider, machine
         self.issuer, self.token_bytes, self.device = options.issuer, options.token_bytes, options.device
+        self.authorize_at = options.authorize_at
         self.devices: dict[str, dict[str, Any]] = {}  # device code -> its user code, client, approval
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
-        if scope["type"] == "http" and self.issuer and path == "/.well-known/oauth-authorization-server":
+        lie = self.issuer or self.authorize_at
+        if scope["type"] == "http" and lie and path == "/.well-known/oauth-authorization-server":
             body = json.dumps(
                 {
-                    "issuer": self.issuer,
-                    "authorization_endpoint": f"{self.base}/authorize",
+                    "issuer": self.issuer or self.base,
+                    "authorization_endpoint": self.authorize_at or f"{self.base}/authorize",
                     "token_endpoint": f"{self.base}/token",
                     "registration_endpoint": f"{self.base}/register",
                     "response_types_supported": ["code"],
@@ -398,6 +401,7 @@ if __name__ == "__main__":
     parser.add_argument("--device", action="store_true")
     parser.add_argument("--deny", action="store_true")
     parser.add_argument("--issuer")
+    parser.add_argument("--authorize-at")
     parser.add_argument("--token-bytes", type=int)
     try:
         anyio.run(main, parser.parse_args())
