@@ -67,8 +67,8 @@ def servers() -> Iterator[Callable[..., Protected]]:
 class Login:
     """``mcp-supervisor login NAME`` running, as a person runs it: the URL it printed."""
 
-    def __init__(self, daemon: Daemon, name: str, *options: str) -> None:
-        env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    def __init__(self, daemon: Daemon, name: str, *options: str, env: dict[str, str] | None = None) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")} | (env or {})
         argv = [*CLI, "login", name, "--socket", daemon.socket, *options]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
@@ -156,6 +156,24 @@ class TestLogin:
         tokens = json.loads(token_file.read_text())["tokens"]
         for secret in (tokens["access_token"], tokens["refresh_token"]):
             assert secret not in json.dumps(daemon.status()) and secret not in daemon.log.read_text()
+
+    async def test_the_url_opens_in_the_browser_where_there_is_a_display(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path
+    ) -> None:
+        """With a display, ``login`` hands the URL to the user's browser ($BROWSER here: a script
+        that notes it), and that URL logs in."""
+        server = servers()
+        daemon = daemons({"far": server.entry()}, state=True)
+        daemon.wait_state("far", "needs-login")
+        noted = tmp_path / "opened"
+        browser = tmp_path / "browser"
+        browser.write_text(f'#!/bin/sh\necho "$1" > {noted}\n')
+        browser.chmod(0o755)
+        login = Login(daemon, "far", env={"DISPLAY": ":99", "BROWSER": str(browser)})
+        until(lambda: noted.exists() and noted.read_text().strip() == login.url, within=patience(10))
+        assert login.approve().status_code == 200
+        code, _, err = login.outcome()
+        assert code == 0, err
 
     async def test_tokens_survive_a_restart_and_are_refreshed_before_they_expire(
         self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
