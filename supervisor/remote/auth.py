@@ -189,31 +189,35 @@ class _RunAuth(StoredAuth):
     ) -> None:
         super().__init__(store, url, client_metadata(settings, 0))
         self._on_required = on_required
+        self._refused: str | None = None  # the access token a 401 just refused
+
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        tokens = self.context.current_tokens
+        if tokens is not None and self._refused is not None and tokens.access_token == self._refused:
+            self.context.token_expiry_time = 1.0  # the one refused: refresh it (0 means "never expires")
+        self._refused = None
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         """The SDK's flow, but a refusal of the request itself is a login to wait for, after one
-        refresh where the token may have lapsed early (the server's clock, a revocation of the
-        access token alone)."""
+        more round: with the login's tokens as the store has them now (another run of the same
+        login, a per-client instance, may have refreshed them), refreshed first if they are the
+        ones refused (the server's clock, a revocation of the access token alone)."""
         for last in (False, True):
             flow = super()._auth_flow(request)
-            refresh = False
+            again = False
             try:
                 outgoing = await flow.__anext__()
                 while True:
                     response = yield outgoing
                     if outgoing is request and (why := _needs_person(response)) is not None:
-                        if not last and response.status_code == 401 and self.context.can_refresh_token():
-                            self.context.token_expiry_time = 1.0  # long past (0 means "never expires")
-                            refresh = True
+                        if not last and response.status_code == 401:
+                            tokens = self.context.current_tokens
+                            self._refused = tokens.access_token if tokens is not None else None
+                            self._initialized, again = False, True  # the next round reads the store again
                             break
                         if response.status_code == 403:  # what it has and what it lacks, asked for next
-                            tokens = self.context.current_tokens
-                            held = union_scopes(
-                                tokens.scope if tokens else None, self.context.client_metadata.scope
-                            )
-                            wanted = union_scopes(held, extract_field_from_www_auth(response, "scope"))
-                            if wanted:
-                                await self.store.want_scope(wanted)
+                            await self._want_scope(response)
                         self._on_required(why)
                         raise LoginRequired(why)
                     outgoing = await flow.asend(response)
@@ -221,8 +225,15 @@ class _RunAuth(StoredAuth):
                 return
             finally:
                 await flow.aclose()
-            if not refresh:
+            if not again:
                 return
+
+    async def _want_scope(self, response: httpx2.Response) -> None:
+        tokens = self.context.current_tokens
+        held = union_scopes(tokens.scope if tokens else None, self.context.client_metadata.scope)
+        wanted = union_scopes(held, extract_field_from_www_auth(response, "scope"))
+        if wanted:
+            await self.store.want_scope(wanted)
 
 
 def _needs_person(response: httpx2.Response) -> str | None:

@@ -192,6 +192,34 @@ class TestLogin:
         counts = stats(daemon)
         assert counts["authorization_code"] == 1 and counts["registered"] == 1, counts
 
+    async def test_per_client_instances_share_the_login_and_its_refreshes(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+    ) -> None:
+        """Two clients, one upstream session each, two-second tokens with rotating refresh
+        tokens: each session picks up what the other refreshed, and nobody is asked to log in
+        again."""
+        server = servers("--expires", "2")
+        daemon = daemons({"far": server.entry(instances="per-client")}, state=True)
+        daemon.wait_state("far", "needs-login")
+        logged_in(daemon, server)
+        async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
+
+            async def keep_calling(session: Any) -> int:
+                served, stats_now = 0, {"refresh_token": 0}
+                while stats_now["refresh_token"] < 3:
+                    result = await session.call_tool("far__stats", {})
+                    assert not result.is_error, first_text(result)
+                    stats_now, served = json.loads(first_text(result)), served + 1
+                    await anyio.sleep(0.2)
+                return served
+
+            with anyio.fail_after(patience(30)):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(keep_calling, one)
+                    tg.start_soon(keep_calling, two)
+        counts = stats(daemon)
+        assert counts["authorization_code"] == 1 and counts["refresh_token"] >= 3, counts
+
     async def test_a_revoked_login_returns_to_needs_login_once(
         self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
     ) -> None:
