@@ -87,7 +87,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         (
             "names", "toolerrors", "progress", "owner", "hello", "spoollinks", "http.limits",
             "tasks.ids", "tasks.owners", "asks.requeststate", "view.search", "notify.downstream",
-            "notify.bus", "handoff.journal", "handoff.offer", "replies",
+            "notify.bus", "handoff.journal", "handoff.offer", "replies", "outbound",
         ),
         ("handoff.stream", "handoff.backchannel"),
         ("catalog", "links"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,11 @@ def _convert(
             + " wraps a remote server: imported as that server",
             *notes,
         ]
+    return _stdio_entry(raw, mapped)
+
+
+def _stdio_entry(raw: dict[str, Any], mapped: Callable[[Any], str]) -> tuple[dict[str, Any], list[str]]:
+    """A client's stdio entry: its command line and environment mapped, its client keys folded."""
     command, args = raw.get("command"), raw.get("args", [])
     if not isinstance(command, str) or not command.strip():
         raise Unmappable("has no 'command'")
@@ -215,6 +220,36 @@ def _convert(
         raise Unmappable("'args' is not a list of strings")
     if os.path.basename(command) == "mcp-supervisor" and "connect" in args:
         raise Unmappable("it is mcp-supervisor's own connect entry")
+    folded, notes = _client_keys(raw)
+    entry: dict[str, Any] = {"command": mapped(command)}
+    if args:
+        entry["args"] = [mapped(arg) for arg in args]
+    if env := _environment(raw, mapped, notes):
+        entry["env"] = env
+    if isinstance(raw.get("cwd"), str):
+        entry["cwd"] = mapped(raw["cwd"])
+    for key in MAPPED:
+        value = folded.get(key)
+        if key == "autostart" and value is True:  # `disabled: false`: the default says it
+            continue
+        if value is not None:
+            entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
+    return entry, notes
+
+
+def _environment(raw: dict[str, Any], mapped: Callable[[Any], str], notes: list[str]) -> dict[str, str]:
+    env = raw.get("env") or {}
+    if not isinstance(env, dict):
+        raise Unmappable("'env' is not an object")
+    unset = [key for key, value in env.items() if value is None]  # VS Code: remove from the environment
+    if unset:
+        notes.append(f"env {', '.join(unset)}: null (unset) is not supported, left out")
+    return {str(key): mapped(value) for key, value in env.items() if value is not None}
+
+
+def _client_keys(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The entry's client keys folded into settings (:func:`clientkeys.fold`), and a note on each
+    one that changed meaning or was dropped."""
     try:
         folded, dropped = clientkeys.fold({k: v for k, v in raw.items() if k not in _TAKEN})
     except clientkeys.ClientKeyError as exc:
@@ -232,27 +267,7 @@ def _convert(
         notes.append(f"timeout {raw['timeout']!r} taken as call_timeout: {folded['call_timeout']:g} s")
     if "tools" in folded:
         notes.append(f"tools: {folded['tools']} (from the client's tool lists)")
-
-    entry: dict[str, Any] = {"command": mapped(command)}
-    if args:
-        entry["args"] = [mapped(arg) for arg in args]
-    env = raw.get("env") or {}
-    if not isinstance(env, dict):
-        raise Unmappable("'env' is not an object")
-    if env:
-        unset = [key for key, value in env.items() if value is None]  # VS Code: remove from the environment
-        if unset:
-            notes.append(f"env {', '.join(unset)}: null (unset) is not supported, left out")
-        entry["env"] = {str(key): mapped(value) for key, value in env.items() if value is not None}
-    if isinstance(raw.get("cwd"), str):
-        entry["cwd"] = mapped(raw["cwd"])
-    for key in MAPPED:
-        value = folded.get(key)
-        if key == "autostart" and value is True:  # `disabled: false`: the default says it
-            continue
-        if value is not None:
-            entry[key] = int(value) if isinstance(value, float) and value.is_integer() else value
-    return entry, notes
+    return folded, notes
 
 
 def _first_start_allowance(entry: dict[str, Any]) -> list[str]:

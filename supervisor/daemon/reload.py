@@ -98,7 +98,9 @@ class Reloading:
         async with anyio.create_task_group() as stoppers:
             for name in (*gone, *changed):
                 stoppers.start_soon(self._extensions[name].stop)
-                stoppers.start_soon(self._instances.pop(name).stop_all)
+                replaced = self._instances.pop(name)
+                replaced.replace()  # its waiting clients ask the new instances
+                stoppers.start_soon(replaced.stop_all)
         for name in gone:
             del self._extensions[name]
             del self._name_locks[name]  # a waiter still holding it finds the name gone

@@ -31,7 +31,7 @@ from supervisor.daemon.systemd import Notifier
 from supervisor.errors import ExtensionUnavailable, UnknownExtension
 from supervisor.extension import launch
 from supervisor.extension.demand import Demand
-from supervisor.extension.instances import Client, Instances
+from supervisor.extension.instances import Client, Instances, Replaced
 from supervisor.extension.pins import Pins, PinStore
 from supervisor.extension.saved import CatalogStore, fingerprint
 from supervisor.extension.startup import StartSlots, default_slots
@@ -200,18 +200,11 @@ class Daemon(Facade, Reloading):
         return self._current_instances(name).of(client)
 
     async def instance_when_room(self, name: str, client: Client) -> Extension:
-        """:meth:`instance_of`, waiting for room while an instance is on its way out (the caller
-        bounds the wait). Each round asks the extension's instances of now: a reload replaces them."""
+        """:meth:`instance_of`, waiting for room while an instance is on its way out
+        (:meth:`Instances.acquire`; the caller bounds the wait), from the instances of now."""
         while True:
-            instances = self._current_instances(name)
-            with instances.queued(client):
-                while instances is self._current_instances(name):  # a reload replaces them (and the line)
-                    try:
-                        return instances.of(client)
-                    except ExtensionUnavailable as exc:
-                        if not exc.retryable or not instances.room_coming(client):
-                            raise
-                    await instances.one_gone()
+            with contextlib.suppress(Replaced):  # a reload replaced them meanwhile: the new ones
+                return await self._current_instances(name).acquire(client)
 
     def _current_instances(self, name: str) -> Instances:
         instances = self._instances.get(name)

@@ -17,9 +17,10 @@ At ``max_instances`` a new client's instance needs room. The daemon asks the gat
 *reclaim* one: an HTTP session with no request and no stream open for a while ends (its client
 sees 404 and opens a new session, as the protocol says), and its instance stops; a client on
 ``mcp.sock`` is never reclaimed, as its open connection shows it is there.
-A call at the cap waits, up to its timeout, for an instance on its way out (reclaimed, or its
-client left) to be gone (:meth:`Instances.room_coming`, :meth:`Instances.one_gone`); with
-nothing on its way out the answer is a retryable "busy" at once.
+A call at the cap waits in line (:meth:`Instances.acquire`, bounded by its caller) for an
+instance on its way out (reclaimed, or its client left) to be gone: its steps are
+:meth:`Instances.queued`, :meth:`Instances.room_coming` (where the reclaim happens) and
+:meth:`Instances.one_gone`; with nothing on its way out the answer is a retryable "busy" at once.
 
 Operations act on every instance: :meth:`Instances.stop_all` (``stop NAME``) also *holds* them,
 so no client gets a new one until :meth:`Instances.resume` (``start NAME``);
@@ -40,7 +41,7 @@ from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from supervisor.process.usage import Sampler
 
-__all__ = ("SESSIONLESS", "Client", "Instances", "figures")
+__all__ = ("SESSIONLESS", "Client", "Instances", "Replaced", "figures")
 
 SESSIONLESS = (
     "one child per client session, and a 2026-07-28 request over HTTP has no session: connect "
@@ -64,6 +65,10 @@ class Client(Protocol):
 Reclaim = Callable[[Collection[Client]], bool]  # end one of these clients to make room; whether it did
 
 
+class Replaced(Exception):
+    """These instances were replaced by a reload's: a waiting client asks the new ones."""
+
+
 class Instances:
     """The per-client instances of extension *name*: at most *limit* at once, retiring ones included.
 
@@ -82,6 +87,7 @@ class Instances:
         self.name = name
         self.limit = limit
         self.held = False  # stopped by hand: no client gets an instance until resume()
+        self.replaced = False  # a reload made new instances of the extension: ask those
         self._make = make
         self._reclaim = reclaim
         self._queue: dict[Client, int] = {}  # clients waiting for room, first first: their calls
@@ -117,6 +123,29 @@ class Instances:
             self._hooked.add(client)
             client.on_close(lambda: self._closed(client))
         return ext
+
+    async def acquire(self, client: Client) -> Extension:
+        """*client*'s instance (:meth:`of`); at the cap, in line behind the clients before it,
+        waiting while room is on its way (:meth:`room_coming`: an instance stopping, or one
+        reclaimed now). The caller bounds the wait.
+
+        Error handling: as :meth:`of` (a retryable "busy" at once when no room can come);
+        :class:`Replaced` once a reload replaced these instances (ask the new ones).
+        """
+        with self.queued(client):
+            while not self.replaced:
+                try:
+                    return self.of(client)
+                except ExtensionUnavailable as exc:
+                    if not exc.retryable or not self.room_coming(client):
+                        raise
+                await self.one_gone()
+        raise Replaced(self.name)
+
+    def replace(self) -> None:
+        """A reload replaced these instances: waiters in :meth:`acquire` go ask the new ones."""
+        self.replaced = True
+        self._wake()
 
     @property
     def waiting(self) -> int:

@@ -31,6 +31,7 @@ from supervisor.gateway.handoff import offer
 from supervisor.gateway.handoff.handed import MAX_ID, Handed
 from supervisor.gateway.handoff.stream import HandedStream
 from supervisor.gateway.hello import HANDOFF_METHOD, HELLO_METHOD
+from supervisor.gateway.outbound import Outbound
 from supervisor.gateway.replies import LAST, OURS, error_reply, invalid_reply
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import MAX_IN_FLIGHT, Session, Slot, bind
@@ -89,16 +90,17 @@ class StdioConnection:
         self._handshake = False  # the client opened with initialize (the handshake era)
         self._listings: set[RequestId] = set()  # its tools/list requests not yet answered
         self._fast_ready = False
-        self._fast = FastCalls(
-            gateway.router, gateway.spool_prefix, self._transmit, self.session, self._transmit_soon
-        )
-        # Whoever is mid-line holds it: the writer task, a fast call's task, or (from a callback,
-        # which no task owns, hence a semaphore and not a lock) the task finishing its line.
-        self._sending = anyio.Semaphore(1, fast_acquire=True)
         self._scope = anyio.CancelScope()  # the connection's: cancelled when the client is gone
         self._tasks: anyio.abc.TaskGroup | None = None
+        ending = lambda: self._scope.cancel_called  # noqa: E731 - the scope is replaced in serve()
+        self._out = Outbound(stream, SEND_TIMEOUT, gone=self._gone, stuck=self._stuck, ending=ending)
+        self._fast = FastCalls(
+            gateway.router, gateway.spool_prefix, self._out.transmit, self.session, self._out.transmit_soon
+        )
         self._chosen = chosen  # the profile this connection asked for, if any
         self._first = back is None  # a hello may come first, unless the handoff chose already
+        self._reader = BufferedByteReceiveStream(stream)  # replaced by _read, and by a handoff
+        self._taken: Callable[[int], None] = _nothing  # bytes of the journal's ring now ours
 
     async def serve(self) -> None:
         server = self.gateway.server
@@ -107,6 +109,7 @@ class StdioConnection:
         try:
             async with anyio.create_task_group() as tg:
                 self._scope, self._tasks = tg.cancel_scope, tg
+                self._out.tasks = tg
 
                 async def run_server() -> None:
                     bind(self.session)  # the SDK's tasks for this connection serve this client
@@ -129,82 +132,15 @@ class StdioConnection:
                     finally:
                         await self._handed_stream.aclose()
 
-    async def _transmit(self, data: bytes) -> bool:
-        """Send *data* whole; False, with the connection ended, if the client is gone or not reading."""
-        sent = 0
-        try:
-            if self._sending.value:  # nobody is mid-line: usually all of it goes at once, no lock
-                sent = self.stream.send_now(data)
-                if sent == len(data):
-                    return True
-                if sent:  # the rest before any other line: the lock is free and nothing ran since
-                    self._sending.acquire_nowait()
-                    try:
-                        return await self._send_rest(data, sent)
-                    finally:
-                        self._sending.release()
-            async with self._sending:
-                return await self._send_rest(data, sent)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._gone()
-            return False
-
     def _gone(self) -> None:
         """The client is gone (its output): end the connection."""
         self.client_ended = True
         self._scope.cancel()
 
-    def _transmit_soon(self, data: bytes, sent_out: Callable[[bool], None]) -> None:
-        """:meth:`_transmit` from a callback: at once when the socket takes the line, else in a
-        task; then *sent_out*, told whether the line went out whole (not when the connection
-        ends first). Until then the request's slot stays held, so a client that reads slowly
-        stops being read, as on the awaited path."""
-        if self._scope.cancel_called or self._tasks is None:
-            sent_out(False)  # the connection is ending
-            return
-        if self._sending.value:
-            try:
-                sent = self.stream.send_now(data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._gone()
-                sent_out(False)
-                return
-            if sent == len(data):
-                sent_out(True)
-                return
-            if sent:  # the rest before any other line
-                self._sending.acquire_nowait()
-                self._tasks.start_soon(self._finish_line, data, sent, sent_out)
-                return
-        self._tasks.start_soon(self._transmit_then, data, sent_out)
-
-    async def _transmit_then(self, data: bytes, sent_out: Callable[[bool], None]) -> None:
-        went = False
-        try:
-            went = await self._transmit(data)
-        finally:
-            sent_out(went)
-
-    async def _finish_line(self, data: bytes, sent: int, sent_out: Callable[[bool], None]) -> None:
-        went = False
-        try:
-            went = await self._send_rest(data, sent)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self._gone()
-        finally:
-            self._sending.release()
-            sent_out(went)
-
-    async def _send_rest(self, data: bytes, sent: int) -> bool:
-        """What :meth:`_transmit` could not send at once, the lock held."""
-        # Whole or not at all: a cancelled caller must not leave half a line on the socket.
-        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT) as timer:
-            await self.stream.send(memoryview(data)[sent:])
-        if timer.cancelled_caught:
-            log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
-            self._scope.cancel()
-            return False
-        return True
+    def _stuck(self) -> None:
+        """The client leaves a line untaken past SEND_TIMEOUT: end the connection."""
+        log.warning("gateway.client_not_reading", timeout=SEND_TIMEOUT)
+        self._scope.cancel()
 
     def _fast_call(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
         """Start serving *line* on the fast path, if it is a call the fast path takes."""
@@ -231,85 +167,119 @@ class StdioConnection:
         tg: anyio.abc.TaskGroup,
     ) -> None:
         """Client lines to the server loop; its end (EOF, an oversized message) ends the connection."""
-        reader = BufferedByteReceiveStream(self.stream)
+        self._reader = BufferedByteReceiveStream(self.stream)
         if self._pending:
-            reader.feed_data(self._pending)
+            self._reader.feed_data(self._pending)
             self._pending = b""
-        taken = self.handed.journal.consume if self.handed is not None else _nothing
+        self._taken = self.handed.journal.consume if self.handed is not None else _nothing
         async with sink, errors:
-            while True:
-                try:
-                    line = await reader.receive_until(b"\n", MAX_MESSAGE)
-                except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
-                    await self._input_ended()
+            while (line := await self._next_line(errors)) is not None:
+                if not await self._take(line, sink, errors, tg):
                     break
-                except anyio.DelimiterNotFound:
-                    log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
-                    too_large = error_reply(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
-                    await errors.send(SessionMessage(too_large.message, metadata=LAST))
-                    await self._discard_input()
-                    break
-                size = len(line) + 1  # the line leaves the journal's ring once it is ours
-                if not line.strip():
-                    taken(size)
-                    continue
-                if self._fast_ready:
-                    if (cancelled := fastpath.cancelled_id(line)) is not None:
-                        self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
-                    elif fastpath.MARK in line:
-                        await self._in_flight.take()
-                        if self._fast_call(line, tg):
-                            taken(size)
-                            continue
-                        self._in_flight.give_back()
-                try:
-                    message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                except ValueError:
-                    taken(size)
-                    await errors.send(invalid_reply(line))
-                    continue
-                if self._first:  # `connect --profile`: a hello before the client's first byte
-                    self._first = False
-                    if isinstance(message, types.JSONRPCRequest) and message.method == HELLO_METHOD:
-                        if await self._hello(message, errors):
-                            continue
-                        await self._discard_input()
-                        break
-                if _is_switch(message):
-                    if self.handed is None and not reader.buffer:
-                        listens = (message.params or {}).get("listens")
-                        if (switched := await self._switch(message.id, reader, listens)) is not None:
-                            reader, taken = switched  # the client's own pipes from now on
-                    else:  # not now; -32601 would tell connect it never can (an older daemon)
-                        taken(size)
-                        await errors.send(error_reply(message.id, offer.REFUSED, _NOT_NOW))
-                    continue
-                if self.handed is not None:
-                    if isinstance(message, types.JSONRPCRequest) and self.handed.refuses(message.id):
-                        taken(size)
-                        await errors.send(error_reply(message.id, types.INVALID_REQUEST, _LONG_ID))
-                        continue
-                    self.handed.set_up(message, line)
-                metadata = None
-                if isinstance(message, types.JSONRPCRequest):
-                    if message.method == "initialize":
-                        self._handshake = True
-                    elif message.method == "tools/list" and self._watching_listings():
-                        self._listings.add(message.id)
-                    await self._in_flight.take()
-                    slot = self._in_flight.hold(message.id)
-
-                    async def unanswered(request_id: RequestId = message.id, slot: Slot = slot) -> None:
-                        self._in_flight.settle(request_id, slot)  # cancelled by the client: no answer comes
-                        if self.handed is not None:
-                            self.handed.cancelled(request_id)
-
-                    metadata = ServerMessageMetadata(
-                        on_request_unanswered=unanswered, request_context=self._chosen
-                    )
-                taken(size)
-                await sink.send(SessionMessage(message, metadata=metadata))
         tg.cancel_scope.cancel()  # the client is gone: cancel its requests, in the children too
+
+    async def _next_line(self, errors: MemoryObjectSendStream[SessionMessage]) -> bytes | None:
+        """The client's next line that is not blank; None once its input ended or overflowed."""
+        while True:
+            try:
+                line = await self._reader.receive_until(b"\n", MAX_MESSAGE)
+            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError):
+                await self._input_ended()
+                return None
+            except anyio.DelimiterNotFound:
+                log.warning("gateway.message_too_large", limit=MAX_MESSAGE)
+                too_large = error_reply(None, types.INVALID_REQUEST, f"message over {MAX_MESSAGE} bytes")
+                await errors.send(SessionMessage(too_large.message, metadata=LAST))
+                await self._discard_input()
+                return None
+            if line.strip():
+                return line
+            self._taken(len(line) + 1)
+
+    async def _take(
+        self,
+        line: bytes,
+        sink: MemoryObjectSendStream[SessionMessage | Exception],
+        errors: MemoryObjectSendStream[SessionMessage],
+        tg: anyio.abc.TaskGroup,
+    ) -> bool:
+        """Serve one line: the fast path, our own words (a hello, a handoff), or the SDK's loop.
+        False when the connection ends with it."""
+        size = len(line) + 1  # the line leaves the journal's ring once it is ours
+        if self._fast_ready and await self._took_fast(line, tg):
+            self._taken(size)
+            return True
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+        except ValueError:
+            self._taken(size)
+            await errors.send(invalid_reply(line))
+            return True
+        if self._first:  # `connect --profile`: a hello before the client's first byte
+            self._first = False
+            if isinstance(message, types.JSONRPCRequest) and message.method == HELLO_METHOD:
+                if await self._hello(message, errors):
+                    return True
+                await self._discard_input()
+                return False
+        if _is_switch(message):
+            await self._switch_or_refuse(message, size, errors)
+            return True
+        if self.handed is not None:
+            if isinstance(message, types.JSONRPCRequest) and self.handed.refuses(message.id):
+                self._taken(size)
+                await errors.send(error_reply(message.id, types.INVALID_REQUEST, _LONG_ID))
+                return True
+            self.handed.set_up(message, line)
+        metadata = await self._request_metadata(message)
+        self._taken(size)
+        await sink.send(SessionMessage(message, metadata=metadata))
+        return True
+
+    async def _took_fast(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
+        """Whether the fast path serves *line* (a cancellation it sees goes on to the SDK too)."""
+        if (cancelled := fastpath.cancelled_id(line)) is not None:
+            self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
+        elif fastpath.MARK in line:
+            await self._in_flight.take()
+            if self._fast_call(line, tg):
+                return True
+            self._in_flight.give_back()
+        return False
+
+    async def _switch_or_refuse(
+        self, message: types.JSONRPCMessage, size: int, errors: MemoryObjectSendStream[SessionMessage]
+    ) -> None:
+        """connect asks to hand the client's stdio over: taken when it is the last input and the
+        session is not handed over already; refused otherwise (-32601 would tell connect it
+        never can, as an older daemon)."""
+        assert isinstance(message, types.JSONRPCRequest)
+        if self.handed is None and not self._reader.buffer:
+            listens = (message.params or {}).get("listens")
+            if (switched := await self._switch(message.id, self._reader, listens)) is not None:
+                self._reader, self._taken = switched  # the client's own pipes from now on
+            return
+        self._taken(size)
+        await errors.send(error_reply(message.id, offer.REFUSED, _NOT_NOW))
+
+    async def _request_metadata(self, message: types.JSONRPCMessage) -> ServerMessageMetadata | None:
+        """A request's slot among the client's requests in flight (waiting for one to be free),
+        and what the SDK tells when it ends unanswered; None for anything else."""
+        if not isinstance(message, types.JSONRPCRequest):
+            return None
+        if message.method == "initialize":
+            self._handshake = True
+        elif message.method == "tools/list" and self._watching_listings():
+            self._listings.add(message.id)
+        await self._in_flight.take()
+        slot = self._in_flight.hold(message.id)
+
+        async def unanswered(request_id: RequestId = message.id, slot: Slot = slot) -> None:
+            self._in_flight.settle(request_id, slot)  # cancelled by the client: no answer comes
+            if self.handed is not None:
+                self.handed.cancelled(request_id)
+
+        return ServerMessageMetadata(on_request_unanswered=unanswered, request_context=self._chosen)
 
     async def _switch(
         self, request_id: RequestId, reader: BufferedByteReceiveStream, listens: object
@@ -318,7 +288,7 @@ class StdioConnection:
         those pipes, the socket its back channel; None when it is not (connect pumps on)."""
         socket_stream = self.stream
         assert isinstance(socket_stream, sockets.Stream)
-        async with self._sending:  # none of our lines goes out meanwhile
+        async with self._out.lock:  # none of our lines goes out meanwhile
             took = await offer.take_over(socket_stream, request_id, RING, SWITCH_WAIT)
             if took is None:
                 self._scope.cancel()  # connect carries the client on from the (empty) journal
@@ -328,7 +298,7 @@ class StdioConnection:
                 return None
             stdin, stdout, journal = took
             self._handed_stream = handed = HandedStream(stdin, stdout, journal)  # owns them now
-            self.stream = handed
+            self.stream = self._out.stream = handed
             self.handed = Handed(handed, socket_stream, self._in_flight, self._scope.cancel, SEND_TIMEOUT)
             self.handed.listening(listens, self._in_flight)
             assert self._tasks is not None
@@ -380,7 +350,7 @@ class StdioConnection:
                 answered = isinstance(message, types.JSONRPCResponse | types.JSONRPCError)
                 if answered and self.handed is not None and item.metadata is not OURS:
                     self.handed.answered(message.id)
-                if not await self._transmit(data):
+                if not await self._out.transmit(data):
                     return
                 if item.metadata is LAST:  # the connection's last word: the client sees it, then EOF
                     await self.stream.send_eof()
