@@ -40,12 +40,21 @@ def fixture(script: str, **settings: Any) -> dict[str, Any]:
     return {"command": sys.executable, "args": [str(SERVERS / script)], **settings}
 
 
+HTTP_TOKEN = "bench-token-" + "0" * 32  # the HTTP listener's bearer token (a bench's daemon is its own)
+
+
 @dataclass
 class Running:
     proc: subprocess.Popen[bytes]
     socket: str
     directory: Path
     http_url: str | None
+    http_token: str = HTTP_TOKEN
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        """What every request to the HTTP listener carries: it always authenticates."""
+        return {"Authorization": f"Bearer {self.http_token}"}
 
     def status(self) -> dict[str, dict[str, Any]]:
         out = subprocess.run(
@@ -72,7 +81,7 @@ def daemon(extensions: dict[str, Any], *, http: bool = False, **settings: Any) -
         config = {
             "socket": str(directory / "control.sock"),
             "spool": {"dir": str(directory / "spool")},
-            **({"gateway": {"http": {"enabled": True, "port": port}}} if http else {}),
+            **({"gateway": {"http": {"enabled": True, "port": port, "token": HTTP_TOKEN}}} if http else {}),
             **settings,
             "extensions": extensions,
         }

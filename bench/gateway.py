@@ -72,6 +72,7 @@ from _peers import HTTP_PEERS, VERSIONS, fastmcp_stdio, install, serve
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 sys.path.insert(0, str(ROOT))  # the test suite's client for mcp.sock
 from tests.harness.gateway_client import unix_transport
@@ -108,16 +109,31 @@ async def _stdio(command: str, *args: str, env: dict[str, str] | None = None) ->
 
 
 @asynccontextmanager
-async def _http(url: str) -> AsyncIterator[ClientSession]:
-    async with streamable_http_client(url) as streams, ClientSession(streams[0], streams[1]) as session:
+async def _http(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+        ClientSession(streams[0], streams[1]) as session,
+    ):
         await session.initialize()
         yield session
 
 
 @asynccontextmanager
-async def _modern(url: str) -> AsyncIterator[Client]:
-    async with Client(url) as client:
+async def _modern(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[Client]:
+    if headers is None:
+        async with Client(url) as client:
+            yield client
+        return
+    async with create_mcp_http_client(headers=headers) as http, Client(_carrying(url, http)) as client:
         yield client
+
+
+@asynccontextmanager
+async def _carrying(url: str, http: Any) -> AsyncIterator[Any]:
+    """The streamable-HTTP transport to *url* over *http* (a client that sends the token)."""
+    async with streamable_http_client(url, http_client=http) as streams:
+        yield streams
 
 
 @asynccontextmanager
@@ -376,8 +392,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "connect": Route("connect", lambda: _stdio(*connect), "fx__echo", pid),
             "pumping": Route("pumping", lambda: _stdio(*connect, env=_PUMPING), "fx__echo", pid),
             "own": Route("own", lambda: _stdio(*connect), "own__echo", pid),
-            "http": Route("http", lambda: _http(http), "fx__echo", pid),
-            "modern": Route("modern", lambda: _modern(http), "fx__echo", pid),
+            "http": Route("http", lambda: _http(http, running.http_headers), "fx__echo", pid),
+            "modern": Route("modern", lambda: _modern(http, running.http_headers), "fx__echo", pid),
             "fastmcp": Route("fastmcp", lambda: _stdio(*fastmcp_stdio(fixture_cmd)), "echo"),
         }
         for name, (url, peer_pid) in served.items():

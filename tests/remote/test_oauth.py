@@ -22,6 +22,7 @@ import pytest
 from supervisor.control.client import RemoteError
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
 from tests.harness.timing import patience
+from tests.remote import entry
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -37,13 +38,7 @@ class Protected:
         assert self.url.startswith("http://127.0.0.1:"), self.url
 
     def entry(self, **overrides: Any) -> dict[str, Any]:
-        settings = {
-            "url": self.url,
-            "backoff": {"initial": 0.1, "max": 0.5, "jitter": 0},
-            "start_timeout": patience(10),
-            "stop_timeout": 1,
-        }
-        return {**settings, **overrides}
+        return entry(self.url, **overrides)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -62,6 +57,22 @@ def servers() -> Iterator[Callable[..., Protected]]:
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def logged_out(daemons: Callable[..., Daemon], servers: Callable[..., Protected]) -> Callable[..., Daemon]:
+    """A protected server (with these options) and a daemon whose extension ``far`` of it waits
+    in needs-login (*entry*: more of its settings; the rest: the daemon's options)."""
+
+    def start(
+        *options: str, entry: dict[str, Any] | None = None, **daemon_options: Any
+    ) -> tuple[Daemon, Protected]:
+        server = servers(*options)
+        daemon = daemons({"far": server.entry(**(entry or {}))}, state=True, **daemon_options)
+        daemon.wait_state("far", "needs-login")
+        return daemon, server
+
+    return start
 
 
 class Login:
@@ -95,7 +106,7 @@ def text(result: dict[str, Any]) -> str:
     return str(result["content"][0]["text"])
 
 
-def logged_in(daemon: Daemon, server: Protected, name: str = "far") -> None:
+def logged_in(daemon: Daemon, name: str = "far") -> None:
     login = Login(daemon, name, "--no-browser")
     assert login.approve().status_code == 200
     code, out, err = login.outcome()
@@ -126,15 +137,13 @@ class TestNeedsLogin:
 
 class TestLogin:
     async def test_one_login_serves_every_client_and_shows_no_token(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """The person follows the printed URL once; the extension runs; two gateway clients at
         once call through the one login; the token file is the daemon user's alone and no token
         is in status or the log."""
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out()
+        logged_in(daemon)
         async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
             results: list[Any] = []
 
@@ -158,13 +167,11 @@ class TestLogin:
             assert secret not in json.dumps(daemon.status()) and secret not in daemon.log.read_text()
 
     async def test_the_url_opens_in_the_browser_where_there_is_a_display(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path
+        self, logged_out: Callable[..., Daemon], tmp_path: Path
     ) -> None:
         """With a display, ``login`` hands the URL to the user's browser ($BROWSER here: a script
         that notes it), and that URL logs in."""
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
+        daemon = logged_out()
         noted = tmp_path / "opened"
         browser = tmp_path / "browser"
         browser.write_text(f'#!/bin/sh\necho "$1" > {noted}\n')
@@ -176,14 +183,12 @@ class TestLogin:
         assert code == 0, err
 
     async def test_tokens_survive_a_restart_and_are_refreshed_before_they_expire(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """Two-second tokens: calls keep working past many expiries with refreshes, not logins,
         and a new daemon on the same state serves at once with the stored refresh token."""
-        server = servers("--expires", "2")
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out("--expires", "2")
+        logged_in(daemon)
         until(lambda: stats(daemon)["refresh_token"] >= 2, within=patience(20), interval=0.5)
         daemon.kill()
         daemon.start()
@@ -193,15 +198,13 @@ class TestLogin:
         assert counts["authorization_code"] == 1 and counts["registered"] == 1, counts
 
     async def test_per_client_instances_share_the_login_and_its_refreshes(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """Two clients, one upstream session each, two-second tokens with rotating refresh
         tokens: each session picks up what the other refreshed, and nobody is asked to log in
         again."""
-        server = servers("--expires", "2")
-        daemon = daemons({"far": server.entry(instances="per-client")}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out("--expires", "2", entry=dict(instances="per-client"))
+        logged_in(daemon)
         async with gateway_session(daemon.mcp_sock) as one, gateway_session(daemon.mcp_sock) as two:
 
             async def keep_calling(session: Any) -> int:
@@ -221,36 +224,29 @@ class TestLogin:
         assert counts["authorization_code"] == 1 and counts["refresh_token"] >= 3, counts
 
     async def test_a_revoked_login_returns_to_needs_login_once(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
-        server = servers()
-        daemon = daemons({"far": server.entry(ping_interval=0.2)}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out(entry=dict(ping_interval=0.2))
+        logged_in(daemon)
         assert text(daemon.call("far", "revoke_all")) == "revoked"
         status = daemon.wait_state("far", "needs-login")
         assert "mcp-supervisor login far" in status["last_error"], status
         assert daemon.status()["far"]["restarts"] == 0
 
-    async def test_logout_revokes_and_forgets(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
-    ) -> None:
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+    async def test_logout_revokes_and_forgets(self, logged_out: Callable[..., Daemon]) -> None:
+        daemon = logged_out()
+        logged_in(daemon)
         revoked_before = stats(daemon)["revoked"]
         assert "revoked and forgotten" in daemon.ok("logout", "far")
         daemon.wait_state("far", "needs-login")
         assert not list((daemon.state / "oauth").glob("*/far.json"))
-        logged_in(daemon, server)  # the server saw the revocation: count it through a new login
+        logged_in(daemon)  # the server saw the revocation: count it through a new login
         assert stats(daemon)["revoked"] >= revoked_before + 1
 
     async def test_a_preregistered_client_logs_in_with_its_secret(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path
+        self, logged_out: Callable[..., Daemon], tmp_path: Path
     ) -> None:
         port = _free_port()
-        server = servers("--preregistered", f"fixed-client:s3cret:{port}")
         credentials = tmp_path / "credentials"
         credentials.mkdir()
         (credentials / "oauth-secret").write_text("s3cret\n")
@@ -260,22 +256,21 @@ class TestLogin:
             "callback_port": port,
         }
         env = {"CREDENTIALS_DIRECTORY": str(credentials)}
-        daemon = daemons({"far": server.entry(oauth=oauth)}, state=True, env=env)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out(
+            "--preregistered", f"fixed-client:s3cret:{port}", entry=dict(oauth=oauth), env=env
+        )
+        logged_in(daemon)
         assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == "fixed-client"
         assert stats(daemon)["registered"] == 0
 
 
 class TestDevice:
     async def test_a_device_code_logs_in_a_host_without_a_browser(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """``login --device``: the command prints where to go and the code; the person approves
         on another device (here: the URL carrying the code); the daemon, polling, gets the tokens."""
-        server = servers("--device")
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
+        daemon = logged_out("--device")
         login = Login(daemon, "far", "--device")
         assert "/device?user_code=" in login.url, login.outcome()
         assert httpx2.get(login.url, timeout=patience(10)).status_code == 200  # the person approves
@@ -284,31 +279,25 @@ class TestDevice:
         assert text(daemon.call("far", "echo", text="from afar")) == "from afar"
         assert stats(daemon)["device_code"] == 1
 
-    async def test_a_server_without_device_login_says_so(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
-    ) -> None:
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
+    async def test_a_server_without_device_login_says_so(self, logged_out: Callable[..., Daemon]) -> None:
+        daemon = logged_out()
         result = daemon.cli("login", "far", "--device")
         assert result.returncode == 1 and "offers no device login" in result.stderr, result.stderr
 
 
 class TestStepUp:
     async def test_a_call_refused_for_a_wider_scope_waits_for_a_login_that_asks_for_it(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """A 403 ``insufficient_scope`` is a login to wait for, not a crash; the next login asks
         for the scope the server named on top of the one granted, and the call then goes through."""
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
-        logged_in(daemon, server)
+        daemon = logged_out()
+        logged_in(daemon)
         with pytest.raises(RemoteError):
             daemon.call("far", "admin")
         status = daemon.wait_state("far", "needs-login")
         assert "wider scope (mcp admin)" in status["last_error"], status
-        logged_in(daemon, server)
+        logged_in(daemon)
         assert text(daemon.call("far", "admin")) == "admin done"
         assert json.loads(text(daemon.call("far", "whoami")))["scopes"] == ["mcp", "admin"]
 
@@ -334,11 +323,9 @@ class TestMachine:
 
 class TestRefused:
     async def test_another_state_on_the_redirect_is_refused_and_the_login_waits_on(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
+        daemon = logged_out()
         login = Login(daemon, "far", "--no-browser")
         consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
         forged = consent.headers["location"].split("?")[0] + "?code=stolen&state=forged"
@@ -349,14 +336,12 @@ class TestRefused:
         assert code == 0, err
 
     async def test_a_silent_or_oversized_visitor_of_the_receiver_costs_the_login_nothing(
-        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected]
+        self, logged_out: Callable[..., Daemon]
     ) -> None:
         """The loopback receiver is open to every local user while it waits: one connection that
         says nothing and one that sends more than a request head may hold never block the person's
         redirect; a second ``login`` meanwhile joins the one under way (same URL)."""
-        server = servers()
-        daemon = daemons({"far": server.entry()}, state=True)
-        daemon.wait_state("far", "needs-login")
+        daemon = logged_out()
         login = Login(daemon, "far", "--no-browser")
         assert daemon.request("login", {"name": "far"})["url"] == login.url
         consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
@@ -390,14 +375,11 @@ class TestRefused:
     )
     async def test_a_bad_answer_fails_the_login_in_words(
         self,
-        daemons: Callable[..., Daemon],
-        servers: Callable[..., Protected],
+        logged_out: Callable[..., Daemon],
         options: tuple[str, ...],
         words: str,
     ) -> None:
-        server = servers(*options)
-        daemon = daemons({"far": server.entry(max_message_bytes=65536)}, state=True)
-        daemon.wait_state("far", "needs-login")
+        daemon = logged_out(*options, entry=dict(max_message_bytes=65536))
         login = Login(daemon, "far", "--no-browser", "--wait", str(patience(20)))
         if login.url.startswith("http"):
             consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))

@@ -21,6 +21,7 @@ import pytest
 from supervisor.control.client import RemoteError
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
 from tests.harness.timing import fail_after, patience
+from tests.remote import entry
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -48,13 +49,7 @@ class Remote:
             self.proc.wait()
 
     def entry(self, **overrides: Any) -> dict[str, Any]:
-        settings = {
-            "url": self.url,
-            "backoff": {"initial": 0.1, "max": 0.5, "jitter": 0},
-            "start_timeout": patience(10),
-            "stop_timeout": 1,
-        }
-        return {**settings, **overrides}
+        return entry(self.url, **overrides)
 
 
 def text(result: dict[str, Any]) -> str:
