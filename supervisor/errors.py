@@ -51,6 +51,22 @@ class ExtensionUnavailable(SupervisorError):
         self.name, self.state, self.retryable = name, state, retryable
 
 
+class LoginNeeded(ExtensionUnavailable):
+    """A remote extension waits for a login, and the calling client can open URLs (URL-mode
+    elicitation, MCP 2025-11-25): it answers as the protocol's ``URLElicitationRequiredError``
+    (-32042), naming the authorization URL, so the person logs in from the client."""
+
+    code = -32042  # URL_ELICITATION_REQUIRED
+
+    def __init__(self, name: str, url: str, elicitation_id: str) -> None:
+        super().__init__(
+            name, "needs-login", retryable=False, advice="log in at the URL given, then call again"
+        )
+        words = f"Log in to {name!r} (a remote MCP server of mcp-supervisor) to use its tools"
+        elicitation = {"mode": "url", "elicitationId": elicitation_id, "url": url, "message": words}
+        self.data = {"elicitations": [elicitation]}
+
+
 class CallFailed(SupervisorError):
     """A tool call reached the extension but did not produce a result."""
 

@@ -100,6 +100,13 @@ class Facade:
             raise SupervisorError(attempt.error)
         return {"url": attempt.url, "user_code": attempt.user_code, "done": attempt.done.is_set()}
 
+    async def login_url(self, name: str) -> str | None:
+        """The authorization URL of the login of *name* under way (started if none is): for a
+        client that opens URLs (URL-mode elicitation). None where it ended without one."""
+        with contextlib.suppress(SupervisorError):
+            return (await self.login(name))["url"]  # type: ignore[no-any-return]
+        return None
+
     async def login_wait(self, name: str, patience: float) -> Snapshot:
         """Wait up to *patience* s for the login of *name* under way; its status once it started again."""
         ext = self.get(name)

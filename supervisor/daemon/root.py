@@ -126,6 +126,7 @@ class Daemon(Facade, Reloading):
             start_slots=self.start_slots,
             sandbox_context=self.sandbox_context,
             tokens=self.logins.store(name, config),
+            login=functools.partial(self.login_url, name),
         )
 
     def _configure_pins(self, settings: Settings) -> None:
@@ -183,6 +184,7 @@ class Daemon(Facade, Reloading):
                 start_slots=self.start_slots,
                 sandbox_context=self.sandbox_context,
                 tokens=self.logins.store(name, config),  # the host's one login
+                login=functools.partial(self.login_url, name),
             )
             return instance
 

@@ -82,6 +82,10 @@ class Caller(Protocol):
         """Why this client cannot be asked *method* (it did not declare it, ...), or None. Sync."""
         ...
 
+    def opens_urls(self) -> bool:
+        """Whether the client takes URL-mode elicitation (a login it asks its person to open)."""
+        ...
+
     async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         """The client's answer. *patience*: the calls' ``call_timeout``, for a client that must come
         back for the question (a 2026-07-28 client's retry) rather than be sent it.

@@ -9,6 +9,7 @@ child's questions reach its client (:mod:`.asking`), and turn what goes wrong in
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -19,7 +20,7 @@ import structlog
 from mcp import MCPError
 from mcp.shared.dispatcher import ProgressFnT
 
-from supervisor.errors import CallFailed, ExtensionUnavailable, first_line
+from supervisor.errors import CallFailed, ExtensionUnavailable, LoginNeeded, first_line
 from supervisor.extension.asking import Budget, Caller
 from supervisor.extension.inline import Answered, InlineCall
 from supervisor.extension.state import State
@@ -226,7 +227,7 @@ class Calls:
                 if progress is not None:
                     await progress(value, total, message)
 
-            connection = await self._wait_connection()
+            connection = await self._wait_connection(caller)
             self._in_flight += 1
             try:
                 with self._asking.call(connection, caller, budget):
@@ -269,7 +270,18 @@ class Calls:
             return self._connection
         return None
 
-    async def _wait_connection(self) -> Upstream:
+    async def _wait_connection(self, caller: Caller | None = None) -> Upstream:
+        """The running connection, once there is one; a call to an extension that is not on its
+        way fails at once, naming what brings it back (for a client that opens URLs, the login)."""
+        try:
+            return await self._await_running()
+        except ExtensionUnavailable as exc:
+            asks = exc.state == State.NEEDS_LOGIN.value and caller is not None and caller.opens_urls()
+            if asks and self._login is not None and (url := await self._login()) is not None:
+                raise LoginNeeded(self.name, url, f"{self.name}-{secrets.token_hex(8)}") from None
+            raise
+
+    async def _await_running(self) -> Upstream:
         started = False
         while True:
             changed = self._changed

@@ -9,7 +9,7 @@ event, so any number of concurrent ``stop()`` calls share one teardown.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -94,10 +94,12 @@ class Extension(Calls, Watcher):
         start_slots: startup.StartSlots | None = None,
         sandbox_context: sandbox.Context | None = None,
         tokens: TokenStore | None = None,
+        login: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.tokens = tokens  # a remote server's OAuth login (see supervisor.remote.auth)
+        self._login = login  # starts (or joins) that login: its authorization URL, for a client to open
         self.policy = _policy_of(config)
         self._env, self._credentials = launch.environment(environ, config)  # secrets filled at each run
         self._head_start: launch.Launched | None = None  # a first run the daemon spawned for it
@@ -210,7 +212,10 @@ class Extension(Calls, Watcher):
         return [tool.model_copy(deep=True) for tool in self.listing().tools]
 
     def listing(self) -> Listing:
-        """What the running child offers (dormant: the saved listing). Shared: do not change it."""
+        """What the running child offers (dormant, or waiting for a login: the saved listing).
+        Shared: do not change it."""
+        if self._demand is not None and self._snapshot.state is State.NEEDS_LOGIN:
+            return self._demand.saved or Listing()  # a call asks for the login (URL elicitation)
         if self._demand is None or not self._demand.stands_in:
             return self._listing
         if self.dormant:

@@ -29,7 +29,8 @@ from supervisor.upstream.listing import Listing
 __all__ = ("MAX_ROUTES", "Extensions", "Router")
 
 MAX_ROUTES = 4096  # cached routes (catalog names x views in use); past it, the cache starts over
-_LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF})  # their last listing stays shown
+# Their last listing stays shown (waiting for a login: the saved one, so that a call can ask for it).
+_LIVE = frozenset({State.STARTING, State.RUNNING, State.BACKOFF, State.NEEDS_LOGIN})
 _NOTHING = Listing()  # what a stopped extension lists (one object: catalogs compare listings by identity)
 
 

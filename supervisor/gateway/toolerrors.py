@@ -6,7 +6,7 @@ from typing import Any
 
 import mcp_types as types
 
-from supervisor.errors import CallFailed, ExtensionUnavailable
+from supervisor.errors import CallFailed, ExtensionUnavailable, LoginNeeded
 
 __all__ = ("is_tool_error", "raw_tool_error")
 
@@ -16,7 +16,10 @@ _AS_TOOL_ERROR = (None, types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
 
 
 def is_tool_error(exc: ExtensionUnavailable | CallFailed) -> bool:
-    """Whether *exc* answers as a tool error (``isError``) rather than a JSON-RPC error."""
+    """Whether *exc* answers as a tool error (``isError``) rather than a JSON-RPC error (a login
+    the client is asked to open is the protocol's own error)."""
+    if isinstance(exc, LoginNeeded):
+        return False
     return isinstance(exc, ExtensionUnavailable) or (not exc.from_child and exc.code in _AS_TOOL_ERROR)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from mcp import MCPError
 
 from supervisor.control.client import RemoteError
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
@@ -64,13 +65,11 @@ def logged_out(daemons: Callable[..., Daemon], servers: Callable[..., Protected]
     """A protected server (with these options) and a daemon whose extension ``far`` of it waits
     in needs-login (*entry*: more of its settings; the rest: the daemon's options)."""
 
-    def start(
-        *options: str, entry: dict[str, Any] | None = None, **daemon_options: Any
-    ) -> tuple[Daemon, Protected]:
+    def start(*options: str, entry: dict[str, Any] | None = None, **daemon_options: Any) -> Daemon:
         server = servers(*options)
         daemon = daemons({"far": server.entry(**(entry or {}))}, state=True, **daemon_options)
         daemon.wait_state("far", "needs-login")
-        return daemon, server
+        return daemon
 
     return start
 
@@ -86,16 +85,20 @@ class Login:
         self.url = self.proc.stdout.readline().strip()
 
     def approve(self) -> httpx2.Response:
-        """Follow the authorization URL, as the browser does: the server consents at once and
-        redirects to the daemon's loopback receiver."""
         assert self.url.startswith("http://127.0.0.1:"), self.outcome()
-        consent = httpx2.get(self.url, follow_redirects=False, timeout=patience(10))
-        assert consent.status_code in (302, 303, 307), consent.text
-        return httpx2.get(consent.headers["location"], timeout=patience(10))
+        return approve(self.url)
 
     def outcome(self) -> tuple[int, str, str]:
         out, err = self.proc.communicate(timeout=patience(30))
         return self.proc.returncode, out, err
+
+
+def approve(url: str) -> httpx2.Response:
+    """Follow the authorization *url*, as the browser does: the server consents at once and
+    redirects to the daemon's loopback receiver, whose answer this is."""
+    consent = httpx2.get(url, follow_redirects=False, timeout=patience(10))
+    assert consent.status_code in (302, 303, 307), consent.text
+    return httpx2.get(consent.headers["location"], timeout=patience(10))
 
 
 def stats(daemon: Daemon, name: str = "far") -> dict[str, int]:
@@ -262,6 +265,36 @@ class TestLogin:
         logged_in(daemon)
         assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == "fixed-client"
         assert stats(daemon)["registered"] == 0
+
+
+class TestFromTheClient:
+    @pytest.mark.parametrize("path", ["sdk", "fast"])
+    async def test_a_client_that_opens_urls_is_asked_to_log_in(
+        self, logged_out: Callable[..., Daemon], path: str
+    ) -> None:
+        """A 2025-11-25 client declaring URL-mode elicitation that calls a tool of a logged-out
+        server gets URLElicitationRequiredError (-32042) naming the authorization URL; once its
+        person followed it, the same call goes through. On the SDK's path, and on the fast path
+        (a client that listed tools)."""
+        daemon = logged_out(entry={"ping_interval": 0.2})
+        logged_in(daemon)  # its tools are known (and saved) from now on
+        assert text(daemon.call("far", "revoke_all")) == "revoked"
+        daemon.wait_state("far", "needs-login")
+
+        async def elicit(context: Any, params: Any) -> Any:
+            raise AssertionError("the gateway answers with the error; it does not ask")
+
+        async with gateway_session(daemon.mcp_sock, elicitation_callback=elicit) as session:
+            if path == "fast":
+                assert "far__echo" in {tool.name for tool in (await session.list_tools()).tools}
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("far__echo", {"text": "hi"})
+            assert refused.value.error.code == -32042, refused.value.error
+            (asked,) = refused.value.error.data["elicitations"]
+            assert asked["mode"] == "url" and asked["elicitationId"] and "far" in asked["message"]
+            assert approve(asked["url"]).status_code == 200
+            daemon.wait_state("far", "running")
+            assert first_text(await session.call_tool("far__echo", {"text": "hi"})) == "hi"
 
 
 class TestDevice:

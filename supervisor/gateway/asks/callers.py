@@ -38,6 +38,7 @@ __all__ = (
     "SessionCaller",
     "UnaskableCaller",
     "capability_refusal",
+    "opens_urls",
     "result_type",
 )
 
@@ -67,6 +68,14 @@ def capability_refusal(capabilities: types.ClientCapabilities | None, method: st
     return None
 
 
+def opens_urls(connection: Connection | None) -> bool:
+    """Whether a handshake-era client declared URL-mode elicitation (MCP 2025-11-25). Pure."""
+    if connection is None or connection.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return False
+    elicitation = connection.client_capabilities.elicitation if connection.client_capabilities else None
+    return elicitation is not None and elicitation.url is not None
+
+
 def result_type(request: types.ServerRequest) -> type[BaseModel]:
     """The model a client's answer to *request* must validate as."""
     if isinstance(request, types.CreateMessageRequest):
@@ -92,6 +101,9 @@ class SessionCaller:
     def client(self) -> Session:
         return self._session
 
+    def opens_urls(self) -> bool:
+        return opens_urls(self._connection)
+
     def refusal(self, method: str) -> str | None:
         refusal = _refusal(self._connection, method)
         if refusal is None and not self._ctx.session.can_send_request:
@@ -113,6 +125,9 @@ class FastCaller:
     @property
     def client(self) -> Session:
         return self._session
+
+    def opens_urls(self) -> bool:
+        return opens_urls(self._session.connection)
 
     def refusal(self, method: str) -> str | None:
         if self._session.connection is None:  # cannot happen: the fast path opens once it is noted
@@ -136,6 +151,9 @@ class UnaskableCaller(FastCaller):
     """The client of a 2026-07-28 fast call (over HTTP), which declared none of sampling,
     elicitation and roots: each question of the child is refused as the SDK's path refuses it
     for such a client (it never becomes an input-required result)."""
+
+    def opens_urls(self) -> bool:
+        return False
 
     def refusal(self, method: str) -> str | None:
         return capability_refusal(None, method)

@@ -133,6 +133,9 @@ class ParkedCaller:
         # a retry that may never come, and over stdio a child's request does not say which it serves.
         return self._call
 
+    def opens_urls(self) -> bool:
+        return False  # a 2026-07-28 client: no URL-mode elicitation in its era
+
     def refusal(self, method: str) -> str | None:
         call = self._call
         refusal = capability_refusal(call.capabilities, method)

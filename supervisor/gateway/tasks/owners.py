@@ -101,6 +101,9 @@ class TaskCaller:
     def refusal(self, method: str) -> str | None:
         return self._caller.refusal(method)
 
+    def opens_urls(self) -> bool:
+        return self._caller.opens_urls()
+
     async def ask(self, request: types.ServerRequest, patience: float) -> types.ClientResult:
         params = request.params
         meta = params.meta if params is not None else None
