@@ -215,6 +215,28 @@ class OAuthSettings(Frozen):
     scopes: list[Annotated[str, AfterValidator(_scope)]] | None = None  # None: what the server asks
     grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
     callback_port: int | None = Field(None, ge=1024, le=65535, alias="callbackPort")  # None: any free one
+    # A Client ID Metadata Document you host (https, with a path): its URL is the client's id at
+    # a server that takes them, instead of a registration there. Its redirect URI names callback_port.
+    client_metadata_url: str | None = Field(None, alias="clientMetadataUrl")
+
+    @model_validator(mode="after")
+    def _document_names_its_port(self) -> OAuthSettings:
+        url = self.client_metadata_url
+        if url is None:
+            return self
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "https" or not parsed.hostname or parsed.path in ("", "/"):
+            raise PydanticCustomError(
+                "client_metadata_url",
+                "'client_metadata_url' must be an https:// URL with a path, not '{url}'",
+                {"url": url},
+            )
+        if self.callback_port is None:
+            raise PydanticCustomError(
+                "client_metadata_url",
+                "'client_metadata_url' needs 'callback_port': the port of the document's redirect URI",
+            )
+        return self
 
     @model_validator(mode="after")
     def _machine_needs_its_credentials(self) -> OAuthSettings:

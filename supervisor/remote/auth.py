@@ -187,7 +187,10 @@ class _RunAuth(StoredAuth):
     def __init__(
         self, store: TokenStore, url: str, settings: OAuthSettings, on_required: Callable[[str], None]
     ) -> None:
-        super().__init__(store, url, client_metadata(settings, 0))
+        port = settings.callback_port or 0
+        super().__init__(
+            store, url, client_metadata(settings, port), client_metadata_url=settings.client_metadata_url
+        )
         self._on_required = on_required
         self._refused: str | None = None  # the access token a 401 just refused
 

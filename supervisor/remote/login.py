@@ -40,6 +40,7 @@ from supervisor.remote.auth import (
     configured_client,
     exposed,
     exposed_words,
+    redirect_uri,
 )
 from supervisor.remote.tokens import TokenStore
 
@@ -208,6 +209,13 @@ async def log_in(
             for endpoint in (url, token):
                 if exposed(endpoint, config):
                     raise LoginFailed(exposed_words(endpoint))
+            ours = redirect_uri(receiver.port)
+            client = provider.context.client_info
+            registered = [str(uri) for uri in (client.redirect_uris or [])] if client is not None else []
+            if registered and ours not in registered:  # the browser would take the code elsewhere
+                raise LoginFailed(
+                    f"refused: the client is registered for {', '.join(map(shown, registered))}, not {ours}"
+                )
             state = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("state", [""])[0]
             receiver.expect(state)
             on_url(url)
@@ -218,6 +226,7 @@ async def log_in(
             client_metadata(settings, receiver.port),
             redirect_handler=redirect,
             callback_handler=receiver.result,
+            client_metadata_url=settings.client_metadata_url,
         )
         try:
             status = await knock(config, provider, headers)

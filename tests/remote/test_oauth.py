@@ -267,6 +267,21 @@ class TestLogin:
         assert stats(daemon)["registered"] == 0
 
 
+class TestMetadataDocument:
+    async def test_a_server_taking_client_id_metadata_documents_gets_the_url_as_client_id(
+        self, logged_out: Callable[..., Daemon]
+    ) -> None:
+        """``client_metadata_url``: where the server advertises Client ID Metadata Documents, the
+        login uses the document's URL as its client id and registers nothing."""
+        port = _free_port()
+        document = "https://clients.example/mcp-supervisor.json"
+        oauth = {"client_metadata_url": document, "callback_port": port}
+        daemon = logged_out("--cimd", str(port), entry={"oauth": oauth})
+        logged_in(daemon)
+        assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == document
+        assert stats(daemon)["registered"] == 0
+
+
 class TestFromTheClient:
     @pytest.mark.parametrize("path", ["sdk", "fast"])
     async def test_a_client_that_opens_urls_is_asked_to_log_in(

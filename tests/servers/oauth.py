@@ -14,6 +14,10 @@ is the person's consent. Options:
 - ``--device``: the device authorization grant (RFC 8628) too: ``device_authorization_endpoint``
   in the metadata, ``/device_authorization``, and ``/device?user_code=CODE`` where the person
   approves (GET: at once).
+- ``--cimd PORT``: Client ID Metadata Documents are advertised; an https client id is taken as
+  such a client, its redirect URI ``http://127.0.0.1:PORT/callback`` (the document is not
+  fetched: this fixture trusts it).
+- ``--register-redirect URL``: a registration is answered with this redirect URI instead.
 - ``--deny``: every authorization is refused (``error=access_denied``).
 - ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
 - ``--authorize-at URL``: its metadata sends the person there to log in.
@@ -63,14 +67,22 @@ STATS: dict[str, int] = {
 class Provider:
     """An in-memory authorization server that consents at once (see the module)."""
 
-    def __init__(self, expires: int, deny: bool) -> None:
-        self.expires, self.deny = expires, deny
+    def __init__(self, expires: int, deny: bool, cimd_port: int | None = None) -> None:
+        self.expires, self.deny, self.cimd_port = expires, deny, cimd_port
         self.clients: dict[str, OAuthClientInformationFull] = {}
         self.codes: dict[str, AuthorizationCode] = {}
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        if client_id.startswith("https://") and self.cimd_port is not None:  # a metadata document's
+            redirect = f"http://127.0.0.1:{self.cimd_port}/callback"
+            return OAuthClientInformationFull(
+                client_id=client_id,
+                redirect_uris=[redirect],  # type: ignore[list-item]
+                token_endpoint_auth_method="none",
+                scope="mcp admin",
+            )
         return self.clients.get(client_id)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
@@ -157,7 +169,7 @@ class Provider:
 
 
 def build(base: str, options: argparse.Namespace) -> Any:
-    provider = Provider(options.expires, options.deny)
+    provider = Provider(options.expires, options.deny, options.cimd)
     registration = ClientRegistrationOptions(
         enabled=options.preregistered is None, valid_scopes=["mcp", "admin"], default_scopes=["mcp"]
     )
@@ -232,6 +244,8 @@ class _Lies:
         self.app, self.base, self.provider, self.machine = app, base, provider, machine
         self.issuer, self.token_bytes, self.device = options.issuer, options.token_bytes, options.device
         self.authorize_at = options.authorize_at
+        self.register_redirect = options.register_redirect
+        self.cimd = options.cimd
         self.devices: dict[str, dict[str, Any]] = {}  # device code -> its user code, client, approval
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -254,6 +268,12 @@ class _Lies:
             await _answer(send, 200, b'{"padding": "' + b"x" * self.token_bytes + b'"}')
             return
         if scope["type"] == "http" and self.device and await self._device(scope, receive, send):
+            return
+        if scope["type"] == "http" and self.cimd and path == "/.well-known/oauth-authorization-server":
+            await self._patched(scope, receive, send, {"client_id_metadata_document_supported": True})
+            return
+        if scope["type"] == "http" and self.register_redirect and path == "/register":
+            await self._patched(scope, receive, send, {"redirect_uris": [self.register_redirect]})
             return
         if scope["type"] == "http" and self.machine and path == "/token":
             body = await _read(receive)
@@ -282,16 +302,8 @@ class _Lies:
         """The device grant's endpoints; whether this request was one of them (else untouched)."""
         path, query = scope.get("path", ""), scope.get("query_string", b"").decode()
         if path == "/.well-known/oauth-authorization-server":
-            parts: list[bytes] = []
-
-            async def keep(message: dict[str, Any]) -> None:
-                if message["type"] == "http.response.body":
-                    parts.append(message.get("body", b""))
-
-            await self.app(scope, receive, keep)
-            document = json.loads(b"".join(parts))
-            document["device_authorization_endpoint"] = f"{self.base}/device_authorization"
-            await _answer(send, 200, json.dumps(document).encode())
+            extra = {"device_authorization_endpoint": f"{self.base}/device_authorization"}
+            await self._patched(scope, receive, send, extra)
             return True
         if path == "/device":
             user_code = urllib.parse.parse_qs(query).get("user_code", [""])[0]
@@ -346,6 +358,18 @@ class _Lies:
             await _answer(send, 200, token.model_dump_json(exclude_none=True).encode())
         return True
 
+    async def _patched(self, scope: dict[str, Any], receive: Any, send: Any, extra: dict[str, Any]) -> None:
+        """The app's JSON answer with *extra* members."""
+        parts: list[bytes] = []
+
+        async def keep(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                parts.append(message.get("body", b""))
+
+        await self.app(scope, receive, keep)
+        document = json.loads(b"".join(parts))
+        await _answer(send, 200, json.dumps({**document, **extra}).encode())
+
     def _has_admin(self, scope: dict[str, Any]) -> bool:
         headers = dict(scope.get("headers") or [])
         token = headers.get(b"authorization", b"").decode().removeprefix("Bearer ")
@@ -399,6 +423,8 @@ if __name__ == "__main__":
     parser.add_argument("--preregistered", metavar="ID:SECRET")
     parser.add_argument("--machine", metavar="ID:SECRET")
     parser.add_argument("--device", action="store_true")
+    parser.add_argument("--cimd", type=int, metavar="PORT")
+    parser.add_argument("--register-redirect", metavar="URL")
     parser.add_argument("--deny", action="store_true")
     parser.add_argument("--issuer")
     parser.add_argument("--authorize-at")
