@@ -228,6 +228,31 @@ class TestClientCompatibility:
                 RemoteConfig(url=url)
         assert RemoteConfig(url=url, allow_http=True).allow_http
 
+    @pytest.mark.parametrize(
+        ("oauth", "where", "error"),
+        [
+            ("{grant: client_credentials, client_id: ci}", "",
+             "'grant: client_credentials' needs 'client_id' and 'client_secret'"),
+            ("{scopes: ['read write']}", ".scopes.0",
+             "'read write' is not one OAuth scope (printable, no spaces)"),
+            ("{client_metadata_url: 'http://example.org/c.json', callback_port: 8976}", "",
+             "'client_metadata_url' must be an https:// URL with a path, not 'http://example.org/c.json'"),
+            ("{client_metadata_url: 'https://example.org/c.json'}", "",
+             "'client_metadata_url' needs 'callback_port': the port of the document's redirect URI"),
+            ("{client_id: x, secret: y}", ".secret", "Extra inputs are not permitted"),
+        ],
+    )  # fmt: skip
+    def test_oauth_settings_that_cannot_work_name_the_field_and_line(
+        self, write, oauth: str, where: str, error: str
+    ) -> None:
+        config = f"extensions:\n  far:\n    url: https://example.com/mcp\n    oauth: {oauth}\n"
+        assert errors_of(write(config)) == (f"extensions.far.oauth{where} (line 4): {error}",)
+
+    def test_client_spellings_of_oauth_load(self, write) -> None:
+        entry = "url: https://example.com/mcp, oauth: {clientId: x, callbackPort: 9000}"
+        oauth = load(write(f"mcpServers:\n  far: {{{entry}}}\n"), environ={}).extensions["far"].oauth
+        assert (oauth.client_id, oauth.callback_port) == ("x", 9000)
+
     @pytest.mark.parametrize("name", ["Host", "content-length", "Mcp-Session-Id", "bad name", ""])
     def test_headers_the_transport_sets_or_that_are_no_names_are_refused(self, name: str) -> None:
         with pytest.raises(ValidationError, match="header"):
