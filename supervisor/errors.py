@@ -9,6 +9,7 @@ __all__ = (
     "ConfigError",
     "DaemonUnreachable",
     "ExtensionUnavailable",
+    "LoginNeeded",
     "SpawnError",
     "StartFailed",
     "SupervisorError",
