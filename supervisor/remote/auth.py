@@ -193,8 +193,22 @@ class _RunAuth(StoredAuth):
         )
         self._on_required = on_required
         self._refused: str | None = None  # the access token a 401 just refused
+        self._loaded = -1  # the store's version this run's tokens are
+        self.context.lock = store.runs_lock  # the runs of one login refresh one at a time
+
+    @property  # type: ignore[override]
+    def _initialized(self) -> bool:
+        """Read under the lock by the SDK's flow: False once another run of the same login (a
+        per-client instance) changed the tokens, so this one reads them again, not refreshing
+        with a refresh token already rotated away."""
+        return bool(self.__dict__.get("_ready")) and self._loaded == self.store.version
+
+    @_initialized.setter
+    def _initialized(self, ready: bool) -> None:
+        self.__dict__["_ready"] = ready
 
     async def _initialize(self) -> None:
+        self._loaded = self.store.version
         await super()._initialize()
         tokens = self.context.current_tokens
         if tokens is not None and self._refused is not None and tokens.access_token == self._refused:

@@ -63,6 +63,8 @@ class TokenStore:
         self.name, self.url = name, url
         self.configured = client  # a pre-registered client (its redirect URI is set by a login)
         self._record: dict[str, Any] | None = None
+        self.version = 0  # counts changes of the tokens: a run holding older ones reads them again
+        self.runs_lock = anyio.Lock()  # held by a run while it signs or refreshes: one refresh at a time
 
     # The SDK's TokenStorage.
 
@@ -85,6 +87,7 @@ class TokenStore:
         record = await self._load()
         record["tokens"] = tokens.model_dump(mode="json", exclude_none=True)
         record["expires_at"] = None if tokens.expires_in is None else time.time() + int(tokens.expires_in)
+        self.version += 1
         await self._save(record)
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
@@ -142,6 +145,7 @@ class TokenStore:
     async def forget_tokens(self) -> None:
         """Drop the tokens, keep the registration: the next login registers no new client."""
         record = await self._load()
+        self.version += 1
         if record.pop("tokens", None) is not None or record.pop("expires_at", None) is not None:
             await self._save(record)
 
@@ -150,11 +154,13 @@ class TokenStore:
         record = await self._load()
         for key in ("client", "tokens", "expires_at"):
             record.pop(key, None)
+        self.version += 1
         await self._save(record)
 
     async def forget(self) -> bool:
         """Remove the whole login; whether there was one."""
         self._record = {}
+        self.version += 1
         return await anyio.to_thread.run_sync(remove_private, self.path)
 
     async def login(self) -> Login:

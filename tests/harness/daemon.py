@@ -238,7 +238,15 @@ class Daemon:
     # ---- the control socket, in this process -------------------------------------------------
 
     def request(self, method: str, params: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
-        return rpc(self.socket, method, params, timeout)
+        """:func:`rpc` on its socket; a daemon that is not there says why (its exit, its log's end)."""
+        try:
+            return rpc(self.socket, method, params, timeout)
+        except DaemonUnreachable as exc:
+            code = self.proc.poll() if self.proc is not None else None
+            tail = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else "(no log)"
+            raise DaemonUnreachable(
+                self.socket, f"{exc} (exit status {code}); its log ends:\n{tail}"
+            ) from None
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Every extension's status record, by name."""
