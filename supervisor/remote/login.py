@@ -8,7 +8,9 @@ and opens it) and waits for the browser's redirect on a loopback port (RFC 8252)
 The receiver is a listener anyone on the host can reach, so it trusts nothing: a request must
 carry the ``state`` of this login's URL (any other is answered 400 and the login waits on), each
 connection has :data:`HEAD_DEADLINE` to send at most :data:`MAX_HEAD` bytes, and at most
-:data:`MAX_CONNECTIONS` are served at once. The page it answers shows no code and no token.
+:data:`MAX_CONNECTIONS` are served at once, a new one closing the oldest (so that local users
+holding silent connections cannot keep the person's redirect out). The page it answers shows
+no code and no token.
 
 :func:`log_out` revokes the tokens where the server offers revocation (RFC 7009), then forgets them.
 """
@@ -79,7 +81,7 @@ class Receiver:
         self._result: AuthorizationCodeResult | None = None
         self._error: str | None = None
         self._arrived = anyio.Event()
-        self._serving = 0
+        self._serving: list[anyio.CancelScope] = []  # the connections being served, oldest first
 
     @classmethod
     @asynccontextmanager
@@ -109,13 +111,21 @@ class Receiver:
     async def _accept(self, tasks: anyio.abc.TaskGroup) -> None:
         while True:
             connection = await self._listener.accept()
-            if self._serving >= MAX_CONNECTIONS:
-                await connection.aclose()
-                continue
-            self._serving += 1
-            tasks.start_soon(self._serve, connection)
+            if len(self._serving) >= MAX_CONNECTIONS:  # the oldest makes room: silent ones block nothing
+                self._serving.pop(0).cancel()
+            scope = anyio.CancelScope()
+            self._serving.append(scope)
+            tasks.start_soon(self._serve, connection, scope)
 
-    async def _serve(self, connection: anyio.abc.SocketStream) -> None:
+    async def _serve(self, connection: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._answer_one(connection)
+        finally:
+            if scope in self._serving:
+                self._serving.remove(scope)
+
+    async def _answer_one(self, connection: anyio.abc.SocketStream) -> None:
         try:
             async with connection:
                 head = b""
@@ -128,8 +138,6 @@ class Receiver:
                 await connection.send(_page(status, page))
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
-        finally:
-            self._serving -= 1
 
     def _answer(self, request_line: bytes) -> tuple[str, str]:
         """The status and the words for one request; a redirect of this login settles it."""

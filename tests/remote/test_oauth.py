@@ -21,6 +21,7 @@ import pytest
 from mcp import MCPError
 
 from supervisor.control.client import RemoteError
+from supervisor.remote.login import MAX_CONNECTIONS
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
 from tests.harness.timing import patience
 from tests.remote import entry
@@ -386,14 +387,16 @@ class TestRefused:
     async def test_a_silent_or_oversized_visitor_of_the_receiver_costs_the_login_nothing(
         self, logged_out: Callable[..., Daemon]
     ) -> None:
-        """The loopback receiver is open to every local user while it waits: one connection that
-        says nothing and one that sends more than a request head may hold never block the person's
-        redirect; a second ``login`` meanwhile joins the one under way (same URL)."""
+        """The loopback receiver is open to every local user while it waits: connections that say
+        nothing (as many as it serves at once, and one more) and one that sends more than a request
+        head never block the person's redirect; a second ``login`` meanwhile joins the one under
+        way (same URL)."""
         daemon = logged_out()
         login = Login(daemon, "far", "--no-browser")
         assert daemon.request("login", {"name": "far"})["url"] == login.url
         consent = httpx2.get(login.url, follow_redirects=False, timeout=patience(10))
         port = int(consent.headers["location"].split(":")[2].split("/")[0])
+        holders = [socket.create_connection(("127.0.0.1", port)) for _ in range(MAX_CONNECTIONS)]
         with socket.create_connection(("127.0.0.1", port)) as silent:
             with socket.create_connection(("127.0.0.1", port)) as flooding:
                 flooding.sendall(b"GET /callback?" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n")
@@ -407,6 +410,8 @@ class TestRefused:
             code, _, err = login.outcome()
             assert code == 0, err
             assert silent.fileno() >= 0
+        for holder in holders:
+            holder.close()
 
     @pytest.mark.parametrize(
         ("options", "words"),
