@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("extension",),
     ("gateway",),
     ("control",),
+    ("dashboard",),
     ("daemon",),
     ("cli",),
 )
@@ -107,8 +108,10 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("http",),
     ),
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
+    "dashboard": (("passes", "live"), ("pages",)),
     "daemon": (
-        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken", "logins"),
+        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken", "logins",
+         "web"),
         ("headstart", "facade"),
         ("root",),
         ("run",),

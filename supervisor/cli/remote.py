@@ -22,7 +22,19 @@ if TYPE_CHECKING:
 
 from supervisor.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, fail, print_json
 
-__all__ = ("action", "approve", "call", "health", "login", "logout", "logs", "reload", "status", "tools")
+__all__ = (
+    "action",
+    "approve",
+    "call",
+    "dashboard",
+    "health",
+    "login",
+    "logout",
+    "logs",
+    "reload",
+    "status",
+    "tools",
+)
 
 _QUERY_TIMEOUT = 30.0  # status, tools, logs: they answer from memory
 _LOGIN_START = 90.0  # the servers' metadata and a registration, before the URL is known
@@ -209,6 +221,18 @@ async def login(args: argparse.Namespace) -> int:
     reason = record.get("last_error") or f"it is {record['state']}"
     fail(f"logged in, but {args.name!r} is not running: {reason}")
     return EXIT_FAILED
+
+
+async def dashboard(args: argparse.Namespace) -> int:
+    """Print the dashboard's URL (its code works once, for two minutes); open it where there is a display."""
+    params = {"read_only": True} if args.read_only else {}
+    opened = await client.request(args.socket, "dashboard", params, timeout=_QUERY_TIMEOUT)
+    mode = " (read-only)" if opened["read_only"] else ""
+    print(f"The dashboard{mode}: this link works once, within {opened['expires_in']:g}s:", file=sys.stderr)
+    print(opened["url"], flush=True)
+    if not args.no_browser and _has_display():
+        await anyio.to_thread.run_sync(_open_browser, opened["url"])
+    return EXIT_OK
 
 
 def _has_display() -> bool:

@@ -53,6 +53,7 @@ from supervisor.paths import default_config_path, default_socket_path, is_loopba
 __all__ = (
     "BackoffConfig",
     "ConfigError",
+    "DashboardConfig",
     "ExtensionConfig",
     "GatewayConfig",
     "HttpConfig",
@@ -108,6 +109,17 @@ class GatewayConfig(Frozen):
 
     http: HttpConfig = HttpConfig()
     max_name_length: int = Field(64, ge=16, le=64)  # exposed tool/prompt names; clients cap at 64
+
+
+class DashboardConfig(Frozen):
+    """The web page on the HTTP listener (``/``), opened by ``mcp-supervisor dashboard``.
+
+    With the HTTP gateway off, the listener starts at the first ``dashboard`` command, serving
+    the page only. ``read_only``: every page shows, nothing can be started, stopped or approved.
+    """
+
+    enabled: bool = True
+    read_only: bool = False
 
 
 DEFAULT_MAX_TOOLS = 128  # many clients take at most 128 tools (some 40 or 50)
@@ -172,6 +184,7 @@ class Settings(BaseSettings):
     start_slots: int | None = Field(None, ge=1, le=1024)  # starts at once; None: about two per core
     spool: SpoolConfig = SpoolConfig()
     gateway: GatewayConfig = GatewayConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     sandbox_defaults: SandboxConfig = (
         SandboxConfig()
     )  # the base of every extension's sandbox: (before extensions)

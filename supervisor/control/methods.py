@@ -50,6 +50,7 @@ class Backend(Protocol):
     async def login(self, name: str, *, device: bool = False) -> dict[str, Any]: ...  # its URL (and code)
     async def login_wait(self, name: str, patience: float) -> Snapshot: ...
     async def logout(self, name: str) -> dict[str, Any]: ...
+    async def dashboard(self, *, read_only: bool = False) -> dict[str, Any]: ...  # its URL, with a code
 
 
 class _Params(BaseModel):
@@ -94,6 +95,10 @@ class _Login(_Params):
 class _LoginWait(_Params):
     name: str = Field(min_length=1)
     wait: float = Field(600.0, gt=0, le=3600)  # seconds for the person to log in
+
+
+class _Dashboard(_Params):
+    read_only: bool = False  # this code's session may look, not act
 
 
 class _Health(_Params):
@@ -203,6 +208,10 @@ async def _logout(backend: Backend, params: _Name) -> dict[str, Any]:
     return await backend.logout(params.name)
 
 
+async def _dashboard(backend: Backend, params: _Dashboard) -> dict[str, Any]:
+    return await backend.dashboard(read_only=params.read_only)
+
+
 async def _health(backend: Backend, params: _Health) -> dict[str, Any]:
     if params.format == "prometheus":
         return {"text": backend.metrics_text()}
@@ -225,5 +234,6 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "login": Method(_Login, _login),
         "login_wait": Method(_LoginWait, _login_wait),
         "logout": Method(_Name, _logout),
+        "dashboard": Method(_Dashboard, _dashboard),
     }
 )

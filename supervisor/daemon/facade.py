@@ -18,6 +18,7 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from supervisor.config.extension import RemoteConfig
 from supervisor.daemon.health import cgroup_of, process_stats
+from supervisor.dashboard.passes import CODE_TTL
 from supervisor.errors import SupervisorError, UnknownExtension
 from supervisor.extension.instances import Instances, figures
 from supervisor.extension.state import Snapshot, State
@@ -134,6 +135,27 @@ class Facade:
             await self._restart(name)
         return {"revoked": revoked, "status": ext.snapshot().as_dict()}
 
+    async def dashboard(self, *, read_only: bool = False) -> dict[str, Any]:
+        """The dashboard's URL with a new one-time code; the HTTP listener opens now if it is not open.
+
+        Raises:
+            SupervisorError: the config turns the dashboard off, or its address cannot be bound.
+        """
+        if not self.settings.dashboard.enabled:
+            raise SupervisorError("the dashboard is off in the config (dashboard.enabled: false)")
+        if self.web is None:
+            raise SupervisorError("the daemon is still starting; try again in a moment")
+        listening = await self.web.open(mcp=False)
+        host = self.settings.gateway.http.host
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # bound to all: visit one
+        host = f"[{host}]" if ":" in host else host
+        code = self.dashboard_app.passes.issue(read_only=read_only)
+        return {
+            "url": f"http://{host}:{listening.port}/dashboard/login?code={code}",
+            "read_only": read_only or self.settings.dashboard.read_only,
+            "expires_in": CODE_TTL,
+        }
+
     def tools(self, name: str | None = None) -> list[tuple[str, types.Tool]]:
         chosen = [self.get(name)] if name is not None else self._extensions.values()
         return [(ext.name, tool) for ext in chosen for tool in ext.tools()]
@@ -174,6 +196,7 @@ class Facade:
         pins = self._pins[name]
         approved = pins.approve(tool)
         await pins.save()
+        self.changes.bump()
         return approved
 
     def health(self) -> dict[str, Any]:

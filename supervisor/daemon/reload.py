@@ -62,6 +62,7 @@ class Reloading:
             self.notifier.ready(self.summary())
             self.gateway.set_profiles(new.profiles)
             self.gateway.invalidate()
+            self.changes.bump()  # the dashboard's pages show the config's new settings
             await self.prune_catalogs()
         report = {
             "added": added,

@@ -28,6 +28,8 @@ from supervisor.daemon.logins import Logins
 from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
+from supervisor.daemon.web import Web
+from supervisor.dashboard import Dashboard, Passes, Pulse
 from supervisor.errors import ExtensionUnavailable, UnknownExtension
 from supervisor.extension import launch
 from supervisor.extension.demand import Demand
@@ -97,6 +99,9 @@ class Daemon(Facade, Reloading):
         self.usage = resources.Sampler(
             self.marker_prefix, self._subtree
         )  # each tree's RSS/CPU, read once a second
+        self.changes = Pulse()  # each state change, for the dashboard's live pages
+        self.dashboard_app = Dashboard(self, Passes(), settings=lambda: self.settings.dashboard)
+        self.web: Web | None = None  # the HTTP listener, once run() serves the gateway
         self.gateway = Gateway(
             self,
             spool_dir=self.spool.run_dir,
@@ -164,6 +169,7 @@ class Daemon(Facade, Reloading):
 
             def changed(snapshot: Snapshot) -> None:
                 nonlocal last_run
+                self.changes.bump()
                 if snapshot.state is State.RUNNING and snapshot.run != last_run:
                     if last_run is not None:  # a new run knows nothing of its client's subscriptions
                         self.gateway.instance_restarted(instance, client)
@@ -254,6 +260,7 @@ class Daemon(Facade, Reloading):
         return ", ".join(parts) or "no extensions"
 
     def _state_changed(self, snapshot: Snapshot) -> None:
+        self.changes.bump()
         self.gateway.invalidate(snapshot)
         if self.notifier.enabled:
             self.notifier.status(self.summary())

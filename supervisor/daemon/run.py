@@ -173,43 +173,30 @@ async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.F
     """Serve the gateway's listeners, then start the extensions (with *head*'s runs). False when
     a listener's socket cannot be bound."""
     from supervisor.daemon.callers import Callers
-    from supervisor.daemon.httptoken import gateway_token
-    from supervisor.gateway.http import HttpLimits, serve_http
+    from supervisor.daemon.web import Web
     from supervisor.gateway.unix import serve_unix
 
     settings = daemon.settings
     await tg.start(daemon.gateway.run)
-    listeners = [
-        functools.partial(serve_unix, daemon.gateway, settings.gateway_socket, max_connections=fds.unix)
-    ]
-    http = settings.gateway.http
-    if http.enabled:
-        configured = http.token.get_secret_value() if http.token else None
-        try:
-            token, source = gateway_token(configured, os.environ)
-        except SupervisorError as exc:
-            log.error("daemon.socket_unavailable", error=str(exc))
-            return False
-        log.info("gateway.http_token", source=source)  # where, never what
-        listeners.append(
-            functools.partial(
-                serve_http,
-                daemon.gateway,
-                host=http.host,
-                port=http.port,
-                token=token,
-                screen=Callers(daemon.runs, daemon.may_call_gateway).refusal,
-                metrics=daemon.metrics.render,
-                health=daemon.counts,
-                limits=HttpLimits(max_connections=fds.http, backlog=fdlimits.ACCEPT_BURST),
-            )
+    daemon.web = Web(
+        tg,
+        fds,
+        settings=lambda: daemon.settings,
+        gateway=daemon.gateway,
+        pages=daemon.dashboard_app,
+        screen=Callers(daemon.runs, daemon.may_call_gateway).refusal,
+        metrics=daemon.metrics.render,
+        health=daemon.counts,
+    )
+    try:
+        await tg.start(
+            functools.partial(serve_unix, daemon.gateway, settings.gateway_socket, max_connections=fds.unix)
         )
-    for listener in listeners:
-        try:
-            await tg.start(listener)
-        except SupervisorError as exc:
-            log.error("daemon.socket_unavailable", error=str(exc))
-            return False
+        if settings.gateway.http.enabled:
+            await daemon.web.open(mcp=True)
+    except SupervisorError as exc:
+        log.error("daemon.socket_unavailable", error=str(exc))
+        return False
     await _prepare_spool(daemon.spool)
     await daemon.prune_catalogs()
     await _tell_sandbox_level(settings, daemon.sandbox_context)

@@ -2,8 +2,10 @@
 
 :class:`Guard`: the ``Host`` header must name the loopback address when bound there (DNS
 rebinding), a browser's ``Origin`` must be this listener's own, and with a ``token`` configured
-every path but ``/healthz`` needs ``Authorization: Bearer <token>``, compared in constant time.
-A refused request's body is never read: its connection is closed after the answer.
+every path but ``/healthz`` and the dashboard's needs ``Authorization: Bearer <token>``,
+compared in constant time. The dashboard's paths (:func:`is_page`: ``/`` and ``/dashboard/...``)
+go to its own app after the Host and Origin checks: it asks for its session cookie instead. A
+refused request's body is never read: its connection is closed after the answer.
 
 :class:`ProfilePaths`: ``/mcp/NAME`` serves the profile ``NAME`` (:mod:`..views`): the path
 becomes ``/mcp`` with the name in the ASGI scope, so each request is served in the view its URL
@@ -22,18 +24,29 @@ from supervisor.gateway.view.profiles import SCOPE_KEY, Views
 from supervisor.logs import Throttled
 from supervisor.paths import is_loopback
 
-__all__ = ("Guard", "ProfilePaths")
+__all__ = ("PAGES", "Guard", "ProfilePaths", "is_page")
 
 log = structlog.get_logger(__name__)
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+PAGES = "/dashboard/"  # the dashboard's paths, beside ``/`` itself
+
+
+def is_page(path: str) -> bool:
+    """Whether *path* is the dashboard's (served by its app, authenticated by its cookie)."""
+    return path == "/" or path.startswith(PAGES)
 
 
 class Guard:
-    """ASGI middleware: Host and Origin checks and the bearer token, before anything else runs."""
+    """ASGI middleware: Host and Origin checks and the bearer token, before anything else runs.
 
-    def __init__(self, app: ASGIApp, *, host: str, port: int, token: str | None) -> None:
-        self.app = app
+    *pages*: the dashboard's app, for :func:`is_page` paths (None: no dashboard, they get 401/404).
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, host: str, port: int, token: str | None, pages: ASGIApp | None = None
+    ) -> None:
+        self.app, self._pages = app, pages
         self._token = token.encode() if token is not None else None
         bracketed = f"[{host}]" if ":" in host else host
         names = (*_LOOPBACK_NAMES, bracketed) if is_loopback(host) else (bracketed,)
@@ -48,9 +61,11 @@ class Guard:
             return
         if scope["type"] != "http":  # websockets and whatever comes next: not ours to serve
             return
-        refusal = self._refusal(scope.get("path", ""), _headers(scope))
+        path = scope.get("path", "")
+        page = self._pages is not None and is_page(path)
+        refusal = self._refusal(path, _headers(scope), token=not page)
         if refusal is None:
-            await self.app(scope, receive, send)
+            await (self._pages if page and self._pages is not None else self.app)(scope, receive, send)
             return
         status, text = refusal
         self.refused(str(status), status=status, reason=text, path=str(scope.get("path"))[:200])
@@ -63,13 +78,13 @@ class Guard:
         """Whether the request of *scope* passes (the middleware answers the ones that do not). Sync."""
         return self._refusal(scope.get("path", ""), _headers(scope)) is None
 
-    def _refusal(self, path: str, headers: dict[str, str]) -> tuple[int, str] | None:
+    def _refusal(self, path: str, headers: dict[str, str], *, token: bool = True) -> tuple[int, str] | None:
         if self._check_host and headers.get("host") not in self._hosts:
             return 421, "unexpected Host header"
         origin = headers.get("origin")
         if origin is not None and origin not in self._origins:
             return 403, "cross-origin requests are not allowed"
-        if self._token is not None and path != "/healthz":
+        if token and self._token is not None and path != "/healthz":
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
                 return 401, "a valid bearer token is required"

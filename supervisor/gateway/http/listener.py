@@ -1,4 +1,5 @@
-"""uvicorn in the daemon's task group, serving ``/mcp``, ``/mcp/NAME``, ``/metrics`` and ``/healthz``.
+"""uvicorn in the daemon's task group, serving ``/mcp``, ``/mcp/NAME``, ``/metrics``, ``/healthz``
+and the dashboard's pages (an app given by the daemon; ``/mcp`` is left out when only they are asked for).
 
 Three habits keep it a good citizen: the socket is bound here first, so a busy port is a clear
 error instead of uvicorn's ``sys.exit``; its signal capture is off, since only the daemon
@@ -78,6 +79,8 @@ def build_app(
     metrics: Callable[[], str],
     health: Callable[[], Any],
     limits: HttpLimits = DEFAULT_LIMITS,
+    pages: ASGIApp | None = None,
+    mcp: bool = True,
 ) -> HttpApp:
     async def metrics_route(request: Request) -> Response:
         return PlainTextResponse(metrics(), media_type="text/plain; version=0.0.4")
@@ -91,16 +94,14 @@ def build_app(
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),  # Guard does it
     )
     gateway.end_idle_http = sessions.end_idle
-    routes = [
-        Route("/mcp", endpoint=StreamableHTTPASGIApp(sessions)),
-        Route("/metrics", metrics_route),
-        Route("/healthz", healthz_route),
-    ]
+    routes = [Route("/metrics", metrics_route), Route("/healthz", healthz_route)]
+    if mcp:
+        routes.append(Route("/mcp", endpoint=StreamableHTTPASGIApp(sessions)))
     starlette = Starlette(routes=routes, lifespan=lambda app: sessions.run())
     fast = FastPath(starlette, gateway, sessions)
     bodies = Bodies(fast, limits)
     paths = ProfilePaths(bodies, gateway.views)
-    guarded = Guard(paths, host=host, port=port, token=token)
+    guarded = Guard(paths, host=host, port=port, token=token, pages=pages)
     return HttpApp(guarded, sessions, bodies, QuickCalls(fast, guarded, paths, bodies, sessions))
 
 
@@ -134,11 +135,14 @@ async def serve_http(
     health: Callable[[], Any],
     limits: HttpLimits = DEFAULT_LIMITS,
     screen: Screen | None = None,
+    pages: ASGIApp | None = None,
+    mcp: bool = True,
     task_status: anyio.abc.TaskStatus[Listening] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the gateway at ``http://HOST:PORT/mcp`` until cancelled; ``started()`` with :class:`Listening`.
 
     *screen* turns a connection away before its first byte is read (see :class:`.Connections`).
+    *pages* serves ``/`` and ``/dashboard/...``; *mcp* False leaves ``/mcp`` out (the dashboard alone).
 
     Raises:
         SupervisorError: the address cannot be bound.
@@ -146,7 +150,15 @@ async def serve_http(
     sock = _bind(host, port, limits.backlog)
     bound = sock.getsockname()[1]
     http = build_app(
-        gateway, host=host, port=bound, token=token, metrics=metrics, health=health, limits=limits
+        gateway,
+        host=host,
+        port=bound,
+        token=token,
+        metrics=metrics,
+        health=health,
+        limits=limits,
+        pages=pages,
+        mcp=mcp,
     )
     connections = Connections(limits, screen)
     config = uvicorn.Config(
@@ -165,10 +177,12 @@ async def serve_http(
     log.info(
         "gateway.http_listening",
         url=f"http://{host}:{bound}/mcp",
+        mcp=mcp,
+        dashboard=pages is not None,
         token=token is not None,
         max_connections=limits.max_connections,
     )
-    if token is None:  # unlike mcp.sock, TCP cannot tell which local user is calling
+    if token is None and mcp:  # unlike mcp.sock, TCP cannot tell which local user is calling
         log.warning(
             "gateway.http_without_token", hint="every local user can use the tools; set gateway.http.token"
         )

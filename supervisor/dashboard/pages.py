@@ -1,0 +1,367 @@
+"""The dashboard's ASGI app: the page, its script and style, one JSON-RPC endpoint, one event stream.
+
+Every route sits behind the listener's Host and Origin checks
+(:class:`~supervisor.gateway.http.guard.Guard`) and its connection bounds; the bearer token of
+``/mcp`` is not asked for here, a session cookie is:
+
+- ``GET /``: the page for a session; without one, a page that says how to get one (401);
+- ``GET /dashboard/login?code=C``: a one-time code (:mod:`.passes`) becomes an ``HttpOnly``,
+  ``SameSite=Strict`` cookie, and a 303 to ``/`` takes the code out of the address bar;
+- ``GET /dashboard/static/NAME``: ``app.js``, ``app.css``;
+- ``POST /dashboard/rpc``: one control method, the very ones of the control socket
+  (:mod:`supervisor.control.rpc`); in read-only mode only those that change nothing. It must
+  come from this origin (``Origin`` present and ours) as JSON, so no other page can post it;
+- ``GET /dashboard/events[?logs=NAME]``: server-sent events, the status (and NAME's log tail)
+  each time it changes, coalesced (:mod:`.live`);
+- ``POST /dashboard/logout``.
+
+Every answer carries a strict Content Security Policy (scripts only from this origin, no
+inline script or style, no frames), and the page builds every server-provided text as a DOM
+text node, never as markup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.resources
+import json
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs
+
+import anyio
+import structlog
+from starlette.types import Receive, Scope, Send
+
+from supervisor.control import rpc
+from supervisor.control.methods import Backend
+from supervisor.dashboard.live import Pulse
+from supervisor.dashboard.passes import Passes, Visit
+from supervisor.gateway.http.guard import PAGES as PREFIX
+
+__all__ = (
+    "COOKIE",
+    "MAX_STREAMS",
+    "READ_METHODS",
+    "WRITE_METHODS",
+    "Dashboard",
+    "Host",
+)
+
+if TYPE_CHECKING:
+    from supervisor.config.settings import DashboardConfig
+
+log = structlog.get_logger(__name__)
+
+COOKIE = "mcp_supervisor_dashboard"
+READ_METHODS = frozenset({"status", "tools", "logs", "health", "explain"})
+WRITE_METHODS = frozenset({"start", "stop", "restart", "approve", "reload", "login", "logout"})
+MAX_REQUEST = 64 << 10  # one rpc body: names and flags, nothing larger
+MAX_IN_FLIGHT = 8  # rpc requests of one session being served at once
+MAX_STREAMS = 8  # event streams open at once; at the cap the oldest is closed (its page reconnects)
+REFRESH = 2.0  # seconds between two looks when nothing is announced: RSS, CPU and uptime move alone
+COALESCE = 0.25  # after a change, what else changes within this is sent with it
+HEARTBEAT = 15.0  # a comment line when nothing else was sent, so a gone browser is noticed
+SEND_TIMEOUT = 10.0  # an event a browser leaves unread this long ends its stream
+LOG_TAIL = 200  # lines of an extension's log a page shows
+_STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
+_STATUS = b'{"jsonrpc":"2.0","id":0,"method":"status"}'
+
+SECURITY_HEADERS = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+)
+
+
+class Host(Backend, Protocol):
+    """What the dashboard needs from the daemon: the control methods, and a pulse of changes."""
+
+    changes: Pulse
+
+
+@cache
+def _file(name: str) -> bytes:
+    return (importlib.resources.files("supervisor.dashboard") / "static" / name).read_bytes()
+
+
+class Dashboard:
+    """The ASGI app of the dashboard, on one daemon (*host*) and its one-time codes (*passes*).
+
+    *settings* are asked at each request: a reload may turn the dashboard off, or read-only.
+    """
+
+    def __init__(self, host: Host, passes: Passes, *, settings: Callable[[], DashboardConfig]) -> None:
+        self._host, self.passes, self._settings = host, passes, settings
+        self._streams: list[anyio.CancelScope] = []  # open event streams, oldest first
+        self._in_flight: dict[int, int] = {}  # id(visit) -> rpc requests being served
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if not self._settings().enabled:
+            await _answer(send, 404, b"the dashboard is off in this daemon's config (dashboard.enabled)")
+            return
+        route = _ROUTES.get((method, path))
+        if route is None and method == "GET" and path.startswith(PREFIX + "static/"):
+            route = Dashboard._static
+        if route is None:
+            allowed = sorted({m for m, p in _ROUTES if p == path})
+            if allowed:
+                allow = ((b"allow", ", ".join(allowed).encode()),)
+                await _answer(send, 405, b"method not allowed", extra=allow)
+            else:
+                await _answer(send, 404, b"not found")
+            return
+        await route(self, scope, receive, send)
+
+    # ---- pages ---------------------------------------------------------------------------------
+
+    async def _index(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._visit(scope) is None:
+            await _answer(send, 401, _file("signin.html"), "text/html; charset=utf-8")
+            return
+        await _answer(send, 200, _file("index.html"), "text/html; charset=utf-8")
+
+    async def _static(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = scope["path"].removeprefix(PREFIX + "static/")
+        if name not in _STATIC:
+            await _answer(send, 404, b"not found")
+            return
+        await _answer(send, 200, _file(name), _STATIC[name])
+
+    async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
+        code = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("code", [""])[0]
+        opened = self.passes.redeem(code[:200]) if code else None
+        if opened is None:
+            log.warning("dashboard.code_refused")
+            await _answer(send, 403, _file("expired.html"), "text/html; charset=utf-8")
+            return
+        secret, visit = opened
+        log.info("dashboard.session_opened", read_only=visit.read_only or self._settings().read_only)
+        cookie = f"{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Strict".encode()
+        await _answer(send, 303, b"", extra=((b"location", b"/"), (b"set-cookie", cookie)))
+
+    async def _logout(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _same_origin(scope):
+            await _answer(send, 403, b"cross-origin requests are not allowed")
+            return
+        self.passes.end(_cookie(scope))
+        expired = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0".encode()
+        await _answer(send, 204, b"", extra=((b"set-cookie", expired),))
+
+    # ---- the control methods -------------------------------------------------------------------
+
+    async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
+        visit = self._visit(scope)
+        if visit is None:
+            await _answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
+            return
+        if not _same_origin(scope) or _header(scope, b"content-type").split(";")[0] != "application/json":
+            await _answer(send, 403, b"a dashboard request comes from its page, as JSON")
+            return
+        body = await _body(receive, MAX_REQUEST)
+        if body is None:
+            await _answer(send, 413, b"request too large")
+            return
+        refusal = self._refusal(body, visit)
+        if refusal is not None:
+            await _answer(send, 200, refusal.strip(), "application/json")
+            return
+        key = id(visit)
+        if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT:
+            await _answer(send, 429, b"too many requests in flight", extra=((b"retry-after", b"1"),))
+            return
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            reply = await rpc.handle(self._host, body)
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+        if reply is None:  # a notification: nothing to answer
+            await _answer(send, 204, b"")
+            return
+        await _answer(send, 200, reply.strip(), "application/json")
+
+    def _refusal(self, body: bytes, visit: Visit) -> bytes | None:
+        """The error reply for a method the dashboard does not offer, or None (rpc says the rest)."""
+        try:
+            request = json.loads(body)
+        except ValueError:
+            return None  # a parse error, in the control protocol's words
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
+            return None
+        method = request["method"]
+        if method in READ_METHODS:
+            return None
+        if method in WRITE_METHODS and not (visit.read_only or self._settings().read_only):
+            return None
+        why = "this dashboard is read-only" if method in WRITE_METHODS else "not a dashboard method"
+        return rpc.encode_error(request.get("id"), -32601, f"{method[:100]}: {why}")
+
+    # ---- live ----------------------------------------------------------------------------------
+
+    async def _events(self, scope: Scope, receive: Receive, send: Send) -> None:
+        secret = _cookie(scope)
+        if self.passes.visit(secret) is None:
+            await _answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
+            return
+        logs_of = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("logs", [None])[0]
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"x-accel-buffering", b"no"),
+            *SECURITY_HEADERS,
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        with anyio.CancelScope() as stream:
+            self._streams.append(stream)
+            if len(self._streams) > MAX_STREAMS:
+                self._streams.pop(0).cancel()  # the oldest page reconnects (EventSource does)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_until_gone, receive, tg.cancel_scope)
+                    await self._feed(send, secret, logs_of[:200] if logs_of else None)
+                    tg.cancel_scope.cancel()
+            finally:
+                if stream in self._streams:
+                    self._streams.remove(stream)
+        with anyio.move_on_after(1, shield=True):
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _feed(self, send: Send, secret: str | None, logs_of: str | None) -> None:
+        """Send the status and *logs_of*'s tail whenever they change, until the session ends."""
+        sent: dict[str, bytes] = {}
+        last_sent = time.monotonic()
+        while (visit := self.passes.visit(secret)) is not None:
+            seen = self._host.changes.version
+            read_only = visit.read_only or self._settings().read_only
+            events = {
+                "session": b'{"read_only":%s}' % (b"true" if read_only else b"false"),
+                "status": (await rpc.handle(self._host, _STATUS) or b"").strip(),
+            }
+            if logs_of is not None:
+                events["logs"] = self._logs(logs_of)
+            for event, data in events.items():
+                if sent.get(event) != data and not await _event(send, event, data):
+                    return
+                sent[event] = data
+                last_sent = time.monotonic()
+            if time.monotonic() - last_sent > HEARTBEAT:
+                if not await _write(send, b": still here\n\n"):
+                    return
+                last_sent = time.monotonic()
+            with anyio.move_on_after(REFRESH):
+                await self._host.changes.wait(seen)
+            await anyio.sleep(COALESCE)
+        await _event(send, "ended", b"{}")  # the page reloads, and says how to get a new session
+
+    def _logs(self, name: str) -> bytes:
+        try:
+            record: dict[str, Any] = {"name": name, "lines": self._host.logs(name, LOG_TAIL)}
+        except Exception as exc:  # an unknown name: said on the page
+            record = {"name": name, "error": str(exc)}
+        return json.dumps(record, separators=(",", ":")).encode()
+
+    def _visit(self, scope: Scope) -> Visit | None:
+        return self.passes.visit(_cookie(scope))
+
+
+_ROUTES: dict[tuple[str, str], Callable[..., Any]] = {
+    ("GET", "/"): Dashboard._index,
+    ("GET", PREFIX + "login"): Dashboard._login,
+    ("POST", PREFIX + "logout"): Dashboard._logout,
+    ("POST", PREFIX + "rpc"): Dashboard._rpc,
+    ("GET", PREFIX + "events"): Dashboard._events,
+}
+
+
+async def _until_gone(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+async def _event(send: Send, event: str, data: bytes) -> bool:
+    return await _write(send, b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
+
+
+async def _write(send: Send, chunk: bytes) -> bool:
+    """Send *chunk* of the stream; False once the browser is gone or leaves it unread."""
+    with anyio.move_on_after(SEND_TIMEOUT):
+        try:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError:
+            return False
+        return True
+    return False
+
+
+async def _body(receive: Receive, limit: int) -> bytes | None:
+    """The request's body, or None past *limit* bytes or once the client is gone."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    *,
+    extra: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    headers = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *SECURITY_HEADERS,
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return ""
+
+
+def _cookie(scope: Scope) -> str | None:
+    for part in _header(scope, b"cookie").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == COOKIE:
+            return value
+    return None
+
+
+def _same_origin(scope: Scope) -> bool:
+    """A browser's request from our own page: it names its origin (the listener's Guard checked
+    that it is ours), and where it says so, the fetch is same-origin."""
+    site = _header(scope, b"sec-fetch-site")
+    return bool(_header(scope, b"origin")) and site in ("", "same-origin")
