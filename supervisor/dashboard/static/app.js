@@ -195,17 +195,19 @@ function actions(record) {
   const busy = ["starting", "stopping"].includes(record.state);
   const running = !["stopped", "failed"].includes(record.state);
   if (view.session.read_only) return h("span", { class: "muted" }, "read-only");
-  const button = (verb, label, attrs) => h("button", {
+  // aria-disabled, not disabled: a disabled button drops the keyboard focus as the state moves on
+  const button = (verb, label, off, attrs) => h("button", {
     type: "button",
     "data-key": `${verb}:${name}`,
     "aria-label": `${label} ${name}`,
-    onclick: () => control(verb, record),
+    "aria-disabled": off ? "true" : null,
+    onclick: () => { if (!off) control(verb, record); },
     ...attrs,
   }, label);
   return h("div", { class: "actions" },
-    button("start", "Start", { disabled: running || busy }),
-    button("stop", "Stop", { class: "danger", disabled: !running || record.state === "stopping" }),
-    button("restart", "Restart", { disabled: record.state === "stopping" }));
+    button("start", "Start", running || busy),
+    button("stop", "Stop", !running || record.state === "stopping", { class: "danger" }),
+    button("restart", "Restart", record.state === "stopping"));
 }
 
 async function control(verb, record) {
@@ -385,11 +387,19 @@ function renderTool(extension, tool) {
       tool.title ? ` ${tool.title}` : "",
       change ? h("span", { class: "changed" }, ` changed: ${change.parts.join(", ")}${change.held ? " (held)" : ""}`) : null),
     tool.description ? h("p", { class: "tool-description" }, tool.description) : null,
-    change ? h("p", {}, `Its ${change.parts.join(", ")} differ from the definition pinned${change.since ? ` (since ${new Date(change.since).toLocaleString()})` : ""}. What it is now:`) : null,
+    change ? h("p", {}, changeText(change)) : null,
     h("pre", {}, schema),
     change && !view.session.read_only
       ? h("button", { type: "button", "data-key": `approve:${extension}:${tool.name}`, onclick: () => approve(extension, tool.name) }, `Approve ${tool.name}`)
       : null);
+}
+
+function changeText(change) {
+  const parts = change.parts.join(", ");
+  const verb = change.parts.length === 1 ? "differs" : "differ";
+  const when = change.since ? ` since ${new Date(change.since).toLocaleString()}` : "";
+  const held = change.held ? " Clients neither see nor call it until it is approved." : "";
+  return `Its ${parts} ${verb} from the definition pinned${when}.${held} Its input schema now:`;
 }
 
 async function approve(extension, tool) {
