@@ -29,7 +29,9 @@ from supervisor.daemon.metrics import Metrics
 from supervisor.daemon.reload import Reloading, expect_launch
 from supervisor.daemon.systemd import Notifier
 from supervisor.daemon.web import Web
-from supervisor.dashboard import Dashboard, Passes, Pulse
+from supervisor.dashboard.live import Pulse
+from supervisor.dashboard.pages import Dashboard
+from supervisor.dashboard.passes import Passes
 from supervisor.errors import ExtensionUnavailable, UnknownExtension
 from supervisor.extension import launch
 from supervisor.extension.demand import Demand

@@ -5,8 +5,4 @@
 holds the page itself (HTML, CSS and one script; no build step, nothing from elsewhere).
 """
 
-from supervisor.dashboard.live import Pulse
-from supervisor.dashboard.pages import Dashboard, Host
-from supervisor.dashboard.passes import Passes
-
-__all__ = ("Dashboard", "Host", "Passes", "Pulse")
+__all__ = ()  # the modules are the public surface

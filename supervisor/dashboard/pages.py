@@ -62,6 +62,7 @@ MAX_REQUEST = 64 << 10  # one rpc body: names and flags, nothing larger
 MAX_IN_FLIGHT = 8  # rpc requests of one session being served at once
 MAX_STREAMS = 8  # event streams open at once; at the cap the oldest is closed (its page reconnects)
 REFRESH = 2.0  # seconds between two looks when nothing is announced: RSS, CPU and uptime move alone
+STATUS_STALE = 1.0  # a status this old is made again; younger, every page sends the same one
 COALESCE = 0.25  # after a change, what else changes within this is sent with it
 HEARTBEAT = 15.0  # a comment line when nothing else was sent, so a gone browser is noticed
 SEND_TIMEOUT = 10.0  # an event a browser leaves unread this long ends its stream
@@ -105,6 +106,7 @@ class Dashboard:
         self._host, self.passes, self._settings = host, passes, settings
         self._streams: list[anyio.CancelScope] = []  # open event streams, oldest first
         self._in_flight: dict[int, int] = {}  # id(visit) -> rpc requests being served
+        self._last_status: tuple[int, float, bytes] = (-1, 0.0, b"")  # version, when, the reply
 
     @property
     def streams(self) -> int:
@@ -252,7 +254,7 @@ class Dashboard:
             read_only = visit.read_only or self._settings().read_only
             events = {
                 "session": b'{"read_only":%s}' % (b"true" if read_only else b"false"),
-                "status": (await rpc.handle(self._host, _STATUS) or b"").strip(),
+                "status": await self._status(),
             }
             if logs_of is not None:
                 events["logs"] = self._logs(logs_of)
@@ -269,6 +271,16 @@ class Dashboard:
                 await self._host.changes.wait(seen)
             await anyio.sleep(COALESCE)
         await _event(send, "ended", b"{}")  # the page reloads, and says how to get a new session
+
+    async def _status(self) -> bytes:
+        """The status reply, computed once for every open page: again on a change, or once stale."""
+        version, made, reply = self._last_status
+        now = time.monotonic()
+        if version != self._host.changes.version or now - made >= STATUS_STALE or not reply:
+            version = self._host.changes.version
+            reply = (await rpc.handle(self._host, _STATUS) or b"").strip()
+            self._last_status = (version, now, reply)
+        return reply
 
     def _logs(self, name: str) -> bytes:
         try:
