@@ -110,8 +110,10 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
     "dashboard": (("passes", "live"), ("pages",)),
     "daemon": (
-        ("fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken", "logins",
-         "web"),
+        (
+            "fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken",
+            "logins", "recent", "web",
+        ),
         ("headstart", "facade"),
         ("root",),
         ("run",),

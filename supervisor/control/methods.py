@@ -37,6 +37,8 @@ class Backend(Protocol):
     def exposed(self, extension: str, tool: str) -> tuple[str | None, str | None]: ...
     def collisions(self, extension: str) -> list[str]: ...
     def profiles(self) -> list[dict[str, Any]]: ...
+    def clients(self) -> list[dict[str, Any]]: ...  # the gateway's connected clients
+    def recent_calls(self) -> dict[str, Any]: ...  # the last minutes of calls, per extension
     async def call(
         self, name: str, tool: str, arguments: dict[str, Any], *, progress: ProgressFn | None = None
     ) -> mcp_types.CallToolResult: ...
@@ -180,6 +182,14 @@ async def _call(backend: Backend, params: _Call, notify: Notify) -> dict[str, An
     return record
 
 
+async def _clients(backend: Backend, params: _Params) -> dict[str, Any]:
+    return {"clients": backend.clients()}
+
+
+async def _recent_calls(backend: Backend, params: _Params) -> dict[str, Any]:
+    return backend.recent_calls()
+
+
 async def _logs(backend: Backend, params: _Logs) -> dict[str, Any]:
     return {"lines": backend.logs(params.name, params.lines)}
 
@@ -227,6 +237,8 @@ METHODS: Mapping[str, Method] = MappingProxyType(
         "tools": Method(_OptionalName, _tools),
         "call": Method(_Call, _call, streams=True),
         "logs": Method(_Logs, _logs),
+        "clients": Method(_Params, _clients),
+        "recent_calls": Method(_Params, _recent_calls),
         "reload": Method(_Params, _reload),
         "health": Method(_Health, _health),
         "approve": Method(_Approve, _approve),

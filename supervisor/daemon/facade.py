@@ -166,6 +166,12 @@ class Facade:
     def collisions(self, extension: str) -> list[str]:
         return self.gateway.collisions(extension)
 
+    def clients(self) -> list[dict[str, Any]]:
+        return self.gateway.clients()
+
+    def recent_calls(self) -> dict[str, Any]:
+        return self.metrics.recent.series(list(self._extensions))
+
     def profiles(self) -> list[dict[str, Any]]:
         return self.gateway.profiles()
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from supervisor.daemon.recent import Recent
 from supervisor.extension.state import State
 
 __all__ = ("Metrics",)
@@ -27,6 +28,7 @@ class Metrics:
 
     def __init__(self, health: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry()  # no auto_describe: the health collector reads live state
+        self.recent = Recent()  # the last minutes, for the dashboard's chart
         labels = ["extension", "tool"]
         self._calls = Counter("mcp_supervisor_tool_calls", "Tool calls.", labels, registry=self.registry)
         self._errors = Counter(
@@ -52,6 +54,7 @@ class Metrics:
         if not succeeded:
             self._errors.labels(extension, tool).inc()
         latency.observe(seconds)
+        self.recent.observe(extension, seconds, succeeded)
 
     def forget(self, extension: str) -> None:
         """Drop the series of an extension that no longer exists."""
@@ -62,6 +65,7 @@ class Metrics:
                     counter.remove(extension, tool)
         with contextlib.suppress(KeyError):
             self._latency.remove(extension)
+        self.recent.forget(extension)
 
     def render(self) -> str:
         """The Prometheus text exposition format."""

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 COOKIE = "mcp_supervisor_dashboard"
-READ_METHODS = frozenset({"status", "tools", "logs", "health", "explain"})
+READ_METHODS = frozenset({"status", "tools", "logs", "health", "explain", "clients", "recent_calls"})
 WRITE_METHODS = frozenset({"start", "stop", "restart", "approve", "reload", "login", "logout"})
 MAX_REQUEST = 64 << 10  # one rpc body: names and flags, nothing larger
 MAX_IN_FLIGHT = 8  # rpc requests of one session being served at once

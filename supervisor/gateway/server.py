@@ -10,6 +10,7 @@ one. Its own task (:meth:`Gateway.run`) owns the change announcer and the
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,11 @@ class Gateway(Handlers):
     def client_count(self) -> int:
         return len(self.fanout)
 
+    def clients(self) -> list[dict[str, Any]]:
+        """Each connected handshake-era client, oldest first: its listener, name and version,
+        protocol, view, since when, and (on ``mcp.sock``) its requests in flight."""
+        return [_described(client, self.views) for client in self.fanout.downstreams()]
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Announce changes to clients until cancelled; owns the per-client tasks."""
         async with anyio.create_task_group() as tg:
@@ -310,3 +316,19 @@ class Gateway(Handlers):
                 return  # the control socket's instance: nobody's
             uri = expose_uri(extension, notification.params.uri)
             self.fanout.resource_updated(uri, owner if per_client else None)
+
+
+def _described(client: Downstream, views: Views) -> dict[str, Any]:
+    session: Session = client.session
+    params = client.connection.client_params
+    info = params.client_info if params is not None else None
+    in_flight = len(session.in_flight) if "in_flight" in session.__dict__ else None  # HTTP: per request
+    return {
+        "listener": session.listener,
+        "client": info.name if info is not None else None,
+        "version": info.version if info is not None else None,
+        "protocol": client.connection.protocol_version,
+        "profile": views.of(client.context).name if client.context is not None else None,
+        "since": datetime.fromtimestamp(session.since, UTC).isoformat(),
+        "in_flight": in_flight,
+    }

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import time
 from collections.abc import Awaitable, Callable, Container
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -79,6 +80,7 @@ class Session:
     def __init__(self, listener: str, *, lasting: bool = True) -> None:
         self.listener = listener
         self.lasting = lasting
+        self.since = time.time()  # when it connected (wall clock: shown to people)
         self.connection: Connection | None = None  # the SDK connection of its handshake-era requests
         self.notifications: Downstream | None = None  # once it made a handshake-era request
         self.http_id: str | None = None  # its Mcp-Session-Id, once the HTTP fast path knows it
@@ -165,6 +167,10 @@ class InFlight:
             self._semaphore.acquire_nowait()  # while free: no task lookup (a getpid on 3.11), no loop round
         except anyio.WouldBlock:
             await self._semaphore.acquire()
+
+    def __len__(self) -> int:
+        """Requests unanswered now."""
+        return sum(map(len, self._pending.values()))
 
     def holds(self, request_id: RequestId) -> bool:
         """Whether a request *request_id* is unanswered."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 
 from tests.harness.daemon import Daemon, until
@@ -233,6 +234,39 @@ def listed(daemon: Daemon) -> list[str]:
         return portal.call(names)
 
 
+class TestClients:
+    def test_a_connected_client_is_listed_with_its_name_and_protocol(
+        self, daemons: Callable[..., Daemon], page: Page
+    ) -> None:
+        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon.wait_running("echo")
+        visit(page, daemon, "#/clients")
+        expect(page.locator("main")).to_contain_text("No client is connected.", timeout=WAIT)
+        info = types.Implementation(name="<b>editor</b>", version="9.9")
+        with anyio.from_thread.start_blocking_portal() as portal:
+            leave = portal.call(anyio.Event)
+            connected = portal.call(anyio.Event)
+
+            async def client() -> None:
+                async with gateway_session(daemon.mcp_sock, client_info=info) as session:
+                    await session.list_tools()
+                    connected.set()
+                    await leave.wait()
+
+            future = portal.start_task_soon(client)
+            portal.call(connected.wait)
+            row = page.locator("tbody tr")
+            expect(row).to_have_count(1, timeout=WAIT)
+            expect(row.locator('td[data-label="Client"]')).to_have_text("<b>editor</b>")
+            expect(row.locator('td[data-label="Transport"]')).to_have_text("mcp.sock")
+            expect(row.locator('td[data-label="Protocol"]')).to_have_text("2025-11-25")
+            expect(row.locator('td[data-label="Profile"]')).to_have_text("(all)")
+            shot(page, "clients")
+            portal.call(leave.set)
+            future.result(timeout=patience(10))
+        expect(page.locator("main")).to_contain_text("No client is connected.", timeout=WAIT)
+
+
 class TestDaemon:
     def test_a_broken_config_is_shown_with_its_field_and_nothing_changes(
         self, daemons: Callable[..., Daemon], page: Page
@@ -248,6 +282,19 @@ class TestDaemon:
         expect(alert).to_contain_text("extensions.echo.command", timeout=WAIT)
         expect(alert).to_contain_text("line 10")
         shot(page, "daemon-broken-config")
+
+    def test_calls_show_in_the_chart(self, daemons: Callable[..., Daemon], page: Page) -> None:
+        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon.wait_running("echo")
+        for _ in range(20):
+            daemon.call("echo", "echo", text="hi")
+        visit(page, daemon, "#/daemon")
+        row = page.locator('table.calls tr[data-name="echo"]')
+        expect(row.locator('td[data-label="Calls"]')).to_have_text("20", timeout=WAIT)
+        expect(row.locator('td[data-label="p99"]')).to_contain_text("ms")
+        expect(row.locator("svg polyline.spark-calls")).to_have_count(1)
+        assert "calls a second" in (row.locator("svg").get_attribute("aria-label") or "")
+        shot(page, "daemon")
         assert daemon.status()["echo"]["state"] == "running" and daemon.status()["echo"]["restarts"] == 0
 
 

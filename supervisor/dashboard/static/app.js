@@ -24,6 +24,8 @@ const view = {
   explain: null,
   reloadErrors: null,
   health: null,
+  recent: null,
+  clients: null,
 };
 
 // ---- building the DOM -------------------------------------------------------------------------
@@ -187,6 +189,7 @@ function currentRoute() {
   const hash = location.hash || "#/";
   if (hash.startsWith("#/ext/")) return { page: "ext", name: decodeURIComponent(hash.slice(6)) };
   if (hash === "#/daemon") return { page: "daemon" };
+  if (hash === "#/clients") return { page: "clients" };
   return { page: "host" };
 }
 
@@ -454,11 +457,54 @@ function renderDaemon() {
       h("p", { class: "error" }, view.reloadErrors.message),
       h("ul", { class: "errors" }, view.reloadErrors.errors.map((line) => h("li", { class: "error" }, line)))) : null,
     h("h2", {}, "Calls per server"),
-    health ? h("table", {},
-      h("thead", {}, h("tr", {}, ["Server", "Calls", "Errors", "In flight", "Restarts"].map((t) => h("th", { scope: "col" }, t)))),
-      h("tbody", {}, health.extensions.map((e) => h("tr", {},
-        td("Server", e.name), td("Calls", String(e.calls)), td("Errors", String(e.errors)),
-        td("In flight", String(e.in_flight)), td("Restarts", String(e.restarts)))))) : null);
+    health ? h("table", { class: "calls" },
+      h("thead", {}, h("tr", {}, ["Server", "Calls", "Errors", "In flight", "Calls/s (1 min)", "p50", "p99",
+        "Last 5 minutes"].map((t) => h("th", { scope: "col" }, t)))),
+      h("tbody", {}, health.extensions.map((e) => {
+        const points = view.recent ? view.recent.extensions[e.name] || [] : [];
+        const lastMinute = points.slice(-6);
+        const perSecond = lastMinute.reduce((sum, p) => sum + p.calls_per_s, 0) / Math.max(1, lastMinute.length);
+        const latest = [...points].reverse().find((p) => p.p50_ms !== null);
+        return h("tr", { "data-name": e.name },
+          td("Server", e.name), td("Calls", String(e.calls)), td("Errors", String(e.errors)),
+          td("In flight", String(e.in_flight)),
+          td("Calls/s (1 min)", perSecond.toFixed(2)),
+          td("p50", latest ? milliseconds(latest.p50_ms) : ""),
+          td("p99", latest ? milliseconds(latest.p99_ms) : ""),
+          td("Last 5 minutes", sparkline(e.name, points)));
+      }))) : null);
+}
+
+function milliseconds(value) {
+  return value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${value < 10 ? value.toFixed(2) : value.toFixed(0)} ms`;
+}
+
+function svg(tag, attrs, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs || {})) el.setAttribute(key, String(value));
+  for (const child of children) el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return el;
+}
+
+/** Calls per second (a line) and p99 latency (a dotted line) over the window, each to its own scale. */
+function sparkline(name, points) {
+  const width = 150;
+  const height = 32;
+  const line = (values, cls) => {
+    const top = Math.max(...values.map((v) => v || 0), 0);
+    if (!points.length || top === 0) return null;
+    const step = width / Math.max(1, points.length - 1);
+    const coords = values.map((v, i) => `${(i * step).toFixed(1)},${(height - 2 - ((v || 0) / top) * (height - 4)).toFixed(1)}`);
+    return svg("polyline", { points: coords.join(" "), class: cls, fill: "none" });
+  };
+  const calls = points.map((p) => p.calls_per_s);
+  const p99 = points.map((p) => p.p99_ms);
+  const peak = Math.max(0, ...calls);
+  const label = `${name}: at most ${peak.toFixed(2)} calls a second over the last 5 minutes`;
+  const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": label, class: "spark" },
+    svg("title", {}, label));
+  for (const drawn of [line(calls, "spark-calls"), line(p99, "spark-p99")]) if (drawn) chart.append(drawn);
+  return chart;
 }
 
 async function reload() {
@@ -473,9 +519,38 @@ async function reload() {
   render();
 }
 
+function renderClients() {
+  const clients = view.clients;
+  return h("section", { "aria-labelledby": "clients-title" },
+    h("h1", { id: "clients-title" }, "Clients"),
+    h("p", { class: "muted" }, "MCP clients connected to the gateway now (mcp.sock and HTTP sessions)."),
+    !clients ? h("p", { class: "muted" }, "Loading…")
+      : clients.length === 0 ? h("p", {}, "No client is connected.")
+        : h("table", {},
+          h("thead", {}, h("tr", {}, ["Client", "Version", "Transport", "Protocol", "Profile", "Calls", "Connected"]
+            .map((t) => h("th", { scope: "col" }, t)))),
+          h("tbody", {}, clients.map((c) => h("tr", {},
+            td("Client", c.client || "(unnamed)"),
+            td("Version", c.version || ""),
+            td("Transport", c.listener === "unix" ? "mcp.sock" : "HTTP"),
+            td("Protocol", c.protocol || ""),
+            td("Profile", c.profile || "(all)"),
+            td("Calls", c.in_flight === null ? "" : String(c.in_flight)),
+            td("Connected", `${since(c.since)} ago`))))));
+}
+
+async function loadClients() {
+  try {
+    view.clients = (await rpc("clients")).clients;
+  } catch (error) {
+    say(`clients failed: ${error.message}`, true);
+  }
+  if (currentRoute().page === "clients") rerender(main, renderClients);
+}
+
 async function loadHealth() {
   try {
-    view.health = await rpc("health");
+    [view.health, view.recent] = await Promise.all([rpc("health"), rpc("recent_calls")]);
   } catch (error) {
     say(`health failed: ${error.message}`, true);
   }
@@ -488,7 +563,7 @@ function render() {
   const entered = view.page !== key;
   view.page = key;
   for (const link of document.querySelectorAll("[data-nav]")) {
-    const current = link.getAttribute("data-nav") === (route.page === "daemon" ? "daemon" : "host");
+    const current = link.getAttribute("data-nav") === (route.page === "ext" ? "host" : route.page);
     if (current) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
@@ -510,6 +585,13 @@ function render() {
       loadTools(route.name, record);
       loadExplain(route.name);
     }
+  } else if (route.page === "clients") {
+    document.title = "Clients · mcp-supervisor";
+    if (entered) {
+      view.clients = null;
+      loadClients();
+    }
+    rerender(main, renderClients);
   } else {
     document.title = "Daemon · mcp-supervisor";
     if (entered) loadHealth();
@@ -529,8 +611,10 @@ document.getElementById("signout").addEventListener("click", async () => {
 });
 
 setInterval(() => {
-  if (currentRoute().page === "daemon") loadHealth();
-}, 5000);
+  const page = currentRoute().page;
+  if (page === "daemon") loadHealth();
+  if (page === "clients") loadClients(); // clients come and go without a state change
+}, 3000);
 
 listen();
 render();

@@ -86,6 +86,10 @@ class Fanout(TaskOwner):
         self._tg.start_soon(serve)
         return client
 
+    def downstreams(self) -> list[Downstream]:
+        """Every handshake-era client's notifications, in arrival order (each knows its Session)."""
+        return list(self._clients)
+
     def _forget(self, client: Downstream, scope: anyio.CancelScope) -> None:
         scope.cancel()
         if self._clients.pop(client, False) is None:
