@@ -77,7 +77,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "extension": (
         ("upstream",),
-        ("state", "asking", "saved", "startup", "liveness", "launch"),
+        ("state", "asking", "saved", "startup", "liveness", "launch", "pinfile"),
         ("backoff", "pins", "demand", "inline", "run"),
         ("childrun", "remoterun"),
         ("calls", "watcher", "served"),

@@ -191,10 +191,11 @@ class Facade:
             return remote_auth.explain(name, config)
         return await anyio.to_thread.run_sync(sandbox.explain_extension, name, config, self.sandbox_context)
 
-    def tool_changes(self, name: str) -> list[dict[str, Any]]:
-        """The tools of *name* whose definition changed since it was pinned (see :mod:`.pins`)."""
+    def tool_changes(self, name: str, *, texts: bool = False) -> list[dict[str, Any]]:
+        """The tools of *name* whose definition changed since it was pinned (see :mod:`.pins`);
+        with *texts*, the pinned definition and the current one (where known)."""
         self.get(name)
-        return [change.as_dict() for change in self._pins[name].changes().values()]
+        return [change.as_dict(texts=texts) for change in self._pins[name].changes().values()]
 
     async def approve(self, name: str, tool: str | None = None) -> list[str]:
         """Pin the current definition of *tool* of *name* (None: of each changed one); those approved."""

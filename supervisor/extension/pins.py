@@ -16,9 +16,12 @@ is pinned on first sight; a tool the server stops listing keeps its pin, so comi
 is still a change. At most :data:`MAX_TOOLS` pins per extension: past it, pins of tools no
 longer listed go first (oldest first), and tools beyond it are not pinned (warned once).
 
-The pins of one extension are one JSON file, ``<state>/pins/<daemon instance>/NAME.json``
-(beside the saved catalogs): 0600 in 0700 directories, replaced atomically, at most
-:data:`MAX_BYTES`; an unreadable, oversized or malformed file is ignored with a warning.
+Beside each hash the pin keeps the pinned definition's text (its :data:`PARTS`, up to
+:data:`MAX_TEXT` bytes; past it, the hash alone), so that a change can be shown as a diff
+(``tools`` with its ``changed`` record: ``pinned`` and ``now``). A pin from before texts were
+kept gets its text from the first listing that matches its hash.
+
+The pins of one extension are one JSON file beside the saved catalogs (:mod:`.pinfile`).
 Per-client instances share their extension's :class:`Pins`.
 """
 
@@ -29,7 +32,6 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -37,12 +39,13 @@ import mcp_types as types
 import structlog
 
 from supervisor.errors import SupervisorError
-from supervisor.privatefiles import write_private
+from supervisor.extension.pinfile import HASH_CHARS, MAX_BYTES, MAX_TOOLS, PARTS, VERSION, Pin, PinStore
 from supervisor.upstream.listing import Listing
 
 __all__ = (
     "MAX_BYTES",
     "MAX_CHANGE_EVENTS",
+    "MAX_TEXT",
     "MAX_TOOLS",
     "PARTS",
     "Change",
@@ -55,11 +58,7 @@ __all__ = (
 log = structlog.get_logger(__name__)
 
 Mode = Literal["allow", "warn", "hold"]
-PARTS = ("title", "description", "inputSchema", "outputSchema", "annotations", "execution", "_meta")
-MAX_TOOLS = 1024  # pins per extension
-MAX_BYTES = 1024 * 1024  # one pin file; 1024 tools with a pending change each take about 800 KB
-VERSION = 1
-_HASH_CHARS = 32  # hex: 128 bits of sha256
+MAX_TEXT = 8 * 1024  # one pinned definition's text, as canonical JSON; a larger one: its hash only
 MAX_CHANGE_EVENTS = 32  # tool.changed lines per listing; a server that changes all 500 tools: one more
 _CANONICAL = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False
@@ -74,18 +73,18 @@ def digest(tool: types.Tool) -> dict[str, str]:
 
 def _hash(value: Any) -> str:
     text = _CANONICAL.encode(value)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+
+
+def _text(tool: types.Tool) -> dict[str, Any] | None:
+    """*tool*'s :data:`PARTS` as plain JSON, or None past :data:`MAX_TEXT`. Pure."""
+    plain = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+    text = {part: plain[part] for part in PARTS if part in plain}
+    return text if len(_CANONICAL.encode(text)) <= MAX_TEXT else None
 
 
 def _differing(pinned: dict[str, str], current: dict[str, str]) -> list[str]:
     return [part for part in PARTS if part in pinned and part in current and pinned[part] != current[part]]
-
-
-@dataclass(slots=True)
-class _Pin:
-    pinned: dict[str, str]
-    seen: dict[str, str] | None = None  # the server's definition while it differs from the pin
-    since: str | None = None  # when it began to differ (ISO 8601)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +95,15 @@ class Change:
     parts: tuple[str, ...]  # of PARTS, those that differ
     held: bool  # hidden from gateway clients until approved (tools_on_change: hold)
     since: str | None
+    pinned: dict[str, Any] | None = None  # the pinned definition's parts, where known
+    now: dict[str, Any] | None = None  # the server's definition's parts, where known
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"tool": self.tool, "parts": list(self.parts), "held": self.held, "since": self.since}
+    def as_dict(self, *, texts: bool = False) -> dict[str, Any]:
+        """The record ``status`` and ``tools`` show; with *texts*, both definitions (for a diff)."""
+        record = {"tool": self.tool, "parts": list(self.parts), "held": self.held, "since": self.since}
+        if texts:
+            record |= {"pinned": self.pinned, "now": self.now}
+        return record
 
 
 def held_message(extension: str, exposed: str, change: Change) -> str:
@@ -108,68 +113,6 @@ def held_message(extension: str, exposed: str, change: Change) -> str:
         f"it was pinned (tools_on_change: hold); an operator who accepts the new definition runs "
         f"`mcp-supervisor approve {extension} {change.tool}`"
     )
-
-
-class PinStore:
-    """The pin file of extension *name* in *directory*. Blocking methods: call them in a thread."""
-
-    def __init__(self, directory: Path, name: str) -> None:
-        self.name = name
-        self.path = directory / f"{name}.json"
-
-    def load(self) -> dict[str, _Pin]:
-        """The saved pins (empty when absent; or unusable, with a warning). Bounded read."""
-        try:
-            with self.path.open("rb") as file:
-                data = file.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            log.warning("pins.unreadable", extension=self.name, path=str(self.path), error=str(exc))
-            return {}
-        try:
-            if len(data) > MAX_BYTES:
-                raise ValueError("too large")
-            return self._parse(json.loads(data))
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-            log.warning("pins.ignored", extension=self.name, path=str(self.path), reason=reason)
-            return {}
-
-    def _parse(self, record: Any) -> dict[str, _Pin]:
-        if not isinstance(record, dict) or record.get("version") != VERSION:
-            raise ValueError("not a pin file of this version")
-        if record.get("extension") != self.name:
-            raise ValueError("written for another extension")
-        pins: dict[str, _Pin] = {}
-        for name, entry in list(record["tools"].items())[:MAX_TOOLS]:
-            seen, since = entry.get("seen"), entry.get("since")
-            if not isinstance(name, str) or not isinstance(since, str | None):
-                raise ValueError("malformed entry")
-            pinned = _digest_of(entry["pinned"])
-            pins[name] = _Pin(pinned, _digest_of(seen) if seen is not None else None, since)
-        return pins
-
-    def save(self, record: dict[str, Any]) -> bool:
-        """Replace the file with *record* atomically; False (with a warning) if it cannot."""
-        data = json.dumps(record, separators=(",", ":")).encode()
-        if len(data) > MAX_BYTES:
-            log.warning("pins.not_saved", extension=self.name, reason="too large", bytes=len(data))
-            return False
-        try:
-            write_private(self.path, data)
-        except OSError as exc:
-            log.warning("pins.not_saved", extension=self.name, path=str(self.path), error=str(exc))
-            return False
-        return True
-
-
-def _digest_of(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        part in PARTS and isinstance(h, str) and len(h) == _HASH_CHARS for part, h in value.items()
-    ):
-        raise ValueError("malformed digest")
-    return dict(value)
 
 
 class Pins:
@@ -213,7 +156,9 @@ class Pins:
         """Tools whose current definition differs from their pin, by name."""
         held = self.mode == "hold"
         return {
-            name: Change(name, tuple(_differing(pin.pinned, pin.seen)), held, pin.since)
+            name: Change(
+                name, tuple(_differing(pin.pinned, pin.seen)), held, pin.since, pin.text, pin.seen_text
+            )
             for name, pin in self._pins.items()
             if pin.seen is not None
         }
@@ -252,7 +197,7 @@ class Pins:
             if pin is None:
                 new.append(name)
             else:
-                self._compare(name, pin, digest(tool))
+                self._compare(name, pin, digest(tool), tool)
         if new:
             self._pin_new(new, current)
         if self._events > MAX_CHANGE_EVENTS:
@@ -263,27 +208,32 @@ class Pins:
         if self.changes() != before:
             self._changed()
 
-    def _compare(self, name: str, pin: _Pin, current: dict[str, str]) -> None:
+    def _compare(self, name: str, pin: Pin, current: dict[str, str], tool: types.Tool) -> None:
         missing = {part: h for part, h in current.items() if part not in pin.pinned}
         if missing:  # a part a newer version of this module hashes: adopted as it is now
             pin.pinned.update(missing)
             self._dirty = True
         parts = _differing(pin.pinned, current)
         if not parts:
+            if pin.text is None and (text := _text(tool)) is not None:  # pinned before texts were kept
+                pin.text = text
+                self._dirty = True
             if pin.seen is not None:
-                pin.seen = pin.since = None
+                pin.seen = pin.since = pin.seen_text = None
                 self._dirty = True
                 log.info("tool.restored", extension=self.name, tool=name)
             return
         if self.mode == "allow":
-            pin.pinned, pin.seen, pin.since = current, None, None
+            pin.pinned, pin.seen, pin.since, pin.text = current, None, None, _text(tool)
             self._dirty = True
             if self._count_event():
                 log.info("tool.changed", extension=self.name, tool=name, parts=parts, on_change="allow")
             return
         if pin.seen == current:
-            return  # known already: logged when it was first seen
-        pin.seen, pin.since = current, pin.since or _now()
+            if pin.seen_text is None:  # known already (logged when first seen), from before a restart
+                pin.seen_text = _text(tool)
+            return
+        pin.seen, pin.since, pin.seen_text = current, pin.since or _now(), _text(tool)
         self._dirty = True
         if self._count_event():
             log.warning(
@@ -308,7 +258,7 @@ class Pins:
                 del self._pins[name]
         room = max(0, MAX_TOOLS - len(self._pins))
         for name in names[:room]:
-            self._pins[name] = _Pin(digest(current[name]))
+            self._pins[name] = Pin(digest(current[name]), text=_text(current[name]))
         self._dirty = True
         log.info("tool.pinned", extension=self.name, tools=min(room, len(names)), pinned=len(self._pins))
         if len(names) > room and not self._full_warned:
@@ -328,6 +278,7 @@ class Pins:
             pin = self._pins[name]
             assert pin.seen is not None
             pin.pinned, pin.seen, pin.since = pin.seen, None, None
+            pin.text, pin.seen_text = pin.seen_text, None
         if names:
             self._dirty = True
             log.info("tool.approved", extension=self.name, tools=names)
@@ -360,6 +311,8 @@ class Pins:
         tools: dict[str, Any] = {}
         for name, pin in self._pins.items():
             entry: dict[str, Any] = {"pinned": pin.pinned}
+            if pin.text is not None:
+                entry["text"] = pin.text
             if pin.seen is not None:
                 entry["seen"], entry["since"] = pin.seen, pin.since
             tools[name] = entry

@@ -197,6 +197,8 @@ class TestOneServer:
         tool = page.locator('details[data-tool="greet"]')
         expect(tool).to_contain_text("changed: description (held)", timeout=WAIT)
         expect(tool).to_contain_text("Say hi, then more.")
+        expect(tool.locator(".diff .del")).to_have_text(["- Say hi."])  # against the pinned text
+        expect(tool.locator(".diff .ins")).to_have_text(["+ Say hi, then more."])
         shot(page, "changed-tool")
         tool.get_by_role("button", name="Approve greet").click()
         expect(page.locator("#notice")).to_have_text("approved: greet", timeout=WAIT)

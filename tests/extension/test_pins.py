@@ -16,7 +16,16 @@ from structlog.testing import capture_logs
 
 from supervisor.config import settings as config
 from supervisor.errors import SupervisorError
-from supervisor.extension.pins import MAX_BYTES, MAX_CHANGE_EVENTS, MAX_TOOLS, PARTS, Pins, PinStore, digest
+from supervisor.extension.pins import (
+    MAX_BYTES,
+    MAX_CHANGE_EVENTS,
+    MAX_TEXT,
+    MAX_TOOLS,
+    PARTS,
+    Pins,
+    PinStore,
+    digest,
+)
 from supervisor.upstream.listing import Listing
 from tests.harness import Daemon, extension_settings, first_text, gateway_session, until
 from tests.harness.daemon import TOKEN
@@ -167,10 +176,43 @@ class TestStore:
         path = directory / "fx.json"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-        assert "Say hi" not in path.read_text()  # hashes only
+        assert "Say hi" in path.read_text() and SNEAKY not in path.read_text()  # the pinned text only
         again = Pins("fx", mode="hold", store=PinStore(directory, "fx"))
         assert again.held() == {"greet"}  # held before the server is even listed again
-        assert again.changes()["greet"].parts == ("description",)
+        change = again.changes()["greet"]
+        assert change.parts == ("description",) and change.pinned is not None and change.now is None
+        assert change.pinned["description"] == "Say hi."
+        again.observe([tool(description=SNEAKY)])  # listed again: the change's text is known again
+        assert again.changes()["greet"].as_dict(texts=True)["now"]["description"] == SNEAKY
+
+    def test_a_diff_has_both_texts_and_approval_pins_the_new_one(self) -> None:
+        pins = Pins("fx", mode="warn")
+        pins.observe([GREET])
+        pins.observe([tool(description=SNEAKY)])
+        record = pins.changes()["greet"].as_dict(texts=True)
+        assert record["pinned"]["description"] == "Say hi." and record["now"]["description"] == SNEAKY
+        assert "pinned" not in pins.changes()["greet"].as_dict()  # status stays small
+        pins.approve("greet")
+        pins.observe([GREET])  # back to the old one: now that is the change
+        assert pins.changes()["greet"].as_dict(texts=True)["pinned"]["description"] == SNEAKY
+
+    def test_a_pin_without_text_gets_it_from_a_matching_listing_and_a_huge_one_keeps_its_hash_only(
+        self, tmp_path: Path
+    ) -> None:
+        pins = Pins("fx", mode="warn", store=PinStore(tmp_path, "fx"))
+        pins.observe([GREET])
+        anyio.run(pins.save)
+        record = json.loads((tmp_path / "fx.json").read_text())
+        del record["tools"]["greet"]["text"]  # as written before texts were kept
+        (tmp_path / "fx.json").write_text(json.dumps(record))
+        again = Pins("fx", mode="warn", store=PinStore(tmp_path, "fx"))
+        again.observe([GREET])
+        again.observe([tool(description=SNEAKY)])
+        assert again.changes()["greet"].pinned is not None
+        huge = Pins("big", mode="warn")
+        huge.observe([tool(description="x" * (MAX_TEXT + 1))])
+        huge.observe([GREET])
+        assert huge.changes()["greet"].pinned is None  # its hash alone: the page says so
 
     def test_corrupt_foreign_and_oversized_files_are_ignored(self, tmp_path: Path) -> None:
         path = tmp_path / "fx.json"

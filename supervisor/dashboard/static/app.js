@@ -391,6 +391,8 @@ function renderTool(extension, tool) {
       change ? h("span", { class: "changed" }, ` changed: ${change.parts.join(", ")}${change.held ? " (held)" : ""}`) : null),
     tool.description ? h("p", { class: "tool-description" }, tool.description) : null,
     change ? h("p", {}, changeText(change)) : null,
+    change ? renderDiff(change) : null,
+    h("p", { class: "muted" }, change ? "Its input schema now:" : "Input schema:"),
     h("pre", {}, schema),
     change && !view.session.read_only
       ? h("button", { type: "button", "data-key": `approve:${extension}:${tool.name}`, onclick: () => approve(extension, tool.name) }, `Approve ${tool.name}`)
@@ -402,7 +404,45 @@ function changeText(change) {
   const verb = change.parts.length === 1 ? "differs" : "differ";
   const when = change.since ? ` since ${new Date(change.since).toLocaleString()}` : "";
   const held = change.held ? " Clients neither see nor call it until it is approved." : "";
-  return `Its ${parts} ${verb} from the definition pinned${when}.${held} Its input schema now:`;
+  return `Its ${parts} ${verb} from the definition pinned${when}.${held}`;
+}
+
+function asText(value) {
+  if (value === undefined) return [];
+  return (typeof value === "string" ? value : JSON.stringify(value, null, 2)).split("\n");
+}
+
+/** Lines of *before* and *after* as removed, added and kept, by their longest common subsequence. */
+function lineDiff(before, after) {
+  const n = before.length;
+  const m = after.length;
+  if (n * m > 1000000) return [...before.map((l) => ["-", l]), ...after.map((l) => ["+", l])];
+  const lcs = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
+  for (let i = n - 1; i >= 0; i--) {
+    for (let j = m - 1; j >= 0; j--) {
+      lcs[i][j] = before[i] === after[j] ? lcs[i + 1][j + 1] + 1 : Math.max(lcs[i + 1][j], lcs[i][j + 1]);
+    }
+  }
+  const out = [];
+  let i = 0;
+  let j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && before[i] === after[j]) { out.push([" ", before[i]]); i++; j++; }
+    else if (i < n && (j === m || lcs[i + 1][j] >= lcs[i][j + 1])) { out.push(["-", before[i]]); i++; }
+    else { out.push(["+", after[j]]); j++; }
+  }
+  return out;
+}
+
+function renderDiff(change) {
+  if (!change.pinned || !change.now) {
+    return h("p", { class: "muted" },
+      "The pinned text is not known (pinned by an older daemon, or over 8 KiB): only its hash differs.");
+  }
+  return change.parts.map((part) => h("figure", { class: "diff" },
+    h("figcaption", {}, `${part}: pinned (−) and now (+)`),
+    h("pre", {}, lineDiff(asText(change.pinned[part]), asText(change.now[part])).map(([mark, line]) =>
+      h("span", { class: mark === "+" ? "ins" : mark === "-" ? "del" : "same" }, `${mark} ${line}\n`)))));
 }
 
 async function approve(extension, tool) {
