@@ -13,7 +13,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from supervisor.dashboard.pages import MAX_STREAMS
+from supervisor.dashboard.pages import COALESCE, LOG_TAIL, MAX_STREAMS
 from tests.dashboard import call, session
 from tests.harness.daemon import TOKEN, Daemon
 from tests.harness.servers import extension_settings
@@ -190,6 +190,35 @@ class TestLive:
                     break
         assert seen[0] == "running" and "running" in seen[1:]
         assert {"stopping", "starting"} & set(seen[1:]), seen  # the page saw it go, then come back
+
+    def test_a_flood_of_changes_and_log_lines_reaches_a_page_coalesced(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """A crash loop (a state change every few ms) and a stderr flood: whatever comes, a page
+        gets at most one status and one log tail per coalescing window, the tail at most 200 lines."""
+        crashing = extension_settings("exit_now.py", backoff={"initial": 0, "max": 0, "jitter": 0})
+        daemon = daemons({**ECHO, "crashing": crashing}, http={})
+        daemon.wait_running("echo")
+        base, client = session(daemon)
+        counted: dict[str, int] = {"status": 0, "logs": 0}
+        window = 3.0
+        with client.stream("GET", base + "/dashboard/events?logs=echo", timeout=patience(20)) as stream:
+            started = None
+            for event, data in events(stream):
+                if event == "logs":
+                    assert len(data["lines"]) <= LOG_TAIL
+                if started is None:
+                    daemon.request("call", {"name": "echo", "tool": "stderr", "arguments": {"lines": 20000}})
+                    started = time.monotonic()
+                    continue
+                if event in counted:
+                    counted[event] += 1
+                if time.monotonic() - started > window:
+                    break
+        elapsed = time.monotonic() - started
+        assert daemon.status()["crashing"]["restarts"] > 5  # it was a flood (restarts take a spawn each)
+        for event, count in counted.items():
+            assert 1 <= count <= elapsed / COALESCE + 2, (event, count, elapsed)
 
     def test_streams_are_bounded_and_one_silent_page_holds_up_no_other(
         self, daemons: Callable[..., Daemon]

@@ -22,6 +22,7 @@ from tests.harness.daemon import Daemon, until
 from tests.harness.gateway_client import gateway_session
 from tests.harness.servers import extension_settings
 from tests.harness.timing import patience
+from tests.remote.test_oauth import Protected
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHOTS = os.environ.get("DASHBOARD_SCREENSHOTS")
@@ -223,6 +224,28 @@ class TestOneServer:
         expect(tool.locator("summary")).to_contain_text(HOSTILE)
         assert page.evaluate("window.pwned") is None
         assert page.locator("#main img, #main script").count() == 0
+
+
+class TestRemote:
+    def test_log_in_from_the_page(self, daemons: Callable[..., Daemon], page: Page) -> None:
+        """A remote server waiting for its login: Log in opens the authorization page (the
+        fixture consents at once and sends the browser to the daemon's loopback receiver)."""
+        server = Protected()
+        try:
+            daemon = daemons({"far": server.entry()}, state=True, settings=LISTEN)
+            daemon.wait_state("far", "needs-login")
+            visit(page, daemon, "#/ext/far")
+            badge = page.locator("#summary .state")
+            expect(badge).to_have_text("needs-login", timeout=WAIT)
+            expect(page.locator("#summary")).to_contain_text(server.url)
+            with page.context.expect_page(timeout=WAIT) as opened:
+                page.get_by_role("button", name="Log in").click()
+            opened.value.wait_for_load_state()
+            expect(badge).to_have_text("running", timeout=WAIT)
+            expect(page.locator("#summary")).to_contain_text("logged in")
+            opened.value.close()
+        finally:
+            server.kill()
 
 
 def listed(daemon: Daemon) -> list[str]:
