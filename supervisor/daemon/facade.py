@@ -210,6 +210,7 @@ class Facade:
         """Diagnostics of the daemon itself: the process, the spool, and each extension's counters."""
         spool = self.spool.stats()
         return {
+            "config": self.config_path,  # the file reload reads (None: settings given in code)
             "process": process_stats().as_dict(),
             "spool": {
                 "dir": str(self.spool.run_dir),

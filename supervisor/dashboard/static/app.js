@@ -490,6 +490,7 @@ function renderDaemon() {
     h("h1", {}, "Daemon"),
     process ? h("dl", { class: "facts" }, facts.map(([t, v]) => [h("dt", {}, t), h("dd", {}, v)])) : h("p", { class: "muted" }, "Loading…"),
     h("h2", {}, "Config"),
+    health && health.config ? h("p", {}, "File: ", h("code", {}, health.config)) : null,
     h("p", {}, "Reload reads the config file again: it starts what was added, stops what was removed and restarts what changed. A config with errors changes nothing."),
     view.session.read_only ? null
       : h("button", { type: "button", "data-key": "reload", onclick: reload }, "Reload the config"),
