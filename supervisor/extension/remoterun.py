@@ -63,6 +63,9 @@ class RemoteRun:
         """No guard of its own: liveness (``ping_interval``) is every kind's."""
 
 
+ANSWER_GRACE = 2.0  # seconds an answer may go on past the longest wait for it
+
+
 @asynccontextmanager
 async def open_remote(
     name: str,
@@ -91,6 +94,9 @@ async def open_remote(
         headers=headers,
         max_message_bytes=config.max_message_bytes,
         stop_timeout=config.stop_timeout,
+        # no one waits for an answer longer than this: a stalled or endless one is cut then
+        answer_timeout=max(config.call_timeout, config.start_timeout, config.first_start_timeout or 0)
+        + ANSWER_GRACE,
         auth=functools.partial(run_auth, config, tokens, secrets),
         **connect_options,
     ) as connection:

@@ -28,8 +28,6 @@ import mcp_types as types
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import ClientSession, MCPError
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.message import SessionMessage
 from pydantic import TypeAdapter
@@ -151,6 +149,7 @@ async def connect(
     spool: ExtensionSpool | None = None,
     on_log: Callable[[str], None] | None = None,
     auth: AuthFor | None = None,
+    answer_timeout: float | None = None,
 ) -> AsyncIterator[RemoteConnection]:
     """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
     :class:`RemoteConnection`.
@@ -163,7 +162,8 @@ async def connect(
     Oversized media in the server's tool results goes to *spool* before the session sees them
     (the answer itself is bounded, not streamed: see :mod:`supervisor.remote.http`).
 
-    Bounds: every answer and event within *max_message_bytes* (:mod:`supervisor.remote.http`);
+    Bounds: every answer and event within *max_message_bytes*, and the answer to each request
+    within *answer_timeout* seconds (:mod:`supervisor.remote.http`);
     *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
     told at ``initialize`` that its client offers sampling, elicitation and roots. *on_log*
     gets each log message it sends as one line (``logs NAME`` shows them, as a child's stderr).
@@ -184,6 +184,7 @@ async def connect(
         stop_timeout,
         on_log,
         signer,
+        answer_timeout,
     )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
@@ -215,7 +216,9 @@ class _Holder:
         stop_timeout: float,
         on_log: Callable[[str], None] | None,
         auth: httpx2.Auth | None,
+        answer_timeout: float | None = None,
     ) -> None:
+        self.answer_timeout = answer_timeout
         self.on_log = on_log
         self.auth = auth
         self.connection = connection
@@ -322,25 +325,16 @@ class _Holder:
             if not started:
                 raise
 
-    @asynccontextmanager
-    async def _transport(self, kind: str) -> AsyncIterator[tuple[Any, Any]]:
-        """The SDK's transport of *kind* over our bounded HTTP client: its read and write streams."""
-        limit, watch, auth = self.max_message_bytes, self.watch, self.auth
-        async with http.client(self.headers, max_message_bytes=limit, watch=watch, auth=auth) as client:
-            if kind == "sse":
-
-                def factory(**_: Any) -> httpx2.AsyncClient:
-                    return http.client(self.headers, max_message_bytes=limit, watch=watch, auth=auth)
-
-                transport: AbstractAsyncContextManager[Any] = sse_client(
-                    self.connection.url, httpx_client_factory=factory, sse_read_timeout=86_400
-                )
-            else:
-                transport = streamable_http_client(
-                    self.connection.url, http_client=client, max_sse_event_size=limit
-                )
-            async with transport as streams:
-                yield streams
+    def _transport(self, kind: str) -> AbstractAsyncContextManager[tuple[Any, Any]]:
+        return http.transport(
+            kind,
+            self.connection.url,
+            self.headers,
+            watch=self.watch,
+            auth=self.auth,
+            max_message_bytes=self.max_message_bytes,
+            answer_timeout=self.answer_timeout,
+        )
 
     async def _forward(
         self,

@@ -5,18 +5,27 @@ Every byte a remote server sends is bounded before anything parses it: a JSON an
 since its last blank line), so a hostile or broken server costs at most that much memory.
 HTTPS is verified against the system's trust store; the MCP transports themselves follow a
 redirect only within the endpoint's origin, so the configured headers never leave it.
+
+The answer to a POST (a request's) is bounded in time as well: past *answer_timeout* its stream
+is cut. Whoever sent the request stopped waiting by then (``call_timeout``), and a server that
+stalls an answer, or streams one without end, would otherwise hold a connection and a task,
+and in the second case a core, until the run ends.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from typing import Protocol
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
+import anyio
 import httpx2
 from httpx2._utils import get_environment_proxies  # httpx's own reading of *_PROXY and NO_PROXY
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
 
-__all__ = ("MAX_CONNECTIONS", "ResponseTooLarge", "Watch", "client")
+__all__ = ("MAX_CONNECTIONS", "AnswerTooLong", "ResponseTooLarge", "Watch", "client", "transport")
 
 MAX_CONNECTIONS = 64  # per run: each call in flight may hold one (its answer's event stream)
 CONNECT_TIMEOUT = 10.0  # a TCP and TLS handshake; the call's own budget bounds the rest
@@ -36,6 +45,11 @@ class ResponseTooLarge(httpx2.StreamError, httpx2.SSEError):
     one stream: all of them)."""
 
 
+class AnswerTooLong(httpx2.StreamError, httpx2.SSEError):
+    """The answer to a request went on past its deadline (stalled, or streaming without end):
+    an error of that request's stream only, as :class:`ResponseTooLarge`."""
+
+
 def client(
     headers: Mapping[str, str],
     *,
@@ -43,8 +57,10 @@ def client(
     watch: Watch | None = None,
     timeout: httpx2.Timeout | None = None,
     auth: httpx2.Auth | None = None,
+    answer_timeout: float | None = None,
 ) -> httpx2.AsyncClient:
-    """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*;
+    """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*
+    (and a POST's by *answer_timeout* seconds);
     *watch* sees each response before anyone reads it, and each failure of the network; *auth*
     (an OAuth login, :mod:`supervisor.remote.auth`) signs each request.
 
@@ -60,7 +76,7 @@ def client(
             limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
             proxy=proxy,
         )
-        return _Bounded(inner, max_message_bytes, watch)
+        return _Bounded(inner, max_message_bytes, watch, answer_timeout)
 
     proxies = get_environment_proxies()
     return httpx2.AsyncClient(
@@ -74,11 +90,45 @@ def client(
     )
 
 
+@asynccontextmanager
+async def transport(
+    kind: str,
+    url: str,
+    headers: Mapping[str, str],
+    *,
+    watch: Watch | None,
+    auth: httpx2.Auth | None,
+    max_message_bytes: int,
+    answer_timeout: float | None,
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The SDK's transport of *kind* (``http``: streamable HTTP, ``sse``: HTTP+SSE) to *url* over
+    a :func:`client` of these bounds: its read and write streams."""
+    bounds: dict[str, Any] = {
+        "watch": watch,
+        "auth": auth,
+        "max_message_bytes": max_message_bytes,
+        "answer_timeout": answer_timeout,
+    }
+    async with client(headers, **bounds) as http:
+        opened: AbstractAsyncContextManager[Any]
+        if kind == "sse":
+            opened = sse_client(
+                url, httpx_client_factory=lambda **_: client(headers, **bounds), sse_read_timeout=86_400
+            )
+        else:
+            opened = streamable_http_client(url, http_client=http, max_sse_event_size=max_message_bytes)
+        async with opened as streams:
+            yield streams
+
+
 class _Bounded(httpx2.AsyncBaseTransport):
     """A transport whose response bodies stop at the byte limit (see the module)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int, watch: Watch | None) -> None:
+    def __init__(
+        self, inner: httpx2.AsyncBaseTransport, limit: int, watch: Watch | None, answer_timeout: float | None
+    ) -> None:
         self._inner, self._limit, self._watch = inner, limit, watch
+        self._answer_timeout = answer_timeout
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
@@ -92,7 +142,12 @@ class _Bounded(httpx2.AsyncBaseTransport):
         events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
-        response.stream = _Limited(stream, self._limit, per_event=events, watch=self._watch)
+        deadline = None
+        if request.method == "POST" and self._answer_timeout is not None:  # a GET stream may last
+            deadline = anyio.current_time() + self._answer_timeout
+        response.stream = _Limited(
+            stream, self._limit, per_event=events, watch=self._watch, deadline=deadline
+        )
         return response
 
     async def aclose(self) -> None:
@@ -101,9 +156,16 @@ class _Bounded(httpx2.AsyncBaseTransport):
 
 class _Limited(httpx2.AsyncByteStream):
     def __init__(
-        self, inner: httpx2.AsyncByteStream, limit: int, *, per_event: bool, watch: Watch | None
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        *,
+        per_event: bool,
+        watch: Watch | None,
+        deadline: float | None = None,
     ) -> None:
         self._inner, self._limit, self._per_event, self._watch = inner, limit, per_event, watch
+        self._deadline = deadline
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -117,7 +179,7 @@ class _Limited(httpx2.AsyncByteStream):
     async def _chunks(self) -> AsyncIterator[bytes]:
         pending = 0  # bytes of the current event (per_event), or of the whole body
         tail = b""  # the last bytes of the previous chunk: a blank line may straddle two
-        async for chunk in self._inner:
+        async for chunk in self._in_time():
             if self._per_event:
                 seen = tail + chunk
                 end = max(seen.rfind(b"\n\n"), seen.rfind(b"\r\n\r\n"), seen.rfind(b"\r\r"))
@@ -128,6 +190,23 @@ class _Limited(httpx2.AsyncByteStream):
             if pending > self._limit:
                 what = "one event of its stream" if self._per_event else "its answer"
                 raise ResponseTooLarge(f"the server sent over {self._limit} bytes in {what}")
+            yield chunk
+
+    async def _in_time(self) -> AsyncIterator[bytes]:
+        """The inner stream's chunks, until the deadline (if any): past it, :class:`AnswerTooLong`."""
+        if self._deadline is None:
+            async for chunk in self._inner:
+                yield chunk
+            return
+        chunks = aiter(self._inner)
+        while True:
+            with anyio.move_on_after(self._deadline - anyio.current_time()) as waiting:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+            if waiting.cancelled_caught or anyio.current_time() >= self._deadline:
+                raise AnswerTooLong("the server's answer went on past the time the request had")
             yield chunk
 
     async def aclose(self) -> None:

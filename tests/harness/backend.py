@@ -132,8 +132,18 @@ class FakeBackend:
     def collisions(self, extension: str) -> list[str]:
         return []
 
-    def tool_changes(self, name: str) -> list[dict[str, Any]]:
+    def tool_changes(self, name: str, *, texts: bool = False) -> list[dict[str, Any]]:
         return []
+
+    def clients(self) -> list[dict[str, Any]]:
+        return []
+
+    def recent_calls(self) -> dict[str, Any]:
+        return {"bucket_seconds": 10.0, "extensions": {name: [] for name in self.snapshots}}
+
+    async def dashboard(self, *, read_only: bool = False) -> dict[str, Any]:
+        url = "http://127.0.0.1:1/dashboard/login?code=x"
+        return {"url": url, "read_only": read_only, "expires_in": 120.0}
 
     async def approve(self, name: str, tool: str | None = None) -> list[str]:
         self._get(name)

@@ -1,9 +1,14 @@
-"""Remote extensions' tests; :func:`entry` is the entry they share."""
+"""Remote extensions' tests: :func:`entry` is the entry they share, :class:`Remote` the fixture
+server (tests/servers/remote.py) they run, and the ``remotes`` fixture (conftest.py) starts them."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from typing import Any
 
+from tests.harness import SERVERS
 from tests.harness.timing import patience
 
 
@@ -16,3 +21,34 @@ def entry(url: str, **overrides: Any) -> dict[str, Any]:
         "stop_timeout": 1,
     }
     return {**settings, **overrides}
+
+
+class Remote:
+    """tests/servers/remote.py in one of its modes, on a port that stays its own across restarts."""
+
+    def __init__(self, mode: str, tls: tuple[str, str] | None = None) -> None:
+        self.mode, self.port, self.tls = mode, 0, tls
+        self.proc: subprocess.Popen[str] | None = None
+        self.url = ""
+
+    def start(self) -> Remote:
+        argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port), *(self.tls or ())]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()  # printed once it listens
+        assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), self.url
+        self.port = int(self.url.split(":")[2].split("/")[0])
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def entry(self, **overrides: Any) -> dict[str, Any]:
+        return entry(self.url, **overrides)
+
+
+def text(result: dict[str, Any]) -> str:
+    """The first text of a call's wire result."""
+    return str(result["content"][0]["text"])

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import socket
 import stat
 import subprocess
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,55 +17,11 @@ import anyio
 import pytest
 
 from supervisor.control.client import RemoteError
-from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
+from tests.harness import CLI, Daemon, first_text, gateway_session, until
 from tests.harness.timing import fail_after, patience
-from tests.remote import entry
+from tests.remote import Remote, text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
-
-
-class Remote:
-    """tests/servers/remote.py in one of its modes, on a port that stays its own across restarts."""
-
-    def __init__(self, mode: str, tls: tuple[str, str] | None = None) -> None:
-        self.mode, self.port, self.tls = mode, 0, tls
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> Remote:
-        argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port), *(self.tls or ())]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()  # printed once it listens
-        assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), self.url
-        self.port = int(self.url.split(":")[2].split("/")[0])
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def entry(self, **overrides: Any) -> dict[str, Any]:
-        return entry(self.url, **overrides)
-
-
-def text(result: dict[str, Any]) -> str:
-    """The first text of a call's wire result."""
-    return str(result["content"][0]["text"])
-
-
-@pytest.fixture
-def remotes() -> Iterator[Callable[[str], Remote]]:
-    started: list[Remote] = []
-
-    def start(mode: str) -> Remote:
-        started.append(Remote(mode).start())
-        return started[-1]
-
-    yield start
-    for remote in started:
-        remote.kill()
 
 
 class TestRuns:

@@ -6,8 +6,12 @@
 URL on stdout once it listens. Tools
 as ``echo.py``'s (``echo``, ``sleep``, ``toggle_tool``, ``big_text``, ``pid``, ...), plus
 ``headers`` (the request's headers that start with ``x-``), ``sessions`` (how many sessions it
-holds), ``forget`` (ends every session, so the next request of one is answered 404) and
-``answer_next(status)`` (the next POST is answered with that HTTP status, before the MCP app).
+holds), ``forget`` (ends every session, so the next request of one is answered 404),
+``answer_next(status)`` (the next POST is answered with that HTTP status, before the MCP app),
+and the faults of a server that misbehaves mid-answer, each for the next POST: ``stall_next``
+(an event stream that starts, then never sends another byte), ``flood_next(kind)`` (an event
+stream without end: ``events``, log notifications as fast as it can; ``body``, one event whose
+data never ends).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import uvicorn
 from mcp.server import NotificationOptions, Server, ServerRequestContext
@@ -40,6 +45,8 @@ EXTRA = (
     echo._tool("forget", "End every session: the next request of one is answered 404."),
     echo._tool("answer_next", "Answer the next POST with this HTTP status.", {"status": {"type": "integer"}}),
     echo._tool("redirect_next", "Answer the next POST with 307 to this URL.", {"url": {"type": "string"}}),
+    echo._tool("stall_next", "Start the next POST's event stream, then send nothing more."),
+    echo._tool("flood_next", "Answer the next POST with an endless stream.", {"kind": {"type": "string"}}),
     echo._tool("image", "A PNG-typed image of N random bytes.", {"bytes": {"type": "integer"}}),
     echo._tool(
         "log", "Send a log message (info, logger 'remote') with this text.", {"text": {"type": "string"}}
@@ -78,6 +85,12 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             return echo._text("armed")
         case "answer_next":
             FAULT["status"] = int((params.arguments or {})["status"])
+            return echo._text("armed")
+        case "stall_next":
+            FAULT["stream"] = "stall"
+            return echo._text("armed")
+        case "flood_next":
+            FAULT["stream"] = str((params.arguments or {})["kind"])
             return echo._text("armed")
         case "forget":  # as a server restarted behind the same address: every session unknown
             SERVER._session_manager._server_instances.clear()
@@ -119,6 +132,9 @@ class _Faults:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and "stream" in FAULT:
+            await _misbehave(FAULT.pop("stream"), receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST" and "status" in FAULT:
             status, headers = FAULT.pop("status"), [(b"content-type", b"text/plain")]
             if "location" in FAULT:
@@ -127,6 +143,38 @@ class _Faults:
             await send({"type": "http.response.body", "body": b"injected"})
             return
         await self.app(scope, receive, send)
+
+
+async def _misbehave(kind: str, receive: Any, send: Any) -> None:
+    """An event stream that stalls or never ends, until the client goes."""
+    while (await receive()).get("more_body"):  # the request, read whole
+        pass
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    log = {
+        "jsonrpc": "2.0",
+        "method": "notifications/message",
+        "params": {"level": "info", "data": "x" * 200},
+    }
+    chunk = {
+        "stall": b": the answer starts\n\n",
+        "events": b"event: message\ndata: " + json.dumps(log).encode() + b"\n\n",
+        "body": b"event: message\ndata: " + b"x" * 65536,
+    }[kind]
+    try:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        while kind != "stall":
+            await anyio.lowlevel.checkpoint()  # as fast as it can, yet serving its other sessions
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": chunk if kind == "events" else b"y" * 65536,
+                    "more_body": True,
+                }
+            )
+        await anyio.sleep_forever()
+    except OSError:  # the client went
+        return
 
 
 async def main(mode: str, port: int, tls: tuple[str, str] | None) -> None:
