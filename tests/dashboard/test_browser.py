@@ -226,6 +226,32 @@ class TestOneServer:
         assert page.locator("#main img, #main script").count() == 0
 
 
+class TestInstances:
+    def test_a_per_client_server_lists_each_client_s_instance(
+        self, daemons: Callable[..., Daemon], page: Page
+    ) -> None:
+        echo = extension_settings("echo.py", instances="per-client")
+        daemon = daemons({"echo": echo}, settings=LISTEN)
+        visit(page, daemon, "#/ext/echo")
+        with anyio.from_thread.start_blocking_portal() as portal:
+            leave = portal.call(anyio.Event)
+            served = portal.call(anyio.Event)
+
+            async def client() -> None:
+                async with gateway_session(daemon.mcp_sock) as session:
+                    await session.call_tool("echo__echo", {"text": "mine"})
+                    served.set()
+                    await leave.wait()
+
+            future = portal.start_task_soon(client)
+            portal.call(served.wait)
+            rows = page.locator("#summary tbody tr")
+            expect(rows).to_have_count(1, timeout=WAIT)
+            expect(rows.first.locator('td[data-label="State"]')).to_have_text("running")
+            portal.call(leave.set)
+            future.result(timeout=patience(10))
+
+
 class TestRemote:
     def test_log_in_from_the_page(self, daemons: Callable[..., Daemon], page: Page) -> None:
         """A remote server waiting for its login: Log in opens the authorization page (the
