@@ -7,7 +7,8 @@ tool directories inside it. A later run finds the packages installed and the cac
 Tests skip, with the reason, only when a registry cannot be reached.
 
 One daemon serves the whole group: every server as an installed binary, through ``npx -y``
-and through ``uvx``, plus the HTTP listener, so the group pays for one start.
+and through ``uvx``, ``server-everything`` once more as a remote extension (its streamable HTTP
+mode on loopback: ``remote-everything``), plus the HTTP listener, so the group pays for one start.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,7 @@ import pytest
 
 from supervisor.process import children as process
 from tests.harness import Daemon, until
+from tests.harness.timing import patience
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "interop"
@@ -218,6 +221,28 @@ class Interop:
         return wait_running(self.daemon, name)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def accepts(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def serve_everything(chain: Toolchain, mode: str) -> tuple[subprocess.Popen[bytes], str]:
+    """server-everything in *mode* (``streamableHttp``, ``sse``) on a free loopback port: the
+    process, and its URL once it accepts connections."""
+    port = free_port()
+    env = {**os.environ, **chain.env, "PORT": str(port)}
+    binary = chain.bin / "mcp-server-everything"
+    proc = subprocess.Popen([str(binary), mode], env=env, stderr=subprocess.DEVNULL)
+    until(lambda: accepts(port), within=patience(30))
+    return proc, f"http://127.0.0.1:{port}{'/sse' if mode == 'sse' else '/mcp'}"
+
+
 def wait_running(daemon: Daemon, name: str) -> dict[str, Any]:
     """*name*'s record once running; fails at once, with its stderr, if it fails or backs off."""
     settled = ("running", "failed", "backoff", "stopped")
@@ -232,6 +257,8 @@ def interop(toolchain: Toolchain) -> Iterator[Interop]:
     """One daemon supervising every published server, with the HTTP listener on a free port."""
     work = Path(tempfile.mkdtemp(prefix="mcpi-", dir="/tmp"))  # short: unix socket paths
     supervised = extensions(toolchain, work)
+    remote, url = serve_everything(toolchain, "streamableHttp")
+    supervised["remote-everything"] = {"url": url, "start_timeout": START_TIMEOUT, "stop_timeout": 2}
     settings = {"spool": {"dir": str(work / "spool")}}
     daemon = Daemon(work, supervised, settings=settings, http={}, env={"XDG_CACHE_HOME": str(XDG_CACHE)})
     daemon.start()
@@ -241,6 +268,8 @@ def interop(toolchain: Toolchain) -> Iterator[Interop]:
         yield Interop(daemon, work, daemon.url + "/mcp", toolchain)
         assert daemon.terminate() == 0, daemon.log.read_text()[-3000:]
     finally:
+        remote.kill()
+        remote.wait()
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.send_signal(signal.SIGKILL)
             daemon.proc.wait()

@@ -54,12 +54,19 @@ FULL = [("connect", "legacy"), ("http", "modern")]  # what desktop clients use, 
 SMOKE = [("connect", "modern"), ("http", "legacy")]  # each CLI run costs a node start: one call each
 
 
-@pytest.mark.parametrize(("transport", "era"), SMOKE)
-def test_call(interop: Interop, transport: str, era: str) -> None:
-    """The TypeScript client calls a tool through the other two combinations."""
-    interop.ensure_running(EXT)
+CALLS = [(EXT, *way) for way in SMOKE] + [("remote-everything", *way) for way in (*FULL, *SMOKE)]
+
+
+@pytest.mark.parametrize(("extension", "transport", "era"), CALLS)
+def test_call(interop: Interop, extension: str, transport: str, era: str) -> None:
+    """The TypeScript client calls a tool through the other two combinations; and a remote
+    extension (server-everything over streamable HTTP) through all four."""
+    interop.ensure_running(extension)
+    if extension != EXT:  # the local one's listing is test_tools_resources_prompts'
+        listed = inspect(interop, transport, era, "tools/list")
+        assert f"{extension}__echo" in [tool["name"] for tool in listed["tools"]]
     called = inspect(
-        interop, transport, era, "tools/call", "--tool-name", f"{EXT}__echo", "--tool-arg", "message=hi"
+        interop, transport, era, "tools/call", "--tool-name", f"{extension}__echo", "--tool-arg", "message=hi"
     )
     assert called["content"] == [{"type": "text", "text": "Echo: hi"}], called
 

@@ -3,18 +3,17 @@ HTTP+SSE modes on loopback, as remote extensions, listed and called through the 
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 
 import mcp_types as types
 import pytest
+from mcp import Client
 
-from tests.harness import Daemon, gateway_session, until
+from tests.harness import Daemon, first_text, gateway_session
 from tests.harness.timing import patience
 
-from .conftest import Toolchain
+from .conftest import Interop, Toolchain, serve_everything
 
 pytestmark = [
     pytest.mark.interop,
@@ -26,29 +25,15 @@ pytestmark = [
 MODES = {"streamableHttp": "/mcp", "sse": "/sse"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _accepts(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture
 def everything(toolchain: Toolchain) -> Iterator[Callable[[str], str]]:
     """Start server-everything in a mode; its URL once it accepts connections."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(mode: str) -> str:
-        port = _free_port()
-        binary = toolchain.bin / "mcp-server-everything"
-        env = {**os.environ, **toolchain.env, "PORT": str(port)}
-        started.append(subprocess.Popen([str(binary), mode], env=env, stderr=subprocess.DEVNULL))
-        until(lambda: _accepts(port), within=patience(30))
-        return f"http://127.0.0.1:{port}{MODES[mode]}"
+        proc, url = serve_everything(toolchain, mode)
+        started.append(proc)
+        return url
 
     yield start
     for proc in started:
@@ -71,3 +56,17 @@ async def test_server_everything_as_a_remote_extension(
         assert {"far__echo", "far__get-sum"} <= names, names
         result = await session.call_tool("far__echo", {"message": "hi"})
     assert isinstance(result.content[0], types.TextContent) and result.content[0].text == "Echo: hi", result
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_the_sdk_client_of_either_era_reaches_a_remote_extension_over_http(
+    interop: Interop, mode: str
+) -> None:
+    """The session daemon's ``remote-everything`` (server-everything over streamable HTTP) from
+    the SDK's own client on the gateway's HTTP listener, in both protocol eras."""
+    interop.ensure_running("remote-everything")
+    async with Client(interop.daemon.mcp(), mode=mode) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert "remote-everything__get-sum" in names, names
+        result = await client.call_tool("remote-everything__get-sum", {"a": 2, "b": 3})
+    assert not result.is_error and "5" in first_text(result), result
