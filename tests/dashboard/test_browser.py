@@ -7,16 +7,18 @@ acts through the page: the keyboard and clicks, never the page's own functions. 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import mcp_types as types
 import pytest
+from mcp import ClientSession
 
 from tests.harness.daemon import Daemon, until
 from tests.harness.gateway_client import gateway_session
@@ -95,6 +97,30 @@ def record_states(page: Page, name: str) -> None:
         }""",
         name,
     )
+
+
+@contextlib.contextmanager
+def connected(
+    daemon: Daemon, first: Callable[[ClientSession], Awaitable[Any]], **session_args: Any
+) -> Iterator[None]:
+    """A gateway client on mcp.sock that has done *first*, held until the block ends. It runs in a
+    portal's loop: Playwright's own runs in this thread."""
+    with anyio.from_thread.start_blocking_portal() as portal:
+        leave, ready = portal.call(anyio.Event), portal.call(anyio.Event)
+
+        async def client() -> None:
+            async with gateway_session(daemon.mcp_sock, **session_args) as session:
+                await first(session)
+                ready.set()
+                await leave.wait()
+
+        future = portal.start_task_soon(client)
+        portal.call(ready.wait)
+        try:
+            yield
+        finally:
+            portal.call(leave.set)
+            future.result(timeout=patience(10))
 
 
 def seen_states(page: Page) -> list[str]:
@@ -233,23 +259,10 @@ class TestInstances:
         echo = extension_settings("echo.py", instances="per-client")
         daemon = daemons({"echo": echo}, settings=LISTEN)
         visit(page, daemon, "#/ext/echo")
-        with anyio.from_thread.start_blocking_portal() as portal:
-            leave = portal.call(anyio.Event)
-            served = portal.call(anyio.Event)
-
-            async def client() -> None:
-                async with gateway_session(daemon.mcp_sock) as session:
-                    await session.call_tool("echo__echo", {"text": "mine"})
-                    served.set()
-                    await leave.wait()
-
-            future = portal.start_task_soon(client)
-            portal.call(served.wait)
+        with connected(daemon, lambda session: session.call_tool("echo__echo", {"text": "mine"})):
             rows = page.locator("#summary tbody tr")
             expect(rows).to_have_count(1, timeout=WAIT)
             expect(rows.first.locator('td[data-label="State"]')).to_have_text("running")
-            portal.call(leave.set)
-            future.result(timeout=patience(10))
 
 
 class TestRemote:
@@ -294,18 +307,7 @@ class TestClients:
         visit(page, daemon, "#/clients")
         expect(page.locator("main")).to_contain_text("No client is connected.", timeout=WAIT)
         info = types.Implementation(name="<b>editor</b>", version="9.9")
-        with anyio.from_thread.start_blocking_portal() as portal:
-            leave = portal.call(anyio.Event)
-            connected = portal.call(anyio.Event)
-
-            async def client() -> None:
-                async with gateway_session(daemon.mcp_sock, client_info=info) as session:
-                    await session.list_tools()
-                    connected.set()
-                    await leave.wait()
-
-            future = portal.start_task_soon(client)
-            portal.call(connected.wait)
+        with connected(daemon, lambda session: session.list_tools(), client_info=info):
             row = page.locator("tbody tr")
             expect(row).to_have_count(1, timeout=WAIT)
             expect(row.locator('td[data-label="Client"]')).to_have_text("<b>editor</b>")
@@ -313,8 +315,6 @@ class TestClients:
             expect(row.locator('td[data-label="Protocol"]')).to_have_text("2025-11-25")
             expect(row.locator('td[data-label="Profile"]')).to_have_text("(all)")
             shot(page, "clients")
-            portal.call(leave.set)
-            future.result(timeout=patience(10))
         expect(page.locator("main")).to_contain_text("No client is connected.", timeout=WAIT)
 
 
