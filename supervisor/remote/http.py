@@ -6,14 +6,16 @@ since its last blank line), so a hostile or broken server costs at most that muc
 HTTPS is verified against the system's trust store; the MCP transports themselves follow a
 redirect only within the endpoint's origin, so the configured headers never leave it.
 
-The answer to a POST (a request's) is bounded in time as well: past *answer_timeout* its stream
-is cut. Whoever sent the request stopped waiting by then (``call_timeout``), and a server that
-stalls an answer, or streams one without end, would otherwise hold a connection and a task,
-and in the second case a core, until the run ends.
+The answer to a POST (a request's, or our answer to the server's own request) is bounded in
+time as well: past *answer_timeout* it is given up, headers or stream. Whoever sent the request
+stopped waiting by then (``call_timeout``), and a server that stalls an answer, or streams one
+without end, would otherwise hold a connection and a task, and in the second case a core,
+until the run ends. (A given-up answer of ours ends the run: the SDK's transport stops there.)
 """
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -131,22 +133,24 @@ class _Bounded(httpx2.AsyncBaseTransport):
         self._answer_timeout = answer_timeout
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        posted = request.method == "POST" and self._answer_timeout is not None  # a GET stream may last
+        deadline = anyio.current_time() + self._answer_timeout if posted else math.inf  # type: ignore[operator]
         try:
-            response = await self._inner.handle_async_request(request)
+            with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
+                response = await self._inner.handle_async_request(request)
         except httpx2.TransportError as exc:
             if self._watch is not None:
                 self._watch.failed(exc)
             raise
+        if waiting.cancelled_caught:  # not even its headers: a server that takes and never answers
+            raise AnswerTooLong("the server did not answer within the time the request had")
         if self._watch is not None:
             self._watch.answered(request, response.status_code)
         events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         stream = response.stream
         assert isinstance(stream, httpx2.AsyncByteStream)
-        deadline = None
-        if request.method == "POST" and self._answer_timeout is not None:  # a GET stream may last
-            deadline = anyio.current_time() + self._answer_timeout
         response.stream = _Limited(
-            stream, self._limit, per_event=events, watch=self._watch, deadline=deadline
+            stream, self._limit, per_event=events, watch=self._watch, deadline=deadline if posted else None
         )
         return response
 

@@ -80,3 +80,38 @@ class TestMidAnswer:
         assert text(daemon.call("far", "echo", text="next")) == "next"
         assert len(daemon.request("logs", {"name": "far", "lines": 10_000})["lines"]) <= 500  # log_lines
         assert not daemon.problems()
+
+
+class TestItsRequests:
+    def test_a_flood_of_requests_whose_answers_it_never_takes_is_bounded(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """200 pings at once, each of the daemon's answers stalled by the server: at most 32 are
+                answered at once (a task and a connection each), the rest dropped; the stalled answers
+                are given up at the run's answer deadline (which ends that run: the SDK's transport stops at
+        an answer it could not post), and the next run serves."""
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry(call_timeout=patience(5))})
+        first = daemon.wait_state("far", "running")
+        tasks = daemon.request("health")["process"]["asyncio_tasks"]
+        peak: list[int] = []
+
+        def watch() -> None:
+            while not done.is_set():
+                peak.append(daemon.request("health")["process"]["asyncio_tasks"])
+                done.wait(0.05)
+
+        done = threading.Event()
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            assert text(daemon.call("far", "ping_flood", count=200)).startswith("answered")
+        finally:
+            done.set()
+            watcher.join()
+        assert max(peak) < tasks + 32 * 4 + 20, (tasks, max(peak))  # not one (or four) per ping
+        assert daemon.find("extension.requests_dropped")
+        until(lambda: daemon.request("health")["process"]["asyncio_tasks"] < tasks + 20, within=patience(15))
+        record = daemon.wait_state("far", "running", within=patience(20))
+        assert text(daemon.call("far", "echo", text="after")) == "after"
+        assert record["restarts"] <= first["restarts"] + 1, record  # the stalled answers end one run

@@ -11,7 +11,8 @@ holds), ``forget`` (ends every session, so the next request of one is answered 4
 and the faults of a server that misbehaves mid-answer, each for the next POST: ``stall_next``
 (an event stream that starts, then never sends another byte), ``flood_next(kind)`` (an event
 stream without end: ``events``, log notifications as fast as it can; ``body``, one event whose
-data never ends).
+data never ends); and ``ping_flood(count)``: COUNT pings at once while every answer the client
+posts is stalled, as a server that asks and never reads the answers.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ EXTRA = (
     echo._tool("redirect_next", "Answer the next POST with 307 to this URL.", {"url": {"type": "string"}}),
     echo._tool("stall_next", "Start the next POST's event stream, then send nothing more."),
     echo._tool("flood_next", "Answer the next POST with an endless stream.", {"kind": {"type": "string"}}),
+    echo._tool(
+        "ping_flood", "COUNT pings at once; the client's answers stalled.", {"count": {"type": "integer"}}
+    ),
     echo._tool("image", "A PNG-typed image of N random bytes.", {"bytes": {"type": "integer"}}),
     echo._tool(
         "log", "Send a log message (info, logger 'remote') with this text.", {"text": {"type": "string"}}
@@ -89,6 +93,21 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         case "stall_next":
             FAULT["stream"] = "stall"
             return echo._text("armed")
+        case "ping_flood":
+            FAULT["stall_answers"] = True
+            answered = 0
+
+            async def ping() -> None:
+                nonlocal answered
+                with anyio.move_on_after(1):
+                    await ctx.session.send_ping()
+                    answered += 1
+
+            async with anyio.create_task_group() as pings:
+                for _ in range(int((params.arguments or {})["count"])):
+                    pings.start_soon(ping)
+            FAULT.pop("stall_answers", None)
+            return echo._text(f"answered {answered}")
         case "flood_next":
             FAULT["stream"] = str((params.arguments or {})["kind"])
             return echo._text("armed")
@@ -132,6 +151,20 @@ class _Faults:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and "stall_answers" in FAULT:
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            if b'"result"' in body and b'"method"' not in body:  # the client's answer: never taken
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                return
+            replayed = iter([{"type": "http.request", "body": body, "more_body": False}])
+            original = receive
+            receive = lambda: _next_or(replayed, original)  # noqa: E731
         if scope["type"] == "http" and scope["method"] == "POST" and "stream" in FAULT:
             await _misbehave(FAULT.pop("stream"), receive, send)
             return
@@ -143,6 +176,10 @@ class _Faults:
             await send({"type": "http.response.body", "body": b"injected"})
             return
         await self.app(scope, receive, send)
+
+
+async def _next_or(replayed: Any, receive: Any) -> Any:
+    return next(replayed, None) or await receive()
 
 
 async def _misbehave(kind: str, receive: Any, send: Any) -> None:
