@@ -108,7 +108,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("http",),
     ),
     "control": (("codes", "methods", "client"), ("rpc",), ("server",)),
-    "dashboard": (("passes", "live"), ("pages",)),
+    "dashboard": (("passes", "live"), ("asgi",), ("pages",)),
     "daemon": (
         (
             "fdlimits", "health", "metrics", "systemd", "reload", "identity", "callers", "httptoken",

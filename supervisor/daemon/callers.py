@@ -41,12 +41,26 @@ class Callers:
         uid, inode = peer
         if not peers.trusted_uid(uid):
             return f"a connection of another user (uid {uid})"
-        chain = tree.holder_of_socket(inode, self._daemon)
-        if chain is None:
-            return None
-        runs = self._runs()
-        name = next((runs[pid] for pid in chain if pid in runs), None)
-        if name is not None and self._allowed(name):
+        held, name = self._holder(inode)
+        if not held or (name is not None and self._allowed(name)):
             return None
         who = repr(name) if name is not None else "an orphan of one (it left its extension's tree)"
         return f"a connection of the daemon's own extension {who}, whose sandbox has no `gateway: true`"
+
+    def extension_of(self, sock: socket.socket) -> str | None:
+        """The extension whose tree holds the peer of *sock* (``"(orphan)"`` for a process that
+        left one), or None for anyone else: the dashboard serves no extension, ``gateway: true``
+        or not (its cookie is sent by the person's browser to any loopback port)."""
+        peer = peers.tcp_peer(sock)
+        if peer is None:
+            return None
+        held, name = self._holder(peer[1])
+        return (name or "(orphan)") if held else None
+
+    def _holder(self, inode: int) -> tuple[bool, str | None]:
+        """Whether one of the daemon's trees holds socket *inode*, and whose run it is (None: an orphan)."""
+        chain = tree.holder_of_socket(inode, self._daemon)
+        if chain is None:
+            return False, None
+        runs = self._runs()
+        return True, next((runs[pid] for pid in chain if pid in runs), None)

@@ -73,12 +73,20 @@ class Facade:
     async def restart(self, name: str, *, wait: bool = True) -> Snapshot:
         if not wait:
             snapshot = self.get(name).snapshot()
-            self._tg.start_soon(self._restart, name)
+            if name not in self._restarting:  # one waiting at most: a loop of requests is one restart
+                self._restarting.add(name)
+                self._tg.start_soon(self._restart_soon, name)
             return snapshot
         ext = await self._restart(name)
         if ext is None:
             raise UnknownExtension(name)
         return await _settled(ext)
+
+    async def _restart_soon(self, name: str) -> None:
+        try:
+            await self._restart(name)
+        finally:
+            self._restarting.discard(name)
 
     async def _restart(self, name: str) -> Extension | None:
         """Restart *name*; None if a reload removed it meanwhile. Never raises: may run as a task."""

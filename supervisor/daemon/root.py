@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from supervisor import paths
 from supervisor.config.settings import ExtensionConfig, Settings, StdioConfig
 from supervisor.daemon import identity
+from supervisor.daemon.callers import Callers
 from supervisor.daemon.facade import Facade
 from supervisor.daemon.headstart import HeadStart
 from supervisor.daemon.logins import Logins
@@ -81,6 +82,7 @@ class Daemon(Facade, Reloading):
         # One operation at a time per name (start, stop, restart, or a reload replacing it),
         # so nothing acts on an Extension object that a reload is retiring.
         self._name_locks: dict[str, anyio.Lock] = {}
+        self._restarting: set[str] = set()  # restarts asked for without waiting, not begun (one per name)
         self.hurry = anyio.Event()  # set when shutdown stops being polite
         # Starts at once: the daemon's own, shared with the head start's runs (see .run).
         self.start_slots = start_slots or StartSlots(settings.start_slots or default_slots())
@@ -102,7 +104,10 @@ class Daemon(Facade, Reloading):
             self.marker_prefix, self._subtree
         )  # each tree's RSS/CPU, read once a second
         self.changes = Pulse()  # each state change, for the dashboard's live pages
-        self.dashboard_app = Dashboard(self, Passes(), settings=lambda: self.settings.dashboard)
+        self.callers = Callers(self.runs, self.may_call_gateway)  # who is at the HTTP listener
+        self.dashboard_app = Dashboard(
+            self, Passes(), settings=lambda: self.settings.dashboard, extension_of=self.callers.extension_of
+        )
         self.web: Web | None = None  # the HTTP listener, once run() serves the gateway
         self.gateway = Gateway(
             self,

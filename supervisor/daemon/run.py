@@ -172,7 +172,6 @@ def _build(
 async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.FdPlan) -> bool:
     """Serve the gateway's listeners, then start the extensions (with *head*'s runs). False when
     a listener's socket cannot be bound."""
-    from supervisor.daemon.callers import Callers
     from supervisor.daemon.web import Web
     from supervisor.gateway.unix import serve_unix
 
@@ -184,7 +183,7 @@ async def _serve(daemon: Daemon, tg: TaskGroup, head: HeadStart, fds: fdlimits.F
         settings=lambda: daemon.settings,
         gateway=daemon.gateway,
         pages=daemon.dashboard_app,
-        screen=Callers(daemon.runs, daemon.may_call_gateway).refusal,
+        screen=daemon.callers.refusal,
         metrics=daemon.metrics.render,
         health=daemon.counts,
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import json
+import socket
 import time
 from collections.abc import Callable
 from functools import cache
@@ -37,12 +38,16 @@ from starlette.types import Receive, Scope, Send
 
 from supervisor.control import rpc
 from supervisor.control.methods import Backend
+from supervisor.dashboard import asgi
+from supervisor.dashboard.asgi import COOKIE
 from supervisor.dashboard.live import Pulse
 from supervisor.dashboard.passes import Passes, Visit
+from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.guard import PAGES as PREFIX
+from supervisor.logs import Throttled
+from supervisor.paths import is_loopback
 
 __all__ = (
-    "COOKIE",
     "MAX_STREAMS",
     "READ_METHODS",
     "WRITE_METHODS",
@@ -55,7 +60,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-COOKIE = "mcp_supervisor_dashboard"
 READ_METHODS = frozenset({"status", "tools", "logs", "health", "explain", "clients", "recent_calls"})
 WRITE_METHODS = frozenset({"start", "stop", "restart", "approve", "reload", "login", "logout"})
 MAX_REQUEST = 64 << 10  # one rpc body: names and flags, nothing larger
@@ -65,24 +69,9 @@ REFRESH = 2.0  # seconds between two looks when nothing is announced: RSS, CPU a
 STATUS_STALE = 1.0  # a status this old is made again; younger, every page sends the same one
 COALESCE = 0.25  # after a change, what else changes within this is sent with it
 HEARTBEAT = 15.0  # a comment line when nothing else was sent, so a gone browser is noticed
-SEND_TIMEOUT = 10.0  # an event a browser leaves unread this long ends its stream
 LOG_TAIL = 200  # lines of an extension's log a page shows
 _STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
 _STATUS = b'{"jsonrpc":"2.0","id":0,"method":"status"}'
-
-SECURITY_HEADERS = (
-    (
-        b"content-security-policy",
-        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        b"connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-    ),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"x-frame-options", b"DENY"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-)
 
 
 class Host(Backend, Protocol):
@@ -102,8 +91,17 @@ class Dashboard:
     *settings* are asked at each request: a reload may turn the dashboard off, or read-only.
     """
 
-    def __init__(self, host: Host, passes: Passes, *, settings: Callable[[], DashboardConfig]) -> None:
+    def __init__(
+        self,
+        host: Host,
+        passes: Passes,
+        *,
+        settings: Callable[[], DashboardConfig],
+        extension_of: Callable[[socket.socket], str | None] | None = None,
+    ) -> None:
         self._host, self.passes, self._settings = host, passes, settings
+        self._extension_of = extension_of  # which extension's tree holds a peer socket, if any
+        self.refused = Throttled(log, "dashboard.refused")  # a line a second, however many come
         self._streams: list[anyio.CancelScope] = []  # open event streams, oldest first
         self._in_flight: dict[int, int] = {}  # id(visit) -> rpc requests being served
         self._last_status: tuple[int, float, bytes] = (-1, 0.0, b"")  # version, when, the reply
@@ -115,7 +113,12 @@ class Dashboard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if not self._settings().enabled:
-            await _answer(send, 404, b"the dashboard is off in this daemon's config (dashboard.enabled)")
+            await asgi.answer(send, 404, b"the dashboard is off in this daemon's config (dashboard.enabled)")
+            return
+        refusal = self._peer_refusal(scope)
+        if refusal is not None:
+            self.refused(refusal, reason=refusal, path=str(path)[:200])
+            await asgi.answer(send, 403, refusal.encode())
             return
         route = _ROUTES.get((method, path))
         if route is None and method == "GET" and path.startswith(PREFIX + "static/"):
@@ -124,68 +127,85 @@ class Dashboard:
             allowed = sorted({m for m, p in _ROUTES if p == path})
             if allowed:
                 allow = ((b"allow", ", ".join(allowed).encode()),)
-                await _answer(send, 405, b"method not allowed", extra=allow)
+                await asgi.answer(send, 405, b"method not allowed", extra=allow)
             else:
-                await _answer(send, 404, b"not found")
+                await asgi.answer(send, 404, b"not found")
             return
         await route(self, scope, receive, send)
+
+    def _peer_refusal(self, scope: Scope) -> str | None:
+        """Why this peer gets no page: another host (a session cookie over plain HTTP), or one of
+        the daemon's own extensions (a page of theirs on another loopback port receives the
+        person's cookie: with it they would approve their own changed tools)."""
+        client = scope.get("client")
+        if client is None or not is_loopback(str(client[0])):
+            return "the dashboard is served to this host only (an SSH tunnel reaches it from another)"
+        connection = scope.get(CONNECTION)
+        transport = getattr(connection, "transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if self._extension_of is not None and sock is not None and self._extension_of(sock) is not None:
+            return "the daemon's own extensions may not use the dashboard"
+        return None
 
     # ---- pages ---------------------------------------------------------------------------------
 
     async def _index(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._visit(scope) is None:
-            await _answer(send, 401, _file("signin.html"), "text/html; charset=utf-8")
+            await asgi.answer(send, 401, _file("signin.html"), "text/html; charset=utf-8")
             return
-        await _answer(send, 200, _file("index.html"), "text/html; charset=utf-8")
+        await asgi.answer(send, 200, _file("index.html"), "text/html; charset=utf-8")
 
     async def _static(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = scope["path"].removeprefix(PREFIX + "static/")
         if name not in _STATIC:
-            await _answer(send, 404, b"not found")
+            await asgi.answer(send, 404, b"not found")
             return
-        await _answer(send, 200, _file(name), _STATIC[name])
+        await asgi.answer(send, 200, _file(name), _STATIC[name])
 
     async def _login(self, scope: Scope, receive: Receive, send: Send) -> None:
         code = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("code", [""])[0]
         opened = self.passes.redeem(code[:200]) if code else None
         if opened is None:
-            log.warning("dashboard.code_refused")
-            await _answer(send, 403, _file("expired.html"), "text/html; charset=utf-8")
+            self.refused("code", reason="a code unknown, used or expired")
+            await asgi.answer(send, 403, _file("expired.html"), "text/html; charset=utf-8")
             return
         secret, visit = opened
         log.info("dashboard.session_opened", read_only=visit.read_only or self._settings().read_only)
         cookie = f"{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Strict".encode()
-        await _answer(send, 303, b"", extra=((b"location", b"/"), (b"set-cookie", cookie)))
+        await asgi.answer(send, 303, b"", extra=((b"location", b"/"), (b"set-cookie", cookie)))
 
     async def _logout(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not _same_origin(scope):
-            await _answer(send, 403, b"cross-origin requests are not allowed")
+        if not asgi.same_origin(scope):
+            await asgi.answer(send, 403, b"cross-origin requests are not allowed")
             return
-        self.passes.end(_cookie(scope))
+        self.passes.end(asgi.cookie(scope, self.passes))
         expired = f"{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0".encode()
-        await _answer(send, 204, b"", extra=((b"set-cookie", expired),))
+        await asgi.answer(send, 204, b"", extra=((b"set-cookie", expired),))
 
     # ---- the control methods -------------------------------------------------------------------
 
     async def _rpc(self, scope: Scope, receive: Receive, send: Send) -> None:
         visit = self._visit(scope)
         if visit is None:
-            await _answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
+            await asgi.answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
             return
-        if not _same_origin(scope) or _header(scope, b"content-type").split(";")[0] != "application/json":
-            await _answer(send, 403, b"a dashboard request comes from its page, as JSON")
+        if (
+            not asgi.same_origin(scope)
+            or asgi.header(scope, b"content-type").split(";")[0] != "application/json"
+        ):
+            await asgi.answer(send, 403, b"a dashboard request comes from its page, as JSON")
             return
-        body = await _body(receive, MAX_REQUEST)
+        body = await asgi.body(receive, MAX_REQUEST)
         if body is None:
-            await _answer(send, 413, b"request too large")
+            await asgi.answer(send, 413, b"request too large")
             return
         refusal = self._refusal(body, visit)
         if refusal is not None:
-            await _answer(send, 200, refusal.strip(), "application/json")
+            await asgi.answer(send, 200, refusal.strip(), "application/json")
             return
         key = id(visit)
         if self._in_flight.get(key, 0) >= MAX_IN_FLIGHT:
-            await _answer(send, 429, b"too many requests in flight", extra=((b"retry-after", b"1"),))
+            await asgi.answer(send, 429, b"too many requests in flight", extra=((b"retry-after", b"1"),))
             return
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
         try:
@@ -195,15 +215,15 @@ class Dashboard:
             if not self._in_flight[key]:
                 del self._in_flight[key]
         if reply is None:  # a notification: nothing to answer
-            await _answer(send, 204, b"")
+            await asgi.answer(send, 204, b"")
             return
-        await _answer(send, 200, reply.strip(), "application/json")
+        await asgi.answer(send, 200, reply.strip(), "application/json")
 
     def _refusal(self, body: bytes, visit: Visit) -> bytes | None:
         """The error reply for a method the dashboard does not offer, or None (rpc says the rest)."""
         try:
             request = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None  # a parse error, in the control protocol's words
         if not isinstance(request, dict) or not isinstance(request.get("method"), str):
             return None
@@ -218,15 +238,18 @@ class Dashboard:
     # ---- live ----------------------------------------------------------------------------------
 
     async def _events(self, scope: Scope, receive: Receive, send: Send) -> None:
-        secret = _cookie(scope)
+        if asgi.header(scope, b"sec-fetch-site") not in ("", "same-origin"):  # another page's <img src>
+            await asgi.answer(send, 403, b"the event stream is for the dashboard's own page")
+            return
+        secret = asgi.cookie(scope, self.passes)
         if self.passes.visit(secret) is None:
-            await _answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
+            await asgi.answer(send, 401, b"no dashboard session: run mcp-supervisor dashboard")
             return
         logs_of = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("logs", [None])[0]
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"x-accel-buffering", b"no"),
-            *SECURITY_HEADERS,
+            *asgi.SECURITY_HEADERS,
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         with anyio.CancelScope() as stream:
@@ -235,7 +258,7 @@ class Dashboard:
                 self._streams.pop(0).cancel()  # the oldest page reconnects (EventSource does)
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_until_gone, receive, tg.cancel_scope)
+                    tg.start_soon(asgi.until_gone, receive, tg.cancel_scope)
                     await self._feed(send, secret, logs_of[:200] if logs_of else None)
                     tg.cancel_scope.cancel()
             finally:
@@ -259,18 +282,20 @@ class Dashboard:
             if logs_of is not None:
                 events["logs"] = self._logs(logs_of)
             for event, data in events.items():
-                if sent.get(event) != data and not await _event(send, event, data):
+                if sent.get(event) == data:
+                    continue
+                if not await asgi.event(send, event, data):
                     return
                 sent[event] = data
                 last_sent = time.monotonic()
             if time.monotonic() - last_sent > HEARTBEAT:
-                if not await _write(send, b": still here\n\n"):
+                if not await asgi.write(send, b": still here\n\n"):
                     return
                 last_sent = time.monotonic()
             with anyio.move_on_after(REFRESH):
                 await self._host.changes.wait(seen)
             await anyio.sleep(COALESCE)
-        await _event(send, "ended", b"{}")  # the page reloads, and says how to get a new session
+        await asgi.event(send, "ended", b"{}")  # the page reloads, and says how to get a new session
 
     async def _status(self) -> bytes:
         """The status reply, computed once for every open page: again on a change, or once stale."""
@@ -290,7 +315,7 @@ class Dashboard:
         return json.dumps(record, separators=(",", ":")).encode()
 
     def _visit(self, scope: Scope) -> Visit | None:
-        return self.passes.visit(_cookie(scope))
+        return self.passes.visit(asgi.cookie(scope, self.passes))
 
 
 _ROUTES: dict[tuple[str, str], Callable[..., Any]] = {
@@ -300,80 +325,3 @@ _ROUTES: dict[tuple[str, str], Callable[..., Any]] = {
     ("POST", PREFIX + "rpc"): Dashboard._rpc,
     ("GET", PREFIX + "events"): Dashboard._events,
 }
-
-
-async def _until_gone(receive: Receive, scope: anyio.CancelScope) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
-async def _event(send: Send, event: str, data: bytes) -> bool:
-    return await _write(send, b"event: " + event.encode() + b"\ndata: " + data + b"\n\n")
-
-
-async def _write(send: Send, chunk: bytes) -> bool:
-    """Send *chunk* of the stream; False once the browser is gone or leaves it unread."""
-    with anyio.move_on_after(SEND_TIMEOUT):
-        try:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except OSError:
-            return False
-        return True
-    return False
-
-
-async def _body(receive: Receive, limit: int) -> bytes | None:
-    """The request's body, or None past *limit* bytes or once the client is gone."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _answer(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: str = "text/plain; charset=utf-8",
-    *,
-    extra: tuple[tuple[bytes, bytes], ...] = (),
-) -> None:
-    headers = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(body)).encode()),
-        *SECURITY_HEADERS,
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _header(scope: Scope, name: bytes) -> str:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return str(value.decode("latin-1"))
-    return ""
-
-
-def _cookie(scope: Scope) -> str | None:
-    for part in _header(scope, b"cookie").split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == COOKIE:
-            return value
-    return None
-
-
-def _same_origin(scope: Scope) -> bool:
-    """A browser's request from our own page: it names its origin (the listener's Guard checked
-    that it is ours), and where it says so, the fetch is same-origin."""
-    site = _header(scope, b"sec-fetch-site")
-    return bool(_header(scope, b"origin")) and site in ("", "same-origin")

@@ -14,10 +14,12 @@ import httpx2
 import pytest
 
 from supervisor.dashboard.pages import COALESCE, LOG_TAIL, MAX_STREAMS
+from supervisor.gateway.http.guard import Guard
 from tests.dashboard import call, session
 from tests.harness.daemon import TOKEN, Daemon
 from tests.harness.servers import extension_settings
 from tests.harness.timing import patience
+from tests.process.sandbox.test_sandbox import attempt
 
 ECHO = {"echo": extension_settings("echo.py")}
 pytestmark = pytest.mark.timeout(90)
@@ -107,6 +109,42 @@ class TestEveryAnswer:
         refused = client.post(base + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert refused.status_code == 401  # the page's cookie is not the gateway's token
         assert client.get(base + "/metrics").status_code == 401
+
+
+class TestWhoIsServed:
+    def test_not_the_daemon_s_own_extensions_even_with_the_person_s_cookie(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        """A `gateway: true` extension may call the gateway, not the page: a page of its own on
+        another loopback port would receive the person's cookie (sent to every port of a host)."""
+        allowed = extension_settings("hostile.py", sandbox={"gateway": True})
+        daemon = daemons({"allowed": allowed}, http={})
+        daemon.wait_running("allowed")
+        base, client = session(daemon)
+        cookie = "; ".join(f"{name}={value}" for name, value in client.cookies.items())
+        assert client.get(base + "/").status_code == 200  # the person's own browser
+        done = attempt(daemon, "allowed", "http_get_cookie", f"{base}/ {cookie}")
+        assert "HTTP 403" in done and "own extensions" in done, done
+        assert client.get(base + "/").status_code == 200
+
+    def test_a_body_nested_too_deep_is_a_parse_error(self, daemons: Callable[..., Daemon]) -> None:
+        daemon = daemons(ECHO, http={})
+        base, client = session(daemon)
+        deep = client.post(
+            base + "/dashboard/rpc",
+            content=b"[" * 60_000,
+            headers={"Origin": base, "Content-Type": "application/json"},
+        )
+        assert deep.status_code == 200 and deep.json()["error"]["code"] == -32700, deep.text
+        assert not daemon.problems()
+
+    def test_another_page_of_the_host_cannot_open_the_event_stream(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        daemon = daemons(ECHO, http={})
+        base, client = session(daemon)
+        foreign = client.get(base + "/dashboard/events", headers={"Sec-Fetch-Site": "same-site"})
+        assert foreign.status_code == 403  # an <img src> on another port: not our page's fetch
 
 
 class TestRequestsThatAct:
@@ -252,3 +290,13 @@ class TestLive:
                 response.close()
             for other in held:
                 other.close()
+
+
+def test_a_listener_bound_to_every_address_takes_its_page_s_requests_from_loopback() -> None:
+    """The dashboard's URL names 127.0.0.1 when the listener is bound to 0.0.0.0 or ::; its page's
+    Origin is then that, not the bound address (pure: the Guard alone)."""
+    for host in ("0.0.0.0", "::"):
+        guard = Guard(lambda *_: None, host=host, port=8765, token=None)  # type: ignore[arg-type,return-value]
+        for origin in (b"http://127.0.0.1:8765", b"http://localhost:8765", b"http://[::1]:8765"):
+            assert guard.admits({"path": "/dashboard/rpc", "headers": [(b"origin", origin)]}), (host, origin)
+        assert not guard.admits({"path": "/dashboard/rpc", "headers": [(b"origin", b"http://evil.example")]})

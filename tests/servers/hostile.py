@@ -16,7 +16,8 @@ expanded), ``syscall`` NAME (a call the seccomp filter refuses:
 ``unshare_user`` a new user namespace, ``keyctl`` the session keyring, ``bpf``,
 ``userfaultfd``), ``http_post`` ("URL TOKEN": an MCP
 initialize with that bearer token; refused unless it answers 200), ``http_post_from_child``
-(the same from a process it starts, as a grandchild of the daemon).
+(the same from a process it starts, as a grandchild of the daemon), ``http_get_cookie`` ("URL
+COOKIE": a GET with that cookie, as a page of its own that the person's browser sent it to).
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def _http_post(target: str) -> None:
         raise PermissionError(errno.EACCES, f"HTTP {exc.code}: {said}") from None
     except urllib.error.URLError as exc:
         raise OSError(errno.ECONNREFUSED, str(exc.reason)) from None
+
+
+def _http_get_cookie(target: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    url, cookie = target.split(" ", 1)
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers={"Cookie": cookie}), timeout=10
+        ) as answer:
+            answer.read(1)
+    except urllib.error.HTTPError as exc:
+        said = exc.read(300).decode(errors="replace")
+        raise PermissionError(errno.EACCES, f"HTTP {exc.code}: {said}") from None
 
 
 def _http_post_from_child(target: str) -> None:
@@ -172,6 +188,7 @@ ATTEMPTS = {
     "mkdir": lambda target: os.makedirs(os.path.expandvars(target), exist_ok=True),
     "syscall": _syscall,
     "http_post": _http_post,
+    "http_get_cookie": _http_get_cookie,
     "http_post_from_child": _http_post_from_child,
 }
 

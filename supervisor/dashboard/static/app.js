@@ -102,7 +102,10 @@ function listen() {
   const events = new EventSource(url);
   view.events = events;
   events.addEventListener("open", () => { connection.textContent = "live"; });
-  events.addEventListener("error", () => { connection.textContent = "reconnecting…"; });
+  events.addEventListener("error", () => {
+    if (events.readyState === EventSource.CLOSED) location.reload(); // refused (401, 404): say why
+    else connection.textContent = "reconnecting…";
+  });
   events.addEventListener("session", (event) => {
     view.session = JSON.parse(event.data);
     document.body.classList.toggle("read-only", view.session.read_only);

@@ -29,6 +29,7 @@ __all__ = ("PAGES", "Guard", "ProfilePaths", "is_page")
 log = structlog.get_logger(__name__)
 
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+_ANY = ("0.0.0.0", "::")  # bound to every address: a page of this host comes from loopback
 PAGES = "/dashboard/"  # the dashboard's paths, beside ``/`` itself
 
 
@@ -52,7 +53,8 @@ class Guard:
         names = (*_LOOPBACK_NAMES, bracketed) if is_loopback(host) else (bracketed,)
         self._hosts = {f"{name}:{port}" for name in names} | ({*names} if port == 80 else set())
         self._check_host = is_loopback(host)  # off loopback, the token is what keeps strangers out
-        self._origins = {f"{scheme}://{h}" for scheme in ("http", "https") for h in self._hosts}
+        origins = self._hosts | ({f"{name}:{port}" for name in _LOOPBACK_NAMES} if host in _ANY else set())
+        self._origins = {f"{scheme}://{h}" for scheme in ("http", "https") for h in origins}
         self.refused = Throttled(log, "gateway.http_refused")  # a line a second, however many come
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
