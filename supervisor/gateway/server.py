@@ -105,6 +105,8 @@ class Gateway(Handlers):
         self.http_sessions: dict[str, Session] = {}
         # The HTTP listener's: ends the session idle longest of these ids, if idle long enough.
         self.end_idle_http: Callable[[Collection[str]], str | None] | None = None
+        # The HTTP listener's: requests of an Mcp-Session-Id being served now (for clients()).
+        self.http_in_flight: Callable[[str], int] | None = None
         self.server = _Server(
             "mcp-supervisor",
             version=__version__,
@@ -246,7 +248,7 @@ class Gateway(Handlers):
     def clients(self) -> list[dict[str, Any]]:
         """Each connected handshake-era client, oldest first: its listener, name and version,
         protocol, view, since when, and (on ``mcp.sock``) its requests in flight."""
-        return [_described(client, self.views) for client in self.fanout.downstreams()]
+        return [_described(client, self.views, self.http_in_flight) for client in self.fanout.downstreams()]
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Announce changes to clients until cancelled; owns the per-client tasks."""
@@ -318,11 +320,18 @@ class Gateway(Handlers):
             self.fanout.resource_updated(uri, owner if per_client else None)
 
 
-def _described(client: Downstream, views: Views) -> dict[str, Any]:
+def _described(
+    client: Downstream, views: Views, http_in_flight: Callable[[str], int] | None
+) -> dict[str, Any]:
     session: Session = client.session
     params = client.connection.client_params
     info = params.client_info if params is not None else None
-    in_flight = len(session.in_flight) if "in_flight" in session.__dict__ else None  # HTTP: per request
+    session_id = client.connection.session_id
+    in_flight: int | None = None
+    if "in_flight" in session.__dict__:  # mcp.sock: its unanswered requests
+        in_flight = len(session.in_flight)
+    elif session_id is not None and http_in_flight is not None:  # HTTP: its requests being served
+        in_flight = http_in_flight(session_id)
     return {
         "listener": session.listener,
         "client": info.name if info is not None else None,

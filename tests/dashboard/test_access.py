@@ -10,13 +10,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
+from mcp import Client
 
 from supervisor.dashboard.pages import COALESCE, LOG_TAIL, MAX_STREAMS
 from supervisor.gateway.http.guard import Guard
 from tests.dashboard import call, session
-from tests.harness.daemon import TOKEN, Daemon
+from tests.harness.daemon import TOKEN, Daemon, until
 from tests.harness.servers import extension_settings
 from tests.harness.timing import patience
 from tests.process.sandbox.test_sandbox import attempt
@@ -204,6 +206,21 @@ class TestRequestsThatAct:
         assert call(client, base, "reload")["result"]["unchanged"] == ["echo"]
         assert "read-only" in call(client, base, "stop", name="echo")["error"]["message"]
         assert daemon.request("dashboard")["read_only"] is True
+
+
+class TestClients:
+    @pytest.mark.anyio
+    async def test_an_http_client_is_listed_with_its_requests_in_flight(
+        self, daemons: Callable[..., Daemon]
+    ) -> None:
+        daemon = daemons(ECHO, http={})
+        daemon.wait_running("echo")
+        async with Client(daemon.mcp(), mode="legacy") as client:
+            await client.list_tools()
+            (listed,) = await anyio.to_thread.run_sync(lambda: daemon.request("clients")["clients"])
+            assert listed["listener"] == "http" and listed["protocol"] == "2025-11-25", listed
+            assert isinstance(listed["in_flight"], int), listed
+        await anyio.to_thread.run_sync(lambda: until(lambda: daemon.request("clients")["clients"] == [], 10))
 
 
 class TestLive:

@@ -571,7 +571,7 @@ function renderClients() {
     !clients ? h("p", { class: "muted" }, "Loading…")
       : clients.length === 0 ? h("p", {}, "No client is connected.")
         : h("table", {},
-          h("thead", {}, h("tr", {}, ["Client", "Version", "Transport", "Protocol", "Profile", "Calls", "Connected"]
+          h("thead", {}, h("tr", {}, ["Client", "Version", "Transport", "Protocol", "Profile", "In flight", "Connected"]
             .map((t) => h("th", { scope: "col" }, t)))),
           h("tbody", {}, clients.map((c) => h("tr", {},
             td("Client", c.client || "(unnamed)"),
@@ -579,7 +579,7 @@ function renderClients() {
             td("Transport", c.listener === "unix" ? "mcp.sock" : "HTTP"),
             td("Protocol", c.protocol || ""),
             td("Profile", c.profile || "(all)"),
-            td("Calls", c.in_flight === null ? "" : String(c.in_flight)),
+            td("In flight", c.in_flight === null ? "" : String(c.in_flight)),
             td("Connected", `${since(c.since)} ago`))))));
 }
 

@@ -97,6 +97,10 @@ class Bodies:
         self._in_flight[session] = self._in_flight.get(session, 0) + 1
         return True
 
+    def in_flight(self, session_id: str) -> int:
+        """Requests of session *session_id* being served now (its open event stream among them)."""
+        return self._in_flight.get(session_id[:_MAX_SESSION_KEY], 0)
+
     def give_slot(self, session_id: str) -> None:
         session = session_id[:_MAX_SESSION_KEY]
         if session:

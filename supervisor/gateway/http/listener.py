@@ -100,6 +100,7 @@ def build_app(
     starlette = Starlette(routes=routes, lifespan=lambda app: sessions.run())
     fast = FastPath(starlette, gateway, sessions)
     bodies = Bodies(fast, limits)
+    gateway.http_in_flight = bodies.in_flight
     paths = ProfilePaths(bodies, gateway.views)
     guarded = Guard(paths, host=host, port=port, token=token, pages=pages)
     return HttpApp(guarded, sessions, bodies, QuickCalls(fast, guarded, paths, bodies, sessions))
