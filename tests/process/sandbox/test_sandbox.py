@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 
 from supervisor.cli import render
@@ -112,6 +113,16 @@ class TestExample:
         assert not now["isError"] and now["content"][0]["text"]
         added = daemon.call("notes", "add_note", text="confined")
         assert not added["isError"], added
+
+    async def test_the_example_s_dashboard_link_opens_the_page(self, sandboxed: Any) -> None:
+        """The quick start's `mcp-supervisor dashboard` on the example (its port moved to a free
+        one by the environment, as two daemons may run here at once)."""
+        daemon = sandboxed(ROOT / "configs" / "example.yaml", env={"MCP_SUPERVISOR_GATEWAY__HTTP__PORT": "0"})
+        daemon.wait_running("clock", "notes")
+        printed = daemon.cli("dashboard", "--no-browser")
+        assert printed.returncode == 0, printed.stderr
+        opened = httpx2.get(printed.stdout.strip(), follow_redirects=True, timeout=10)
+        assert opened.status_code == 200 and "/dashboard/static/app.js" in opened.text
 
 
 class TestVisible:
