@@ -106,9 +106,10 @@ class Dashboard:
         self._in_flight: dict[int, int] = {}  # id(visit) -> rpc requests being served
         self._last_status: tuple[int, float, bytes] = (-1, 0.0, b"")  # version, when, the reply
 
-    @property
-    def streams(self) -> int:
-        return len(self._streams)
+    def figures(self) -> dict[str, int]:
+        """Its tables, for ``health``: each has a cap, and these numbers level off under it."""
+        codes, sessions = self.passes.counts
+        return {"codes": codes, "sessions": sessions, "streams": len(self._streams)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]

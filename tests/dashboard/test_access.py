@@ -299,6 +299,8 @@ class TestLive:
                 request = other.build_request("GET", base + "/dashboard/events")
                 opened.append(other.send(request, stream=True))
             assert ended.wait(patience(15)), "the oldest stream was not closed at the cap"
+            figures = daemon.request("health")["dashboard"]
+            assert figures["streams"] == MAX_STREAMS and figures["sessions"] == 1, figures
             started = time.monotonic()
             assert call(client, base, "status")["result"]["extensions"][0]["name"] == "echo"
             assert time.monotonic() - started < patience(5)
