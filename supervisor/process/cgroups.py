@@ -22,6 +22,7 @@ the extension ever runs outside the cgroup (see :func:`supervisor.process.spawne
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import re
@@ -149,8 +150,11 @@ class Subtree:
     @staticmethod
     def kill(path: Path) -> None:
         """SIGKILL everything in *path* and below, atomically with respect to forks."""
-        with contextlib.suppress(FileNotFoundError):
+        try:
             (path / "cgroup.kill").write_text("1")
+        except OSError as exc:  # gone, or going (ENODEV: removed while we wrote, by another's guardian)
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
 
     @staticmethod
     def remove(path: Path) -> bool:

@@ -213,7 +213,11 @@ def _make_subtree(instance: str, want: str) -> Subtree | None:
         log.info("daemon.no_cgroup", hint="containing process trees by /proc scans (see docs/operations.md)")
         return None
     for stale in subtree.stale(f"{instance}-"):  # an earlier daemon on this socket, and its guardian, died
-        killed = guardian.clean_up("\0", stale)  # the prefix matches no marker: cgroup only
+        try:
+            killed = guardian.clean_up("\0", stale)  # the prefix matches no marker: cgroup only
+        except OSError as exc:  # its own guardian, still at work, removed it under us
+            log.info("daemon.cgroup_gone", cgroup=str(stale), error=str(exc))
+            continue
         log.warning("daemon.swept_cgroup", cgroup=str(stale), killed=killed)
     for abandoned in subtree.remove_abandoned():
         log.info("daemon.removed_cgroup", cgroup=str(abandoned))
