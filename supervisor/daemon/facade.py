@@ -230,6 +230,7 @@ class Facade:
             "containment": self.containment.describe() if self.containment else None,
             "start_slots": self.start_slots.stats(),
             "dashboard": self.dashboard_app.figures(),
+            "gateway": {"fast_calls": len(self.gateway.calls)},  # plain calls running, every listener
             "extensions": [
                 _health_of(ext, self.usage, self._instances.get(ext.name))
                 for ext in self._extensions.values()

@@ -27,6 +27,7 @@ from supervisor.extension.state import Snapshot, State
 from supervisor.gateway import catalog as catalogs
 from supervisor.gateway.asks import inputrequired
 from supervisor.gateway.catalog import Catalog
+from supervisor.gateway.fast.runner import Runner
 from supervisor.gateway.handlers import UNAVAILABLE, Handlers
 from supervisor.gateway.names import expose_uri, parse_uri
 from supervisor.gateway.notify.downstream import Downstream
@@ -98,6 +99,7 @@ class Gateway(Handlers):
         self._tg: TaskGroup | None = None
         self._spool_readers = anyio.CapacityLimiter(2)
         self.spool_prefix = spool_dir.as_uri() + "/"  # as the spool writes its links
+        self.calls = Runner(self.router, self.spool_prefix)  # plain tool calls, beside the SDK's path
         self.inputs = inputrequired.InputRequired()  # 2026-07-28 clients' calls that wait for input
         # HTTP sessions by Mcp-Session-Id, once they listed tools or made a call: the HTTP fast
         # path's clients, and the ones a per-client extension may reclaim an instance from.

@@ -1,7 +1,7 @@
 """One client in the stdio framing (one JSON-RPC message per line): on ``mcp.sock``, or handed off.
 
 A connection is served by its own task with two pumps around the SDK server loop; plain tool
-calls take the fast path (:mod:`.fastpath`). Every buffer is bounded: a message over
+calls take the fast path (:mod:`.fast`). Every buffer is bounded: a message over
 :data:`MAX_MESSAGE` ends the connection, a client with :data:`MAX_IN_FLIGHT` requests
 unanswered is not read until one is answered, and a client that does not take a message
 within :data:`SEND_TIMEOUT` is disconnected. None of it touches the other connections.
@@ -25,8 +25,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from supervisor import sockets
-from supervisor.gateway import fastpath
-from supervisor.gateway.fastpath import FastCalls, RequestId
+from supervisor.gateway.fast import parse
+from supervisor.gateway.fast.parse import RequestId
 from supervisor.gateway.handoff import offer
 from supervisor.gateway.handoff.handed import MAX_ID, Handed
 from supervisor.gateway.handoff.stream import HandedStream
@@ -60,9 +60,10 @@ _NOT_NOW = "cannot take the session over now: the request is not the last input,
 class StdioConnection:
     """One client on mcp.sock: a reader, a writer and the SDK's server loop, in one task group.
 
-    Plain tool calls take the fast path (:mod:`.fastpath`) once the client is past its
+    Plain tool calls take the fast path (:mod:`.fast`) once the client is past its
     handshake and has listed tools through the SDK's path (which also enrolls it for
-    list_changed): from then on they are answered from the reader's task group directly.
+    list_changed): from then on the gateway's runner serves them, in callbacks or in the
+    connection's task group.
     """
 
     def __init__(
@@ -94,9 +95,7 @@ class StdioConnection:
         self._tasks: anyio.abc.TaskGroup | None = None
         ending = lambda: self._scope.cancel_called  # noqa: E731 - the scope is replaced in serve()
         self._out = Outbound(stream, SEND_TIMEOUT, gone=self._gone, stuck=self._stuck, ending=ending)
-        self._fast = FastCalls(
-            gateway.router, gateway.spool_prefix, self._out.transmit, self.session, self._out.transmit_soon
-        )
+        self._closing = False  # the connection ends: calls cancelled now were not the client's doing
         self._chosen = chosen  # the profile this connection asked for, if any
         self._first = back is None  # a hello may come first, unless the handoff chose already
         self._reader = BufferedByteReceiveStream(stream)  # replaced by _read, and by a handoff
@@ -123,7 +122,8 @@ class StdioConnection:
                     tg.start_soon(self.handed.back.run)
         finally:
             try:
-                self._fast.close()  # its children are told to stop what it no longer waits for
+                self._closing = True
+                self.gateway.calls.close(self.session)  # the children stop what it no longer waits for
             finally:
                 self.session.close()  # what is this client's goes with it: questions, instances, tasks...
                 if self._handed_stream is not None:  # handed over on the way: ours to close
@@ -144,16 +144,25 @@ class StdioConnection:
 
     def _fast_call(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
         """Start serving *line* on the fast path, if it is a call the fast path takes."""
-        call = fastpath.parse(line)
-        route = self._fast.route(call, self._chosen) if call is not None else None
-        if call is None or route is None or (self.handed is not None and self.handed.refuses(call.id)):
+        call = parse.parse(line)
+        if call is None or (self.handed is not None and self.handed.refuses(call.id)):
+            return False
+        progress = self._out.transmit if call.progress_token is not None else None
+        taken = self.gateway.calls.take(call, self.session, self._chosen, progress=progress)
+        if taken is None:
             return False
         slot = self._in_flight.hold(call.id, by_id=False)
 
-        def done(answered: bool) -> None:
+        def settle(answered: bool) -> None:  # whether the client has its answer, or gave it up
             self._in_flight.settle(call.id, slot, answered=answered)
 
-        self._fast.start(tg, call, *route, done)
+        def deliver(answer: bytes | None) -> None:
+            if answer is None:  # cancelled: by the client, or by the connection ending
+                settle(not self._closing)
+            else:
+                self._out.transmit_soon(answer, settle)
+
+        self.gateway.calls.start(taken, deliver, tg)
         return True
 
     def _watching_listings(self) -> bool:
@@ -238,9 +247,9 @@ class StdioConnection:
 
     async def _took_fast(self, line: bytes, tg: anyio.abc.TaskGroup) -> bool:
         """Whether the fast path serves *line* (a cancellation it sees goes on to the SDK too)."""
-        if (cancelled := fastpath.cancelled_id(line)) is not None:
-            self._fast.cancel(cancelled)  # and on to the SDK, for its own requests
-        elif fastpath.MARK in line:
+        if (cancelled := parse.cancelled_id(line)) is not None:
+            self.gateway.calls.cancel(self.session, cancelled)  # and on to the SDK, for its own requests
+        elif parse.MARK in line:
             await self._in_flight.take()
             if self._fast_call(line, tg):
                 return True

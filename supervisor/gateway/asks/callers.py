@@ -5,7 +5,7 @@ callers: how a gateway client is asked, whichever path its call took.
 
 - A call on the SDK's path (:class:`SessionCaller`) asks on the request's own channel: on
   ``mcp.sock`` the connection's stream, on streamable HTTP the call's response stream.
-- A call on the fast path (:mod:`..fastpath`) has no SDK request; it asks on the SDK connection
+- A call on the fast path (:mod:`..fast`) has no SDK request; it asks on the SDK connection
   of its client's :class:`~..session.Session` (known once the client made a handshake-era
   request; the fast path opens only after it listed tools) (:class:`FastCaller`).
 

@@ -1,11 +1,12 @@
 """The fast path over HTTP: a plain ``tools/call`` answered as JSON, without the SDK.
 
-On ``mcp.sock`` plain tool calls skip the SDK (:mod:`..fastpath`); over HTTP its transport,
+On ``mcp.sock`` plain tool calls skip the SDK (:mod:`..fast`); over HTTP its transport,
 models and SSE cost more still (about 5 ms of daemon CPU a call). :class:`FastPath` takes a POST
 to ``/mcp`` (or ``/mcp/NAME``) whose body is one plain ``tools/call`` from a client that accepts
 ``application/json``, routes it in the client's view, calls the child as plain JSON and
-answers with one JSON body, as the specification allows. Anything else goes on to the SDK,
-which stays the reference for behaviour. Two kinds of call are taken:
+answers with one JSON body, as the specification allows; the gateway's runner
+(:mod:`..fast.runner`) serves it, as it serves the other front-ends' calls. Anything else goes
+on to the SDK, which stays the reference for behaviour. Two kinds of call are taken:
 
 - of a handshake-era session that has listed tools or made a call before
   (:meth:`~..server.Gateway.note_http_session`), with no ``_meta`` but a progress token (the
@@ -27,37 +28,33 @@ connection closing (heard through the connection's ``watch_lost``, without a tas
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-import anyio
 import mcp_types as types
 import pydantic_core
 import structlog
 from mcp.server.streamable_http import check_accept_headers
-from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, MCP_PARAM_HEADER_PREFIX, X_MCP_HEADER_KEY
+from mcp.shared.inbound import MCP_PARAM_HEADER_PREFIX, X_MCP_HEADER_KEY
 from mcp_types import methods
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from supervisor.child.rawcalls import encode
 from supervisor.errors import first_line
-from supervisor.gateway import fastpath
 from supervisor.gateway.asks.callers import ASKING_CAPABILITIES, UnaskableCaller
 from supervisor.gateway.catalog import Catalog
-from supervisor.gateway.fastpath import MARK, FastCall, RequestId, Shape, answer_call
+from supervisor.gateway.fast import parse
+from supervisor.gateway.fast.answers import Shape, modern_status
+from supervisor.gateway.fast.parse import MARK
+from supervisor.gateway.fast.runner import Runner, Taken
 from supervisor.gateway.http.bodies import replay
-from supervisor.gateway.http.connections import CONNECTION, BoundedProtocol
+from supervisor.gateway.http.connections import CONNECTION
 from supervisor.gateway.http.sessions import Sessions
 from supervisor.gateway.server import Gateway
 from supervisor.gateway.session import Session
 from supervisor.gateway.toolerrors import raw_tool_error
 from supervisor.gateway.view.profiles import SCOPE_KEY, Chosen
 
-__all__ = ("Cancellable", "FastPath", "Taken", "media_types_taken", "modern_status")
-
-if TYPE_CHECKING:
-    from supervisor.extension.served import Served
+__all__ = ("FastPath", "Taken", "media_types_taken")
 
 log = structlog.get_logger(__name__)
 
@@ -69,23 +66,6 @@ _MEDIA_HEADERS = frozenset({b"content-type", b"accept"})
 _X_MCP_HEADER = f'"{X_MCP_HEADER_KEY}"'.encode()
 
 
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Taken:
-    """A call the fast path takes: what serving it needs."""
-
-    call: FastCall
-    ext: Served
-    tool: str  # the child's name for it
-    session: Session
-    connection: BoundedProtocol
-    key: tuple[str, RequestId] | None  # a handshake-era call's (session id, request id)
-    shape: Shape | None = None  # a 2026-07-28 call's result, as its version has it
-
-
 class FastPath:
     """ASGI middleware in front of the SDK's app (see the module's docstring)."""
 
@@ -93,9 +73,7 @@ class FastPath:
         self.app = app
         self._gateway = gateway
         self._sessions = sessions
-        # Fast calls running, by (session id, request id): what a later cancel names. At most one
-        # per request being served (bounded by the listener's connections).
-        self._running: dict[tuple[str, RequestId], Cancellable] = {}
+        self.runner: Runner = gateway.calls
         self._annotated: tuple[Catalog | None, frozenset[str]] = (None, frozenset())
         self._stamped: tuple[object, dict[str, Any]] = (None, {})
 
@@ -121,56 +99,29 @@ class FastPath:
                 return
             if not modern and await self._serve(scope, body, session_id, send):
                 return
-        cancelled = fastpath.cancelled_id(body) if _CANCELLED in body else None
-        if cancelled is not None and (running := self._running.get((session_id, cancelled))) is not None:
-            running.cancel()  # and on to the SDK, which answers the notification (202)
+        cancelled = parse.cancelled_id(body) if _CANCELLED in body else None
+        if cancelled is not None and (session := self._gateway.http_sessions.get(session_id)) is not None:
+            self.runner.cancel(session, cancelled)  # and on to the SDK, which answers the notification (202)
         await self.app(scope, replayed, send)
 
     def take(self, scope: Scope, body: bytes, session_id: str, profile: str | None) -> Taken | None:
         """A handshake-era call in *body* that the fast path can serve, routed in *profile*;
         None to let the SDK's path serve it (and say what is wrong). Sync."""
         session = self._gateway.http_sessions.get(session_id)
-        call = fastpath.parse(body)
-        if session is None or session.closed or call is None or call.progress_token is not None:
-            return None
-        if not self._sessions.live(session_id):
+        call = parse.parse(body)
+        if session is None or call is None or not self._sessions.live(session_id):
             return None  # expired or ended: the SDK answers 404, the client opens a new one
-        route = self._gateway.router.route_tool(call.name, Chosen(profile) if profile else None, session)
-        if route is None:
-            return None  # hidden, unknown, a meta-tool, an instance refused: the SDK's path says why
-        key = (session_id, call.id)
-        if key in self._running:
-            return None  # a duplicate id in flight: the SDK's path answers as it does
-        connection = scope.get(CONNECTION)
-        if connection is None or connection.transport.is_closing():
+        if not _connected(scope):
             return None  # not our listener's, or the client has gone: the SDK's path notices
-        return Taken(call, route[0], route[1], session, connection, key)
-
-    def running(self, key: tuple[str, RequestId], cancel: Cancellable | None) -> None:
-        """Note the fast call *key* (session id, request id) as running, to be cancelled by
-        the client's ``notifications/cancelled`` (None: no longer running)."""
-        if cancel is None:
-            self._running.pop(key, None)
-        else:
-            self._running[key] = cancel
+        return self.runner.take(call, session, Chosen(profile) if profile else None)
 
     async def _serve(self, scope: Scope, body: bytes, session_id: str, send: Send) -> bool:
         """Answer *body* here if the fast path can; False to let the SDK's path serve it."""
         taken = self.take(scope, body, session_id, scope.get(SCOPE_KEY))
         if taken is None:
             return False
-        call, connection, key = taken.call, taken.connection, taken.key
-        answer: bytes | None = None
-        with anyio.CancelScope() as cancelled, self._sessions.serving(session_id):
-            self._running[key] = cancelled
-            connection.watch_lost(cancelled.cancel)  # the client going cancels the call
-            try:
-                answer = await answer_call(
-                    call, taken.ext, taken.tool, taken.session, self._gateway.spool_prefix
-                )
-            finally:
-                connection.watch_lost(None)
-                self._running.pop(key, None)
+        with self._sessions.serving(session_id):
+            answer = await self.runner.run(taken, scope[CONNECTION].watch_lost)  # its client going cancels it
         if answer is None:  # cancelled by the client, or it went: a cancelled request gets no answer
             await _respond(send, 202, b"")
             return True
@@ -191,25 +142,10 @@ class FastPath:
         taken = self.take_modern(scope, headers, body, scope.get(SCOPE_KEY))
         if taken is None:
             return False
-        session, connection = taken.session, taken.connection
         try:
-            answer: bytes | None = None
-            with anyio.CancelScope() as gone:
-                connection.watch_lost(gone.cancel)
-                try:
-                    answer = await answer_call(
-                        taken.call,
-                        taken.ext,
-                        taken.tool,
-                        session,
-                        self._gateway.spool_prefix,
-                        caller=UnaskableCaller(session),
-                        shape=taken.shape,
-                    )
-                finally:
-                    connection.watch_lost(None)
+            answer = await self.runner.run(taken, scope[CONNECTION].watch_lost)
         finally:
-            session.close()
+            taken.session.close()
         if answer is not None:  # else the client went: nobody to answer
             await _respond(send, modern_status(answer, taken.call.id), answer, _JSON)
         return True
@@ -220,7 +156,7 @@ class FastPath:
         """A 2026-07-28 call in *body* that the fast path can serve (see :meth:`_serve_modern`),
         routed in *profile*, with a Session for this request only (the caller closes it); None to
         let the SDK's path serve it. Sync."""
-        modern = fastpath.parse_modern(body)
+        modern = parse.parse_modern(body)
         if (
             modern is None
             or headers.get(b"mcp-protocol-version", b"").decode("latin-1") != modern.version
@@ -230,18 +166,15 @@ class FastPath:
             or modern.call.name in self._with_param_headers()
         ):
             return None
-        connection = scope.get(CONNECTION)
-        if connection is None or connection.transport.is_closing():
+        if not _connected(scope):
             return None
         session = Session("http", lasting=False)
-        route = self._gateway.router.route_tool(
-            modern.call.name, Chosen(profile) if profile else None, session
-        )
-        if route is None:
+        chosen = Chosen(profile) if profile else None
+        taken = self.runner.take(modern.call, session, chosen, caller=UnaskableCaller(session))
+        if taken is None:
             session.close()
             return None
-        shape = self._modern_shape(modern.version, route[0].name, route[1])
-        return Taken(modern.call, route[0], route[1], session, connection, None, shape)
+        return taken.shaped(self._modern_shape(modern.version, taken.ext.name, taken.tool))
 
     def _modern_shape(self, version: str, extension: str, tool: str) -> Shape:
         """A result of *tool* as the SDK's path gives it to a client of *version*: the version's
@@ -319,12 +252,10 @@ def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> bool:
     return True
 
 
-def modern_status(answer: bytes, request_id: RequestId) -> int:
-    """The HTTP status the SDK's modern path gives *answer*: an error's, by its code."""
-    if not answer.startswith(b'{"jsonrpc":"2.0","id":' + encode(request_id).rstrip() + b',"error":'):
-        return 200
-    code = pydantic_core.from_json(answer)["error"]["code"]
-    return ERROR_CODE_HTTP_STATUS.get(code, 200)
+def _connected(scope: Scope) -> bool:
+    """The request came through our listener, and its client is still there."""
+    connection = scope.get(CONNECTION)
+    return connection is not None and not connection.transport.is_closing()
 
 
 async def _respond(

@@ -11,30 +11,29 @@ all of that when callbacks alone can answer it:
   the body budget: uvicorn reads as much of any body before its task runs);
 - with its body, it takes a call the fast path takes (:meth:`.FastPath.take`,
   :meth:`.FastPath.take_modern`) in the profile its path names (:meth:`.ProfilePaths.profile`),
-  with a slot of its session's requests in flight (:meth:`.Bodies.take_slot`), that a running
-  child accepts at once (:meth:`Extension.call_tool_inline`).
+  with a slot of its session's requests in flight (:meth:`.Bodies.take_slot`), that the gateway's
+  runner serves in callbacks (:meth:`.Runner.start` without a task group: its extension takes
+  the call at once).
 
 Anything else, refusals included, goes the ASGI way as it would have, so each decision stays
 where it is made. What the fast path gives a call, this one keeps: its session held busy
-(:meth:`.Sessions.hold`), cancellation by ``notifications/cancelled`` (the fast path's table of
+(:meth:`.Sessions.hold`), cancellation by ``notifications/cancelled`` (the runner's table of
 running calls) or by its client going (:meth:`.BoundedProtocol.watch_lost`), the child's
 questions to its client, and the same answer, written in one go (:meth:`.BoundedProtocol.answer`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from supervisor.errors import CallFailed
-from supervisor.gateway.asks.callers import FastCaller, UnaskableCaller
-from supervisor.gateway.fastpath import MARK, answer_line, internal_error
+from supervisor.gateway.fast.answers import modern_status
+from supervisor.gateway.fast.parse import MARK
+from supervisor.gateway.fast.runner import Running, Taken
 from supervisor.gateway.http.bodies import Bodies
 from supervisor.gateway.http.connections import BoundedProtocol
-from supervisor.gateway.http.fastcalls import FastPath, Taken, media_types_taken, modern_status
+from supervisor.gateway.http.fastcalls import FastPath, media_types_taken
 from supervisor.gateway.http.guard import Guard, ProfilePaths
 from supervisor.gateway.http.sessions import Sessions
 
@@ -92,23 +91,17 @@ class QuickCalls:
         if not self.bodies.take_slot(session_id):  # the ASGI way answers 429
             _release(taken)
             return False
-        call = _Call(self, connection, cycle, taken, session_id)
-        try:
-            started = call.start()
-        except Exception:  # a bug of ours: it may have reached the child, so it is answered here
-            log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
-            call.fail()
-            return True
-        if not started:
+        if not _Call(self, connection, cycle, taken, session_id).start():
             self.bodies.give_slot(session_id)
             _release(taken)
-        return started
+            return False
+        return True
 
 
 class _Call:
     """One quick call, from its start to its answer (or its end without one)."""
 
-    __slots__ = ("_connection", "_cycle", "_ended", "_inline", "_owner", "_release", "_session_id", "_taken")
+    __slots__ = ("_connection", "_cycle", "_gone", "_owner", "_release", "_running", "_session_id", "_taken")
 
     def __init__(
         self,
@@ -120,78 +113,49 @@ class _Call:
     ) -> None:
         self._owner, self._connection, self._cycle, self._taken = owner, connection, cycle, taken
         self._session_id = session_id
-        self._ended = False
-        self._inline: Any = None
+        self._gone = False
+        self._running: Running | None = None
         self._release = _nothing
 
     def start(self) -> bool:
         """Send the call; False when only the awaited path can (nothing was sent)."""
-        taken = self._taken
-        caller = FastCaller(taken.session) if taken.key is not None else UnaskableCaller(taken.session)
-        inline = taken.ext.call_tool_inline(taken.tool, taken.call.arguments, self._answered, caller=caller)
-        if inline is None:
+        running = self._owner.fast.runner.start(self._taken, self._delivered)
+        if running is None:
             return False
-        self._inline = inline
-        if self._ended:
+        if running.ended:
             return True  # answered at once: nothing left to hold
-        if taken.key is not None:
+        self._running = running
+        if self._taken.session.lasting:  # a handshake-era session's: busy while the call runs
             self._release = self._owner.sessions.hold(self._session_id)
-            self._owner.fast.running(taken.key, self)
         self._connection.watch_lost(self._lost)
         return True
 
-    def cancel(self) -> None:
-        """The client cancelled it (``notifications/cancelled``): no answer but 202, as on the fast path."""
-        if not self._ended:
-            self._inline.cancel()
-            self._end(202, b"")
-
-    def fail(self) -> None:
-        """End it with the internal error the fast path answers for a bug of ours."""
-        if self._inline is not None:
-            self._inline.cancel()
-        self._reply(internal_error(self._taken.call.id))
-
     def _lost(self) -> None:
-        self._inline.cancel()
-        self._end(None, b"")
+        self._gone = True
+        assert self._running is not None
+        self._running.cancel()
 
-    def _answered(self, outcome: dict[str, Any] | CallFailed) -> None:
-        taken = self._taken
-        try:
-            line = answer_line(
-                taken.call.id, taken.ext.name, outcome, self._owner.fast.spool_prefix, taken.shape
-            )
-        except Exception:  # a bug of ours: this call fails, the connection goes on
-            log.exception("gateway.fast_call_crashed", extension=taken.ext.name, tool=taken.tool)
-            line = internal_error(taken.call.id)
-        self._reply(line)
-
-    def _reply(self, line: bytes) -> None:
-        taken = self._taken
-        self._end(200 if taken.key is not None else modern_status(line, taken.call.id), line)
-
-    def _end(self, status: int | None, body: bytes) -> None:
-        if self._ended:
-            return
-        self._ended = True
+    def _delivered(self, answer: bytes | None) -> None:
+        """Its answer; None: the client cancelled it (202, as on the fast path) or went (nothing)."""
         taken = self._taken
         self._connection.watch_lost(None)
-        if taken.key is not None:
-            self._owner.fast.running(taken.key, None)
         self._release()
         self._owner.bodies.give_slot(self._session_id)
         _release(taken)
-        if status is None:
-            return  # its client went: nobody to answer
-        headers = [_JSON] if body else []
-        if taken.key is not None and status == 200:
+        if answer is None:
+            if not self._gone:
+                self._connection.answer(self._cycle, 202, [], b"")
+            return
+        modern = not taken.session.lasting
+        status = modern_status(answer, taken.call.id) if modern else 200
+        headers = [_JSON]
+        if not modern and status == 200:
             headers.append((b"mcp-session-id", self._session_id.encode("latin-1")))
-        self._connection.answer(self._cycle, status, headers, body)
+        self._connection.answer(self._cycle, status, headers, answer)
 
 
 def _release(taken: Taken) -> None:
-    if taken.key is None:
+    if not taken.session.lasting:
         taken.session.close()  # a 2026-07-28 call's session is this request's alone
 
 

@@ -18,8 +18,8 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from supervisor import sockets
-from supervisor.gateway import fastpath
-from supervisor.gateway.fastpath import FastCall
+from supervisor.gateway.fast import parse as fastpath
+from supervisor.gateway.fast.parse import FastCall
 from supervisor.gateway.hello import HELLO_METHOD
 from supervisor.gateway.links import expose_json as expose_links
 from supervisor.gateway.unix import MAX_IN_FLIGHT
@@ -176,12 +176,12 @@ class _Raw:
     async def send(self, message: dict[str, Any]) -> None:
         await self.stream.send(_line(message) + b"\n")
 
-    async def reply(self, request_id: Any) -> dict[str, Any]:
+    async def reply(self, request_id: Any, *, any_id: bool = False) -> dict[str, Any]:
         with fail_after(20):
             while True:
                 message = json.loads(await self.reader.receive_until(b"\n", 64 << 20))
                 if "id" in message and "method" not in message:
-                    assert message["id"] == request_id, message
+                    assert any_id or message["id"] == request_id, message
                     return message
                 self.notifications.append(message)
 
