@@ -67,7 +67,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("children",),
         ("containment",),
     ),
-    "upstream": (("listing", "wire", "media"), ("session", "spool")),
+    "upstream": (("listing", "wire", "media", "scan"), ("diverted",), ("session", "spool")),
     "remote": (("http", "traffic", "tokens"), ("auth", "connection"), ("login",), ("device",)),
     "child": (
         ("wire",),

@@ -159,8 +159,8 @@ async def connect(
     that cannot open (a refused connection, an SSE stream the server refuses) ends the
     connection at once with the reason: the handshake then fails with it.
 
-    Oversized media in the server's tool results goes to *spool* before the session sees them
-    (the answer itself is bounded, not streamed: see :mod:`supervisor.remote.http`).
+    Oversized media in the server's tool results goes to *spool* before the session sees them,
+    kept on disk from the first bytes of its answer (:mod:`supervisor.upstream.diverted`).
 
     Bounds: every answer and event within *max_message_bytes*, and the answer to each request
     within *answer_timeout* seconds (:mod:`supervisor.remote.http`);
@@ -223,6 +223,7 @@ class _Holder:
         self.auth = auth
         self.connection = connection
         self.spool = spool
+        self.media = spool.diversions() if spool is not None else None  # its long strings, on disk
         self.kinds = ["http", "sse"] if kind == "auto" else [kind]
         self.headers = headers
         self.max_message_bytes = max_message_bytes
@@ -265,6 +266,8 @@ class _Holder:
                     return
         finally:
             connection.end(connection.failure)  # however it left: requests in flight fail now
+            if self.media is not None:
+                self.media.close()
             self.done.set()
             if not started:
                 task_status.started()
@@ -334,6 +337,7 @@ class _Holder:
             auth=self.auth,
             max_message_bytes=self.max_message_bytes,
             answer_timeout=self.answer_timeout,
+            diversions=self.media,
         )
 
     async def _forward(
@@ -357,9 +361,11 @@ class _Holder:
                 if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
                     self.on_list_changed(kind)
                     continue
-                if self.spool is not None and isinstance(inner, types.JSONRPCResponse) and tool_result(inner):
+                if self.media is not None and isinstance(inner, types.JSONRPCResponse) and tool_result(inner):
                     answer = {"id": inner.id, "result": inner.result}  # rewritten in place
-                    await anyio.to_thread.run_sync(self.spool.rewrite, answer)
+                    await anyio.to_thread.run_sync(self.media.spool, answer)
+                elif self.media:  # a long string of another message kept on disk: its text back
+                    await anyio.to_thread.run_sync(self.media.put_back, inner)
                 if isinstance(inner, types.JSONRPCError) and cut_off(inner.error):
                     # First: the call it answers fails as cut by the run's end.
                     connection.end(self.watch.last_failure or "the server broke off an answer's stream")

@@ -2,7 +2,8 @@
 
 Every byte a remote server sends is bounded before anything parses it: a JSON answer by
 ``max_message_bytes`` in all, an event stream by ``max_message_bytes`` per event (the bytes
-since its last blank line), so a hostile or broken server costs at most that much memory.
+since its last blank line), so a hostile or broken server costs at most that much memory. A
+compressed answer is decoded first, so the bound counts what it decodes to.
 HTTPS is verified against the system's trust store; the MCP transports themselves follow a
 redirect only within the endpoint's origin, so the configured headers never leave it.
 
@@ -11,6 +12,10 @@ time as well: past *answer_timeout* it is given up, headers or stream. Whoever s
 stopped waiting by then (``call_timeout``), and a server that stalls an answer, or streams one
 without end, would otherwise hold a connection and a task, and in the second case a core,
 until the run ends. (A given-up answer of ours ends the run: the SDK's transport stops there.)
+
+With a run's *diversions*, a JSON answer or event stream passes through their scanner as it
+comes: a long ``data``/``blob`` string goes to a file instead of memory, and is spooled or put
+back once the message is parsed (:mod:`supervisor.upstream.diverted`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from typing import Any, Protocol
 
 import anyio
 import httpx2
+from httpx2._decoders import SUPPORTED_DECODERS, MultiDecoder  # httpx's own, bounded per step
 from httpx2._utils import get_environment_proxies  # httpx's own reading of *_PROXY and NO_PROXY
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+
+from supervisor.upstream.diverted import Diversions
+from supervisor.upstream.scan import EventScanner, JsonScanner
 
 __all__ = ("MAX_CONNECTIONS", "AnswerTooLong", "ResponseTooLarge", "Watch", "client", "transport")
 
@@ -60,6 +69,7 @@ def client(
     timeout: httpx2.Timeout | None = None,
     auth: httpx2.Auth | None = None,
     answer_timeout: float | None = None,
+    diversions: Diversions | None = None,
 ) -> httpx2.AsyncClient:
     """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*
     (and a POST's by *answer_timeout* seconds);
@@ -78,7 +88,7 @@ def client(
             limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
             proxy=proxy,
         )
-        return _Bounded(inner, max_message_bytes, watch, answer_timeout)
+        return _Bounded(inner, max_message_bytes, watch, answer_timeout, diversions)
 
     proxies = get_environment_proxies()
     return httpx2.AsyncClient(
@@ -102,6 +112,7 @@ async def transport(
     auth: httpx2.Auth | None,
     max_message_bytes: int,
     answer_timeout: float | None,
+    diversions: Diversions | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The SDK's transport of *kind* (``http``: streamable HTTP, ``sse``: HTTP+SSE) to *url* over
     a :func:`client` of these bounds: its read and write streams."""
@@ -110,6 +121,7 @@ async def transport(
         "auth": auth,
         "max_message_bytes": max_message_bytes,
         "answer_timeout": answer_timeout,
+        "diversions": diversions,
     }
     async with client(headers, **bounds) as http:
         opened: AbstractAsyncContextManager[Any]
@@ -127,10 +139,15 @@ class _Bounded(httpx2.AsyncBaseTransport):
     """A transport whose response bodies stop at the byte limit (see the module)."""
 
     def __init__(
-        self, inner: httpx2.AsyncBaseTransport, limit: int, watch: Watch | None, answer_timeout: float | None
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        limit: int,
+        watch: Watch | None,
+        answer_timeout: float | None,
+        diversions: Diversions | None = None,
     ) -> None:
         self._inner, self._limit, self._watch = inner, limit, watch
-        self._answer_timeout = answer_timeout
+        self._answer_timeout, self._diversions = answer_timeout, diversions
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         posted = request.method == "POST" and self._answer_timeout is not None  # a GET stream may last
@@ -146,13 +163,70 @@ class _Bounded(httpx2.AsyncBaseTransport):
             raise AnswerTooLong("the server did not answer within the time the request had")
         if self._watch is not None:
             self._watch.answered(request, response.status_code)
-        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
-        stream = response.stream
-        assert isinstance(stream, httpx2.AsyncByteStream)
-        response.stream = _Limited(
+        content_type = response.headers.get("content-type", "").lower()
+        events = content_type.startswith("text/event-stream")
+        stream = _decoded(response)
+        limited = _Limited(
             stream, self._limit, per_event=events, watch=self._watch, deadline=deadline if posted else None
         )
+        json = content_type.startswith("application/json")
+        plain = "content-encoding" not in response.headers  # else in a coding we do not decode
+        if self._diversions is not None and plain and (events or json):
+            response.stream = _Diverting(limited, self._diversions.scanner(events))
+        else:
+            response.stream = limited
         return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _decoded(response: httpx2.Response) -> httpx2.AsyncByteStream:
+    """*response*'s body, decoded here if it is compressed (gzip, deflate), so that the bounds
+    count what it decodes to: a small gzip can hold gigabytes. The decoders are httpx's own,
+    which yield at most 1 MiB at a time; httpx then decodes nothing more."""
+    stream = response.stream
+    assert isinstance(stream, httpx2.AsyncByteStream)
+    named = response.headers.get_list("content-encoding", split_commas=True)
+    codings = [coding for coding in (name.strip().lower() for name in named) if coding != "identity"]
+    if not codings:
+        response.headers.pop("content-encoding", None)
+        return stream
+    if not all(coding in SUPPORTED_DECODERS for coding in codings):
+        return stream  # httpx passes it on as it is, unread by us
+    del response.headers["content-encoding"]
+    return _Decoding(stream, MultiDecoder(codings))
+
+
+class _Decoding(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, decoder: MultiDecoder) -> None:
+        self._inner, self._decoder = inner, decoder
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            for decoded in self._decoder.decode(chunk):
+                yield decoded
+        for decoded in self._decoder.flush():
+            if decoded:
+                yield decoded
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Diverting(httpx2.AsyncByteStream):
+    """A stream through a scanner: long strings to their files, the rest on as it comes."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, scanner: JsonScanner | EventScanner) -> None:
+        self._inner, self._scanner = inner, scanner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                if passed := self._scanner.feed(chunk):
+                    yield passed
+        finally:
+            self._scanner.close()  # a string broken off is ended (its file goes with the run)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

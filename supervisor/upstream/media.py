@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,22 +133,33 @@ def media_field(node: dict[str, Any]) -> tuple[str, str, str | None] | None:
     return None
 
 
-def find(result: dict[str, Any], longer_than: int) -> Found:
-    """Every media payload in the tool *result* whose base64 is longer than *longer_than* chars.
+def find(result: dict[str, Any], longer_than: int, diverted: Container[str] = ()) -> Found:
+    """Every media payload in the tool *result* whose base64 is longer than *longer_than* chars,
+    or is a placeholder of one kept on disk (*diverted*: see :mod:`.diverted`).
 
     Shorter strings cannot decode to more than *longer_than* bytes, so they are skipped
     without a look; so are text items no longer than that.
     """
     found = Found()
+    long = _Long(longer_than, diverted)
     for key, value in result.items():
         if key == "content" and isinstance(value, list):
-            _content(value, longer_than, found)
+            _content(value, long, found)
         else:
-            found.spots += _walk(value, longer_than, "structured" if key == "structuredContent" else "other")
+            found.spots += _walk(value, long, "structured" if key == "structuredContent" else "other")
     return found
 
 
-def _content(items: list[Any], longer_than: int, found: Found) -> None:
+@dataclass(frozen=True, slots=True)
+class _Long:
+    longer_than: int
+    diverted: Container[str]
+
+    def __call__(self, text: str) -> bool:
+        return len(text) > self.longer_than or (bool(self.diverted) and text in self.diverted)
+
+
+def _content(items: list[Any], long: _Long, found: Found) -> None:
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             continue
@@ -160,21 +171,21 @@ def _content(items: list[Any], longer_than: int, found: Found) -> None:
             and isinstance(holder, dict)
             and isinstance(holder.get(key), str)
         ):
-            if len(holder[key]) > longer_than:
+            if long(holder[key]):
                 mime = holder.get("mimeType")
                 found.spots.append(
                     Spot(holder, key, kind, mime if isinstance(mime, str) else None, "content", index)
                 )
             continue
         text = item.get("text") if kind == "text" else None
-        if isinstance(text, str) and len(text) > longer_than and text.lstrip()[:1] in ("{", "["):
+        if isinstance(text, str) and len(text) > long.longer_than and text.lstrip()[:1] in ("{", "["):
             document = _parse(text)
-            spots = _walk(document, longer_than, "text", index) if document is not None else []
+            spots = _walk(document, long, "text", index) if document is not None else []
             if spots:
                 found.spots += spots
                 found.texts.append(TextDocument(index, document, "\n" in text[:200]))
             continue
-        found.spots += _walk(item, longer_than, "other")
+        found.spots += _walk(item, long, "other")
 
 
 def _parse(text: str) -> Any:
@@ -184,7 +195,7 @@ def _parse(text: str) -> Any:
         return None
 
 
-def _walk(root: Any, longer_than: int, where: str, index: int = -1) -> list[Spot]:
+def _walk(root: Any, long: _Long, where: str, index: int = -1) -> list[Spot]:
     spots: list[Spot] = []
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
@@ -193,7 +204,7 @@ def _walk(root: Any, longer_than: int, where: str, index: int = -1) -> list[Spot
             continue
         if isinstance(node, dict):
             media = media_field(node)
-            if media is not None and len(node[media[0]]) > longer_than:
+            if media is not None and long(node[media[0]]):
                 spots.append(Spot(node, media[0], media[1], media[2], where, index))
             stack.extend((value, depth + 1) for value in node.values() if isinstance(value, dict | list))
         elif isinstance(node, list):

@@ -32,6 +32,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 import structlog
 
 from supervisor.upstream import media
+from supervisor.upstream.diverted import Diversion, Diversions
 from supervisor.upstream.media import OutputSchemas
 
 __all__ = (
@@ -187,6 +189,7 @@ class Spool:
         *,
         directory: str | None = None,
         schemas: OutputSchemas | None = None,
+        diverted: Mapping[str, Diversion] | None = None,
     ) -> int:
         """Spool the oversized media of a tool result in place; return how many payloads were replaced.
 
@@ -197,20 +200,22 @@ class Spool:
         to one file. A rewrite of ``structuredContent`` that *schemas* says a client would
         reject is undone as a whole (``spool.kept_inline``). Never raises for bad input or a
         failed write: the payload stays inline and a warning is logged. Files go to
-        *directory* (a name in the run directory; default: *extension*).
+        *directory* (a name in the run directory; default: *extension*). A payload still on
+        disk (*diverted*: its placeholder in the result) is decoded from there.
         """
+        diverted = diverted or {}
         result = message.get("result") if isinstance(message, dict) else None
         if not isinstance(result, dict) or not (
             isinstance(result.get("content"), list) or "structuredContent" in result
         ):
             return 0
-        found = media.find(result, self.max_inline_bytes)
+        found = media.find(result, self.max_inline_bytes, diverted)
         if not found.spots:
             return 0
         payloads: dict[str, list[media.Spot]] = {}  # base64 text -> where it occurs: one file each
         for spot in found.spots:
             data = spot.holder[spot.key]
-            size = decoded_size(data)
+            size = diverted[data].decoded_size() if data in diverted else decoded_size(data)
             if size is None:
                 log.warning(
                     "spool.not_base64",
@@ -223,9 +228,10 @@ class Spool:
         written: set[Path] = set()  # this result's files: never evicted to make room for its next one
         stored: dict[str, media.Stored] = {}
         for data, spots in payloads.items():
-            size = decoded_size(data) or 0
+            source = diverted.get(data, data)
+            size = (source.decoded_size() if isinstance(source, Diversion) else decoded_size(data)) or 0
             mime = next((spot.mime for spot in spots if spot.mime), None)
-            saved = self._store(data, size, mime, extension, spots[0].kind, directory or extension, written)
+            saved = self._store(source, size, mime, extension, spots[0].kind, directory or extension, written)
             if saved is not None:
                 stored[data] = media.Stored(*saved, size)
         applied = media.apply(result, found, payloads, stored, schemas, message.get("id"))
@@ -250,7 +256,7 @@ class Spool:
 
     def _store(
         self,
-        data: str,
+        data: str | Diversion,
         size: int,
         mime: str | None,
         extension: str,
@@ -272,7 +278,7 @@ class Spool:
         path = directory / f"{secrets.token_urlsafe(16)}{suffix}"
         try:
             _make_private_dirs(self.root, self.run_dir, directory)
-            digest = write_decoded(path, data)
+            digest = data.decode_into(path) if isinstance(data, Diversion) else write_decoded(path, data)
         except (OSError, binascii.Error, ValueError) as exc:
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -339,8 +345,16 @@ class ExtensionSpool:
         """A request went to the child: its answer's structured output is checked against its tool."""
         self.schemas.sent(request_id, method, params)
 
-    def rewrite(self, message: Any) -> int:
-        return self.spool.rewrite(message, self.extension, directory=self.directory, schemas=self.schemas)
+    def rewrite(self, message: Any, diverted: Mapping[str, Diversion] | None = None) -> int:
+        return self.spool.rewrite(
+            message, self.extension, directory=self.directory, schemas=self.schemas, diverted=diverted
+        )
+
+    def diversions(self) -> Diversions:
+        """A run's long strings kept on disk as its answers stream (:mod:`.diverted`), in this
+        extension's directory, for strings longer than the inline limit; its tool results'
+        media spooled here."""
+        return Diversions(self.spool.run_dir / self.directory, self.spool.max_inline_bytes, self.rewrite)
 
     def remove(self) -> None:
         self.spool.remove_extension(self.directory)

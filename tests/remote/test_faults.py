@@ -59,12 +59,13 @@ class TestMidAnswer:
         assert "did not answer within" in str(failed[0]), failed
         assert text(daemon.call("far", "echo", text="next")) == "next"
 
-    @pytest.mark.parametrize("kind", ["events", "body"])
+    @pytest.mark.parametrize("kind", ["events", "body", "gzip"])
     def test_an_answer_without_end_is_cut_and_the_daemon_stays_small(
         self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], kind: str
     ) -> None:
         """``events``: log notifications as fast as the server can send them; ``body``: one event
-        whose data never ends (cut at max_message_bytes)."""
+        whose data never ends (cut at max_message_bytes); ``gzip``: a compressed JSON answer,
+        each KiB decoding to a MiB (cut at max_message_bytes of what it decodes to)."""
         remote = remotes("http")
         entry = remote.entry(call_timeout=patience(3), max_message_bytes=4 * MiB)
         daemon = daemons({"far": entry, "near": remotes("http").entry()})

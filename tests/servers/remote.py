@@ -11,8 +11,9 @@ holds), ``forget`` (ends every session, so the next request of one is answered 4
 and the faults of a server that misbehaves mid-answer, each for the next POST: ``stall_next``
 (an event stream that starts, then never sends another byte), ``flood_next(kind)`` (an event
 stream without end: ``events``, log notifications as fast as it can; ``body``, one event whose
-data never ends); and ``ping_flood(count)``: COUNT pings at once while every answer the client
-posts is stalled, as a server that asks and never reads the answers.
+data never ends; ``gzip``, a JSON answer in gzip whose blanks never end); and
+``ping_flood(count)``: COUNT pings at once while every answer the client posts is stalled, as
+a server that asks and never reads the answers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import socket
 import sys
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,9 @@ async def _misbehave(kind: str, receive: Any, send: Any) -> None:
     """An event stream that stalls or never ends, until the client goes."""
     while (await receive()).get("more_body"):  # the request, read whole
         pass
+    if kind == "gzip":
+        await _gzip_bomb(send)
+        return
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     log = {
@@ -210,6 +215,22 @@ async def _misbehave(kind: str, receive: Any, send: Any) -> None:
                 }
             )
         await anyio.sleep_forever()
+    except OSError:  # the client went
+        return
+
+
+async def _gzip_bomb(send: Any) -> None:
+    """A JSON answer in gzip that never ends: each 1 KiB sent decodes to 1 MiB of blanks."""
+    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    blanks = b" " * (1 << 20)
+    chunk = packer.compress(b"{") + packer.flush(zlib.Z_SYNC_FLUSH)
+    try:
+        while True:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await anyio.lowlevel.checkpoint()
+            chunk = packer.compress(blanks) + packer.flush(zlib.Z_SYNC_FLUSH)
     except OSError:  # the client went
         return
 
