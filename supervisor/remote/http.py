@@ -34,7 +34,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
 from supervisor.upstream.diverted import Diversions
-from supervisor.upstream.scan import EventScanner, JsonScanner
+from supervisor.upstream.scan import Scanner
 
 __all__ = ("MAX_CONNECTIONS", "AnswerTooLong", "ResponseTooLarge", "Watch", "client", "transport")
 
@@ -172,7 +172,7 @@ class _Bounded(httpx2.AsyncBaseTransport):
         json = content_type.startswith("application/json")
         plain = "content-encoding" not in response.headers  # else in a coding we do not decode
         if self._diversions is not None and plain and (events or json):
-            response.stream = _Diverting(limited, self._diversions.scanner(events))
+            response.stream = _Diverting(limited, self._diversions.scanner())
         else:
             response.stream = limited
         return response
@@ -217,7 +217,7 @@ class _Decoding(httpx2.AsyncByteStream):
 class _Diverting(httpx2.AsyncByteStream):
     """A stream through a scanner: long strings to their files, the rest on as it comes."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, scanner: JsonScanner | EventScanner) -> None:
+    def __init__(self, inner: httpx2.AsyncByteStream, scanner: Scanner) -> None:
         self._inner, self._scanner = inner, scanner
 
     async def __aiter__(self) -> AsyncIterator[bytes]:

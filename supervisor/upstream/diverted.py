@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from supervisor.upstream.media import MAX_DEPTH
-from supervisor.upstream.scan import EventScanner, JsonScanner
+from supervisor.upstream.scan import Scanner
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -113,10 +113,9 @@ class Diversions:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def scanner(self, events: bool) -> JsonScanner | EventScanner:
-        """A scanner for one answer: a JSON body, or an event stream (*events*)."""
-        scanner = JsonScanner(self._longer_than, self._divert)
-        return EventScanner(scanner) if events else scanner
+    def scanner(self) -> Scanner:
+        """A scanner for one answer (a JSON body or an event stream)."""
+        return Scanner(self._longer_than, self._divert)
 
     def _divert(self) -> Diversion | None:
         if len(self._pending) >= self._limit:

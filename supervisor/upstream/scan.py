@@ -3,16 +3,22 @@
 A remote server's tool result arrives as bytes: one JSON body, or events whose ``data`` lines
 hold the JSON. Media in it is a long base64 string under a ``data`` or ``blob`` key
 (:mod:`.media`); parsed whole, a 20 MiB image is 27 MiB of text held at once, then more as a
-Python string. :class:`JsonScanner` passes every byte through as it comes but the content of
-such a string once it runs longer than *longer_than*: that goes to a sink (a file), and a
-short placeholder the sink names takes its place in the text. Whether it was media at all is
-decided later, on the parsed message, where the string's siblings are known (the sink's file
-is read back if not). :class:`EventScanner` does the same for an event stream, where each
-event is a JSON text of its own.
+Python string. :class:`Scanner` passes every byte through as it comes but the content of such
+a string once it runs longer than *longer_than*: that goes to a sink (a file), and a short
+placeholder the sink names takes its place in the text. Whether it was media at all is decided
+later, on the parsed message, where the string's siblings are known (the sink's file is read
+back if not).
 
-Bounds: nothing is held but one string's first *longer_than* bytes and a few bytes of state;
-each chunk is searched, not walked byte by byte. Malformed input is passed on as it is (the
-parser after us says what is wrong), with at worst a sink ended early.
+How it finds them without a parser: in JSON a quote inside a string is escaped, so a quote not
+after a backslash is the text's own, and ``"data": "`` made of such quotes opens a string
+value of that key (:data:`KEY`; a closing quote is never followed by a letter). A string ends
+at its next unescaped quote; a line break cannot be in one, so it ends a broken one too, which
+also keeps a diversion within one event of a stream. Each chunk is searched by a regular
+expression, not walked byte by byte: a small answer costs one search.
+
+Bounds: nothing is held but one string's first *longer_than* bytes and :data:`TAIL` bytes of
+the chunk before (a key cut in two). A key spaced out past that, or a value over two event
+lines, stays in the text: the parser after us gets it as sent.
 """
 
 from __future__ import annotations
@@ -21,15 +27,12 @@ import re
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ("MEDIA_KEYS", "Divert", "EventScanner", "JsonScanner", "Sink")
+__all__ = ("KEY", "TAIL", "Divert", "Scanner", "Sink")
 
-MEDIA_KEYS = frozenset({b"data", b"blob"})  # the keys whose long strings may be media
-MAX_FIELD = 16  # bytes of an event line's field name held until its colon: longer is no field of ours
-_WHITESPACE = b" \t\r\n"
-_QUOTE_OR_ESCAPE = re.compile(rb'["\\]')
-_FIELD_END = re.compile(rb"[:\r\n]")
-_LINE_END = re.compile(rb"[\r\n]")
-_OUT, _STRING, _HELD, _DIVERTED = range(4)  # outside a string; in one; in a candidate held; in one diverted
+KEY = re.compile(rb'"(?:data|blob)"[ \t\r\n]*:[ \t\r\n]*"')  # up to a value's opening quote
+TAIL = 32  # bytes of the chunk before that a key may have begun in
+_STOP = re.compile(rb'["\\\r\n]')  # what ends a string's plain run
+_OUT, _HELD, _DIVERTED = range(3)  # outside a candidate; in one, held; in one, diverted
 
 
 class Sink(Protocol):
@@ -45,61 +48,41 @@ class Sink(Protocol):
 Divert = Callable[[], Sink | None]  # a sink for the next long string; None: keep it in the text
 
 
-class JsonScanner:
-    """One JSON text after another (:meth:`reset` between two), long ``data``/``blob`` strings
+class Scanner:
+    """One answer's bytes, a JSON body or an event stream, long ``data``/``blob`` strings
     diverted (see the module's docstring)."""
 
-    __slots__ = (
-        "_between", "_divert", "_escape", "_held", "_key", "_last_key", "_longer_than", "_sink", "_state",
-    )  # fmt: skip
+    __slots__ = ("_divert", "_escape", "_held", "_longer_than", "_sink", "_state", "_tail")
 
     def __init__(self, longer_than: int, divert: Divert) -> None:
         self._longer_than, self._divert = longer_than, divert
-        self._begin()
-
-    def _begin(self) -> None:
         self._state = _OUT
-        self._escape = False  # the byte before was a backslash in a string
-        self._key = bytearray()  # the current string's first bytes: is it "data" or "blob"?
-        self._last_key: bytes | None = None  # the last string that ended, if short
-        self._between = b""  # significant bytes since it ended (two at most): b":" makes it a key
+        self._escape = False  # the byte before was a backslash in a candidate
         self._held = bytearray()  # a candidate's content, until it is long enough to divert
         self._sink: Sink | None = None
-
-    def reset(self) -> None:
-        """A new JSON text begins (an event ended): what the last one left open is dropped."""
-        if self._sink is not None:
-            self._sink.end()  # its placeholder is never seen: the text was broken off
-        self._begin()
-
-    def close(self) -> None:
-        """The answer ended."""
-        self.reset()
+        self._tail = b""  # the last bytes of the chunk before
 
     def feed(self, data: bytes) -> bytes:
-        """The next bytes of the text; what to pass on in their place."""
+        """The next bytes of the answer; what to pass on in their place."""
         out = bytearray()
         pos, end = 0, len(data)
         while pos < end:
             if self._state == _OUT:
-                quote = data.find(b'"', pos)
-                stop = end if quote < 0 else quote
-                if len(self._between) < 2:
-                    self._between = (self._between + data[pos:stop].translate(None, _WHITESPACE))[:2]
-                out += data[pos:stop]
-                if quote < 0:
-                    break
-                out += b'"'
-                candidate = self._between == b":" and self._last_key in MEDIA_KEYS
-                self._state = _HELD if candidate else _STRING
-                self._key.clear()
-                pos = quote + 1
+                start = self._straddling(data) if pos == 0 else None
+                if start is None:
+                    found = _key(data, pos, self._tail)
+                    if found is None:
+                        out += data[pos:]
+                        break
+                    start = found[1]
+                out += data[pos:start]
+                self._state, pos = _HELD, start
             elif self._escape:  # the escaped byte: content, whatever it is
                 self._escape = False
                 self._content(out, data[pos : pos + 1])
                 pos += 1
             else:
-                found = _QUOTE_OR_ESCAPE.search(data, pos)
+                found = _STOP.search(data, pos)
                 stop = end if found is None else found.start()
                 self._content(out, data[pos:stop])
                 if found is None:
@@ -107,119 +90,69 @@ class JsonScanner:
                 if data[stop] == 0x5C:  # a backslash: it and the next byte are content
                     self._escape = True
                     self._content(out, b"\\")
-                else:
+                    pos = stop + 1
+                else:  # its closing quote, or a line break in a broken string (passed on as it is)
                     self._close(out)
-                pos = stop + 1
+                    pos = stop
+        self._tail = (self._tail + data[-TAIL:])[-TAIL:]
         return bytes(out)
-
-    def _content(self, out: bytearray, piece: bytes) -> None:
-        if self._state == _STRING:
-            out += piece
-            if len(self._key) <= 4:
-                self._key += piece[:5]
-        elif self._state == _DIVERTED:
-            assert self._sink is not None
-            self._sink.write(piece)
-        else:  # held: diverted once it is long enough, if a sink takes it
-            self._held += piece
-            if len(self._held) > self._longer_than:
-                self._sink = self._divert()
-                if self._sink is None:
-                    out += self._held
-                    self._key += b"(long)"  # so that it names no key when it ends
-                    self._state = _STRING
-                else:
-                    self._sink.write(bytes(self._held))
-                    self._state = _DIVERTED
-                self._held.clear()
-
-    def _close(self, out: bytearray) -> None:
-        if self._state == _STRING:
-            self._last_key = bytes(self._key) if len(self._key) <= 4 else None
-        else:
-            if self._state == _DIVERTED:
-                assert self._sink is not None
-                out += self._sink.end()
-                self._sink = None
-            else:
-                out += self._held
-                self._held.clear()
-            self._last_key = None
-        out += b'"'
-        self._state = _OUT
-        self._between = b""
-
-
-class EventScanner:
-    """An event stream: each ``data`` line's bytes through a :class:`JsonScanner`, which starts
-    anew with each event (a blank line); every other byte passes as it is."""
-
-    __slots__ = ("_after_cr", "_field", "_json", "_space", "_state")
-
-    _START, _DATA, _OTHER = range(3)
-
-    def __init__(self, json: JsonScanner) -> None:
-        self._json = json
-        self._state = self._START
-        self._field = bytearray()  # the line's field name so far
-        self._after_cr = False  # the last line ended with CR: an LF next is the same line end
-        self._space = False  # a data line's value has not begun: one space there is no data
 
     def close(self) -> None:
-        """The stream ended."""
-        self._json.reset()
+        """The answer ended: a string broken off ends its sink (its placeholder is never seen)."""
+        if self._sink is not None:
+            self._sink.end()
+            self._sink = None
+        self._state = _OUT
 
-    def feed(self, data: bytes) -> bytes:
-        out = bytearray()
-        pos, end = 0, len(data)
-        while pos < end:
-            if self._after_cr:
-                self._after_cr = False
-                if data[pos] == 0x0A:
-                    out.append(0x0A)
-                    pos += 1
-                    continue
-            if self._state == self._START:
-                found = _FIELD_END.search(data, pos)
-                stop = end if found is None else found.start()
-                self._field += data[pos:stop]
-                if found is None or len(self._field) > MAX_FIELD:
-                    if len(self._field) > MAX_FIELD:
-                        out += self._field
-                        self._field.clear()
-                        self._state = self._OTHER
-                        pos = stop if found is not None else end
-                        continue
-                    break
-                out += self._field
-                if data[stop] == 0x3A:  # the colon: the value follows
-                    self._state = self._DATA if self._field == b"data" else self._OTHER
-                    self._space = True
-                elif not self._field:  # a blank line: the event ends
-                    self._json.reset()
-                    self._after_cr = data[stop] == 0x0D
-                else:
-                    self._after_cr = data[stop] == 0x0D
-                out.append(data[stop])
-                self._field.clear()
-                pos = stop + 1
-            else:
-                found = _LINE_END.search(data, pos)
-                stop = end if found is None else found.start()
-                piece = data[pos:stop]
-                if self._state == self._DATA:
-                    if self._space and piece:
-                        self._space = False
-                        if piece[0] == 0x20:
-                            out.append(0x20)
-                            piece = piece[1:]
-                    out += self._json.feed(piece)
-                else:
-                    out += piece
-                if found is None:
-                    break
-                out.append(data[stop])
-                self._after_cr = data[stop] == 0x0D
-                self._state = self._START
-                pos = stop + 1
-        return bytes(out)
+    def _straddling(self, data: bytes) -> int | None:
+        """Where in *data* the value of a key begun in the chunk before opens, if one did."""
+        if not self._tail:
+            return None
+        window, seen = self._tail + data[:TAIL], len(self._tail)
+        found = _key(window, 0, b"")
+        while found is not None and found[1] <= seen:  # wholly in the chunk before: taken there
+            found = _key(window, found[0] + 1, b"")
+        if found is None or found[0] >= seen:
+            return None  # none, or wholly in this chunk: its own search finds it
+        return found[1] - seen
+
+    def _content(self, out: bytearray, piece: bytes) -> None:
+        if self._state == _DIVERTED:
+            assert self._sink is not None
+            self._sink.write(piece)
+            return
+        self._held += piece
+        if len(self._held) > self._longer_than:
+            self._sink = self._divert()
+            if self._sink is None:  # no sink: the string stays in the text, the rest passed on
+                out += self._held
+                self._held.clear()
+                self._state, self._escape = _OUT, False  # no key can open inside a string
+                return
+            self._sink.write(bytes(self._held))
+            self._held.clear()
+            self._state = _DIVERTED
+
+    def _close(self, out: bytearray) -> None:
+        if self._state == _DIVERTED:
+            assert self._sink is not None
+            out += self._sink.end()
+            self._sink = None
+        else:
+            out += self._held
+            self._held.clear()
+        self._state = _OUT
+
+
+def _key(data: bytes, pos: int, before: bytes) -> tuple[int, int] | None:
+    """Where in *data*, from *pos*, the next ``data``/``blob`` key starts, and where its value
+    opens (just past its quote), if there is one; *before*: the bytes before *data*. A match whose
+    first quote is escaped is none (the regex has no look-behind: with one it tries every byte,
+    50 times slower)."""
+    while (found := KEY.search(data, pos)) is not None:
+        start = found.start()
+        previous = data[start - 1 : start] if start else before[-1:]
+        if previous != b"\\":
+            return start, found.end()
+        pos = start + 1
+    return None

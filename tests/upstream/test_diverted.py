@@ -17,7 +17,7 @@ import mcp_types as types
 import pytest
 
 from supervisor.upstream.diverted import MAX_PENDING, PREFIX, Diversions
-from supervisor.upstream.scan import EventScanner, JsonScanner
+from supervisor.upstream.scan import Scanner
 from supervisor.upstream.spool import Spool
 
 LONG = 64  # the tests' threshold: longer strings under data/blob are diverted
@@ -39,7 +39,7 @@ class _Sink:
         return self.name.encode()
 
 
-def _feed(scanner: JsonScanner | EventScanner, text: bytes, cuts: list[int]) -> bytes:
+def _feed(scanner: Scanner, text: bytes, cuts: list[int]) -> bytes:
     out = bytearray()
     for start, stop in zip([0, *cuts], [*cuts, len(text)], strict=True):
         out += scanner.feed(text[start:stop])
@@ -56,14 +56,12 @@ def _chunkings(text: bytes, seed: int) -> list[list[int]]:
     return ways
 
 
-def _scan(text: bytes, *, events: bool = False, seed: int = 0) -> tuple[bytes, list[bytes]]:
+def _scan(text: bytes, *, seed: int = 0) -> tuple[bytes, list[bytes]]:
     """What *text* becomes, and what went to sinks; the same for every way of cutting it."""
     results = set()
     for cuts in _chunkings(text, seed):
         sinks: list[_Sink] = []
-        json_scanner = JsonScanner(LONG, functools.partial(_Sink, sinks))
-        scanner = EventScanner(json_scanner) if events else json_scanner
-        out = _feed(scanner, text, cuts)
+        out = _feed(Scanner(LONG, functools.partial(_Sink, sinks)), text, cuts)
         assert all(sink.ended for sink in sinks)
         results.add((out, tuple(bytes(sink.data) for sink in sinks)))
     assert len(results) == 1, "the cuts changed the outcome"
@@ -117,37 +115,45 @@ class TestJson:
 
     def test_strings_stay_in_the_text_when_no_sink_takes_them(self) -> None:
         body = _answer(content=[{"type": "image", "data": _b64(300), "mimeType": "image/png"}])
-        scanner = JsonScanner(LONG, lambda: None)
-        assert _feed(scanner, body, [10, 100, 200]) == body
+        for cuts in _chunkings(body, 5):
+            assert _feed(Scanner(LONG, lambda: None), body, cuts) == body
 
-    def test_a_text_broken_off_mid_string_ends_its_sink(self) -> None:
+    def test_a_string_broken_off_ends_its_sink(self) -> None:
+        """At a line break (no string holds one), and at the answer's end."""
         sinks: list[_Sink] = []
-        scanner = JsonScanner(LONG, functools.partial(_Sink, sinks))
-        scanner.feed(b'{"data": "' + b"A" * 200)
-        scanner.reset()
+        scanner = Scanner(LONG, functools.partial(_Sink, sinks))
+        passed = scanner.feed(b'{"data": "' + b"A" * 200 + b'\n{"data": "short"}')
+        assert passed == b'{"data": "<0>\n{"data": "short"}'
         assert sinks[0].ended and bytes(sinks[0].data) == b"A" * 200
-        assert scanner.feed(b'{"data": "short"}') == b'{"data": "short"}'  # a new text, from its start
+        scanner.feed(b'{"blob": "' + b"B" * 200)
+        scanner.close()
+        assert sinks[1].ended and bytes(sinks[1].data) == b"B" * 200
+
+    def test_a_key_whose_quote_is_escaped_opens_nothing(self) -> None:
+        body = b'{"k \\"data": "' + b"x" * 200 + b'", "t": "a \\"data\\": \\"' + b"y" * 200 + b'"}'
+        assert json.loads(body)  # valid JSON: a key and a text that merely look like one
+        assert _scan(body) == (body, [])
 
 
 class TestEvents:
     @pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
-    def test_data_lines_are_scanned_and_each_event_starts_anew(self, newline: str) -> None:
+    def test_data_lines_are_scanned_and_the_framing_passes(self, newline: str) -> None:
         image = _b64(300)
         first = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"data": image}})
         events = [
             f": a comment{newline}event: message{newline}id: 1{newline}data: {first}{newline}{newline}",
-            f'data:{{"open": "{"x" * 100}{newline}{newline}',  # broken off mid-string: dropped
-            f'data: {{"data":{newline}data: "{image}"}}{newline}{newline}',  # JSON over two data lines
+            f'data:{{"data": "{"x" * 100}{newline}{newline}',  # broken off mid-string: ended there
+            f'data: {{"data":{newline}data: "{image}"}}{newline}{newline}',  # a value over two lines: kept
             f"retry: 100{newline}data{newline}{newline}",
         ]
         stream = "".join(events).encode()
-        out, diverted = _scan(stream, events=True, seed=len(newline))
-        assert diverted == [image.encode(), image.encode()]
-        assert out == stream.replace(image.encode(), b"<0>", 1).replace(image.encode(), b"<1>", 1)
+        out, diverted = _scan(stream, seed=len(newline))
+        assert diverted == [image.encode(), b"x" * 100]
+        assert out == stream.replace(image.encode(), b"<0>", 1).replace(b"x" * 100, b"<1>", 1)
 
     def test_a_long_field_name_or_other_field_is_passed_as_it_is(self) -> None:
-        stream = ("x" * 40 + f': "data":"{"A" * 200}"\n' + f'event: "data":"{"A" * 200}"\n\n').encode()
-        assert _scan(stream, events=True) == (stream, [])
+        stream = ("x" * 40 + f': "dat":"{"A" * 200}"\n' + f'event: "blo":"{"A" * 200}"\n\n').encode()
+        assert _scan(stream) == (stream, [])
 
 
 class TestDiversions:
@@ -156,7 +162,7 @@ class TestDiversions:
         return Spool(tmp_path / "spool", instance="t", max_inline_bytes=LONG, max_total_bytes=1 << 30)
 
     def _parsed(self, diversions: Diversions, body: bytes, cuts: int = 7) -> Any:
-        scanner = diversions.scanner(events=False)
+        scanner = diversions.scanner()
         step = max(1, len(body) // cuts)
         return json.loads(_feed(scanner, body, list(range(step, len(body), step))))
 
