@@ -137,13 +137,13 @@ class Diversions:
         if not self._pending:
             yield {}
             return
-        found = {key: self._pending[key] for key in self._placeholders(root)}
+        found = self._placeholders(root)
         try:
-            readable = {key: found[key] for key in found if not found[key].escaped}
+            readable = {key: diversion for key, diversion in found.items() if not diversion.escaped}
             if len(readable) < len(found):
-                self._restore(root, found.keys() - readable.keys())
+                _restore(root, {key: found[key] for key in found.keys() - readable.keys()})
             yield readable
-            self._restore(root, found.keys())
+            _restore(root, found)
         finally:
             for key, diversion in found.items():
                 self._pending.pop(key, None)
@@ -171,18 +171,22 @@ class Diversions:
 
     def close(self) -> None:
         """The run ended: every diversion left goes (a message that never parsed, say)."""
-        for diversion in self._pending.values():
+        pending, self._pending = self._pending, {}  # a resolving thread may still pop from it
+        for diversion in pending.values():
             diversion.remove()
-        self._pending.clear()
 
-    def _placeholders(self, root: Any) -> set[str]:
-        return {holder[key] for holder, key in _strings(root) if holder[key] in self._pending}
+    def _placeholders(self, root: Any) -> dict[str, Diversion]:
+        pending = self._pending
+        found = ((holder[key], pending.get(holder[key])) for holder, key in _strings(root))
+        return {placeholder: diversion for placeholder, diversion in found if diversion is not None}
 
-    def _restore(self, root: Any, keys: set[str] | Any) -> None:
-        for holder, key in _strings(root):
-            value = holder[key]
-            if value in keys:
-                holder[key] = self._pending[value].text()
+
+def _restore(root: Any, diversions: Mapping[str, Diversion]) -> None:
+    """Each placeholder of *diversions* in *root* replaced by its string."""
+    for holder, key in _strings(root):
+        diversion = diversions.get(holder[key])
+        if diversion is not None:
+            holder[key] = diversion.text()
 
 
 def _strings(root: Any) -> Iterator[tuple[Any, Any]]:

@@ -21,7 +21,7 @@ from supervisor.control import client
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from supervisor.upstream.spool import Spool
-from tests.harness import SERVERS, Daemon, fast_config, first_text, running
+from tests.harness import SERVERS, Daemon, fast_config, first_text, memory, running
 from tests.harness.timing import fail_after
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -158,13 +158,6 @@ async def wait_running(sock: str) -> None:
             await anyio.sleep(0.05)
 
 
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 class TestThroughTheDaemon:
     async def test_100_calls_of_2_mib_leave_memory_flat_and_the_spool_within_quota(
         self, daemon: Callable[..., tuple[subprocess.Popen[bytes], str]], short_tmp: Path
@@ -187,11 +180,11 @@ class TestThroughTheDaemon:
 
         for _ in range(20):
             await call()
-        warm = rss(proc.pid)
+        warm = memory(proc.pid)
         for _ in range(80):
             reply = await call()
             assert reply["content"][1]["type"] == "resource_link"
-        growth = rss(proc.pid) - warm
+        growth = memory(proc.pid) - warm
         files = list((short_tmp / "spool").rglob("*.png"))
         assert len(files) == 40 and sum(f.stat().st_size for f in files) == 40 * size
         assert growth < 16 * MIB, f"daemon RSS grew {growth / MIB:.1f} MiB over 80 calls"

@@ -5,7 +5,7 @@ registers the fixtures of :mod:`tests.harness.fixtures`.
 """
 
 from .backend import SINCE, FakeBackend
-from .daemon import CLI, Daemon, accepts, alive, rpc, until
+from .daemon import CLI, Daemon, accepts, alive, memory, rpc, until
 from .fixtures import INLINE
 from .gateway_client import (
     ANSWERING,
@@ -62,6 +62,7 @@ __all__ = (
     "gated_start",
     "gateway_session",
     "list_home",
+    "memory",
     "raw_exchange",
     "rpc",
     "running",

@@ -52,6 +52,14 @@ def alive(pid: int) -> bool:
         return False
 
 
+def memory(pid: int, field: str = "VmRSS") -> int:
+    """A figure of the process's memory from /proc (``VmRSS`` now, ``VmHWM`` its peak), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")
+
+
 def until(predicate: Callable[[], bool], within: float = 10.0, interval: float = 0.02) -> None:
     """Poll with a deadline (*within*, scaled by :data:`~.timing.SLOWDOWN`); for conditions in
     another process that send us no event."""

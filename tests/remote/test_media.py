@@ -13,20 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Daemon
+from tests.harness import Daemon, memory
 from tests.remote import Remote
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 SIZE = 24 << 20  # bytes of the image: 32 MiB of base64, with room under max_message_bytes (64 MiB)
-
-
-def _peak_rss(pid: int) -> int:
-    """The process's peak resident memory so far, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
 
 
 class TestStreamedSpool:
@@ -40,9 +32,9 @@ class TestStreamedSpool:
         daemon = daemons({"far": remote.entry(call_timeout=60)}, settings=settings)
         daemon.wait_state("far", "running")
         (warm,) = daemon.call("far", "image", bytes=100_000)["content"]  # every code path loaded once
-        before = _peak_rss(daemon.pid)
+        before = memory(daemon.pid, "VmHWM")
         (item,) = daemon.call("far", "image", bytes=SIZE)["content"]
-        grown = _peak_rss(daemon.pid) - before
+        grown = memory(daemon.pid, "VmHWM") - before
         assert item["type"] == "resource_link" and item["size"] == SIZE, item
         # About 8 MiB here; read whole (no diversions), 164-227 MiB: its base64 alone is 32 MiB.
         assert grown < 16 << 20, f"the peak grew by {grown / (1 << 20):.1f} MiB"
