@@ -77,10 +77,6 @@ class FastPath:
         self._annotated: tuple[Catalog | None, frozenset[str]] = (None, frozenset())
         self._stamped: tuple[object, dict[str, Any]] = (None, {})
 
-    @property
-    def spool_prefix(self) -> str:
-        return self._gateway.spool_prefix
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("path") != "/mcp":
             await self.app(scope, receive, send)
