@@ -15,6 +15,7 @@ import pytest
 
 from supervisor import cli
 from tests.harness import CLI
+from tests.harness.timing import patience
 
 X = "extensions:\n  x:\n    command: x\n"  # an entry to add one broken line to (line 4)
 
@@ -246,7 +247,7 @@ STARTED = ["invalid-utf8", "5000-brackets", "fifo", "dev-zero"]
 
 def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SUPERVISOR_")}
-    return subprocess.run(args, capture_output=True, text=True, timeout=20, env=env, **kwargs)
+    return subprocess.run(args, capture_output=True, text=True, timeout=patience(60), env=env, **kwargs)
 
 
 @pytest.mark.timeout(30)

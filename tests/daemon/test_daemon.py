@@ -24,7 +24,7 @@ from supervisor.daemon import run as daemon_run
 from supervisor.errors import ConfigError
 from supervisor.process import children as process
 from tests.harness import CLI, Daemon, alive, extension_settings, until
-from tests.harness.timing import fail_after
+from tests.harness.timing import fail_after, patience
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -88,7 +88,7 @@ class TestCommands:
         """Without a daemon the CLI exits 3 with one clear sentence."""
         sock = str(short_tmp / "none.sock")
         result = subprocess.run(
-            [*CLI, "status", "--socket", sock], capture_output=True, text=True, timeout=30
+            [*CLI, "status", "--socket", sock], capture_output=True, text=True, timeout=patience(60)
         )
         assert result.returncode == 3
         assert result.stderr.strip() == f"mcp-supervisor: no daemon is listening on {sock}"
@@ -130,7 +130,9 @@ class TestSupervision:
         first.wait_state("fx", "running")
         config = short_tmp / "second.json"
         config.write_text(json.dumps({"socket": first.socket, "extensions": {}}))
-        proc = subprocess.run([*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
+        )
         assert proc.returncode == 1
         assert "another daemon is listening" in proc.stderr
         assert first.status()["fx"]["state"] == "running"
@@ -214,7 +216,7 @@ class TestBadInput:
         config = short_tmp / "bad.yaml"
         config.write_text("extensions:\n  fx:\n    command: x\n    restart: sometimes\n")
         result = subprocess.run(
-            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30
+            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
         )
         assert result.returncode == 2
         assert "extensions.fx.restart (line 4)" in result.stderr

@@ -178,7 +178,9 @@ class TestCleanUp:
         config.write_text(
             json.dumps({"socket": first.socket, "extensions": {"other": extension_settings("quick.py")}})
         )
-        proc = subprocess.run([*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
+        )
         assert proc.returncode == 1
         assert "another daemon is listening" in proc.stderr and "head_start" not in proc.stderr
         assert process.find_marked(first.instance) == marked

@@ -308,7 +308,10 @@ def test_explain_says_nothing_of_it_runs_here(tmp_path: Path) -> None:
         f"socket: {tmp_path}/control.sock\nextensions:\n  far: {{url: 'https://example.com/mcp'}}\n"
     )
     result = subprocess.run(
-        [*CLI, "check-config", str(config), "--explain", "far"], capture_output=True, text=True, timeout=30
+        [*CLI, "check-config", str(config), "--explain", "far"],
+        capture_output=True,
+        text=True,
+        timeout=patience(60),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == (

@@ -212,6 +212,7 @@ class TestHandedOver:
         assert unknown.process.wait(timeout=WAIT) == 2
 
 
+@pytest.mark.timeout(150)  # a restart each (two in one), and each took 20-30 s with two suites at once
 class TestTheDaemonDies:
     def test_a_call_in_flight_fails_and_the_session_goes_on(self, gateway, clients) -> None:
         """SIGKILL mid-call: connect answers the call with an error, waits for a daemon, resumes the
