@@ -67,8 +67,15 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
         ("children",),
         ("containment",),
     ),
-    "upstream": (("listing", "wire", "media", "scan"), ("diverted",), ("session", "spool")),
-    "remote": (("http", "traffic", "tokens"), ("auth", "connection"), ("login",), ("device",)),
+    "upstream": (("listing", "wire", "media", "scan", "raw"), ("diverted",), ("session", "spool")),
+    "remote": (
+        ("http", "traffic", "tokens"),
+        ("rawcalls",),
+        ("upstream",),
+        ("auth", "connection"),
+        ("login",),
+        ("device",),
+    ),
     "child": (
         ("wire",),
         ("rawcalls",),

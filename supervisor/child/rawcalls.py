@@ -1,13 +1,9 @@
-"""Tool calls to a child as plain JSON, beside its SDK session: the gateway's fast path.
+"""Tool calls to a child as plain JSON, beside its SDK session (its :class:`~supervisor.upstream.raw.Raw`).
 
-The SDK's ``ClientSession`` costs about a millisecond of CPU per call on each side of the
-daemon (models built, validated and dumped twice, a task and streams per request). A call that
-only passes through needs none of that: :class:`RawCalls` writes the request line itself and
-takes the answer line back as parsed JSON, before the session sees it.
-
-Its request ids (``mcpsv-N``, strings) never clash with the session's (integers), and they double
-as progress tokens, so the stdout pump can route a line to its waiter by one substring test and
-one parse. Everything else the child sends goes to the session as before.
+:class:`RawCalls` writes the request line itself and takes the answer line back as parsed JSON,
+before the session sees it. Its ids (``mcpsv-N``) double as progress tokens, so the stdout pump
+routes a line to its waiter by one substring test and one parse. Everything else the child
+sends goes to the session as before.
 """
 
 from __future__ import annotations
@@ -15,77 +11,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
-import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import mcp_types as types
-import pydantic_core
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp import MCPError
 
-from supervisor.upstream.wire import SENDING
+from supervisor.upstream.raw import (
+    PREFIX,
+    Waiter,
+    call_params,
+    cancel_notification,
+    encode,
+    finite,
+    request_line,
+    result,
+)
 
-__all__ = ("MARK", "RawCalls", "Waiter", "call_params", "encode", "result", "tool_result")
+__all__ = ("MARK", "RawCalls")
 
-PREFIX = "mcpsv-"
 MARK = b'"' + PREFIX.encode()  # in every line that answers a raw call or reports its progress
 _ANSWER_ID = re.compile(rb'"id"\s*:\s*"(' + PREFIX.encode() + rb'\d+)"')
 CANCEL_GRACE = 1.0  # seconds to hand the child a cancel notification when a call is abandoned
 
 Renew = Callable[[float, float | None, str | None], Awaitable[None]]
-
-
-def encode(message: dict[str, Any]) -> bytes:
-    """One JSON line (newline included), UTF-8, strict (no NaN).
-
-    ``pydantic_core.to_json`` writes it in a sixth of ``json.dumps``' time, the same bytes but for
-    small floats (``1e-7`` and ``0.00001``, as the SDK writes them, for ``1e-07`` and ``1e-05``:
-    the same numbers); ``json`` takes over for what it would refuse, so the errors stay json's.
-
-    Error handling: ``ValueError`` for what strict JSON in UTF-8 cannot carry (NaN, a lone
-    surrogate), ``RecursionError`` for nesting deeper than Python's limit.
-    """
-    try:
-        line = pydantic_core.to_json(message)
-    except ValueError:  # too deep for it, a lone surrogate, a type JSON has not
-        line = None
-    if line is None or b"NaN" in line or b"Infinity" in line:  # maybe a non-finite float: json refuses it
-        return _STRICT.encode(message).encode() + b"\n"
-    return line + b"\n"
-
-
-_STRICT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-class Waiter:
-    """One raw call in flight: the latest progress and the answer, as the stdout pump finds them.
-
-    An awaiting caller waits on :attr:`changed`; a caller served by callbacks gives *notify*
-    instead, called (sync, from the pump) with each change.
-    """
-
-    __slots__ = ("answer", "changed", "closed", "notify", "progress")
-
-    def __init__(self, notify: Callable[[Waiter], None] | None = None) -> None:
-        # asyncio's Event, cleared and reused: a sixth of anyio.Event's cost, twice per call. The
-        # daemon runs anyio on asyncio only (the stdin writer below is asyncio's too), and a
-        # cancel scope cancels a task waiting on it as on anything else.
-        self.changed = asyncio.Event() if notify is None else None
-        self.notify = notify
-        self.progress: tuple[float, float | None, str | None] | None = None
-        self.answer: dict[str, Any] | None = None
-        self.closed = False
-
-    def wake(self) -> None:
-        if self.notify is not None:
-            self.notify(self)
-        else:
-            assert self.changed is not None
-            self.changed.set()
 
 
 class RawCalls:
@@ -182,26 +134,14 @@ class RawCalls:
             return
         transport = self._stdin.transport
         if not transport.is_closing():  # after its request, in the same pipe: never ahead of it
-            self._stdin.write(encode(_cancel_notification(request_id)))
+            self._stdin.write(encode(cancel_notification(request_id)))
 
     def _prepare(self, method: str, params: dict[str, Any]) -> tuple[str, bytes]:
         """A new request's id and line, announced to whoever watches what is sent."""
-        request_id = f"{PREFIX}{next(self._ids)}"
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        params = {**params, "_meta": {**meta, "progressToken": request_id}}
-        try:
-            line = encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
-        except (ValueError, RecursionError) as exc:
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-            message = f"the request cannot be encoded as JSON ({reason})"
-            raise MCPError(types.INVALID_PARAMS, message) from None
         if self._closed:
             raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
-        if self._on_request is not None:
-            self._on_request(request_id, method, params)
-        if (sending := SENDING.get()) is not None:
-            sending(request_id)
-        return request_id, line
+        request_id = f"{PREFIX}{next(self._ids)}"
+        return request_id, request_line(request_id, method, params, self._on_request)
 
     async def _answer(self, waiter: Waiter, renew: Renew) -> dict[str, Any]:
         assert waiter.changed is not None
@@ -217,7 +157,7 @@ class RawCalls:
                 raise MCPError(types.CONNECTION_CLOSED, "Connection closed")
 
     async def _cancel(self, request_id: str) -> None:
-        notification = _cancel_notification(request_id)
+        notification = cancel_notification(request_id)
         gone = (
             anyio.ClosedResourceError,
             anyio.BrokenResourceError,
@@ -261,9 +201,9 @@ class RawCalls:
             return True
         params = message["params"]
         waiter = self._waiting.get(params["progressToken"])
-        progress = _finite(params.get("progress"))
+        progress = finite(params.get("progress"))
         if waiter is not None and progress is not None:
-            total, text = _finite(params.get("total")), params.get("message")
+            total, text = finite(params.get("total")), params.get("message")
             waiter.progress = (progress, total, text if isinstance(text, str) else None)
             waiter.wake()
         return True
@@ -283,54 +223,3 @@ class RawCalls:
         for waiter in list(self._waiting.values()):  # a notified owner forgets its waiter at once
             waiter.closed = True
             waiter.wake()
-
-
-def _finite(value: Any) -> float | None:
-    """*value* as a finite float, or None (not a number, a bool, NaN, infinite, too big)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer of 400 digits
-        return None
-    return number if math.isfinite(number) else None
-
-
-def call_params(name: str, arguments: dict[str, Any] | None) -> dict[str, Any]:
-    """The params of ``tools/call`` *name*."""
-    return {"name": name} if arguments is None else {"name": name, "arguments": arguments}
-
-
-def tool_result(answer: dict[str, Any]) -> dict[str, Any]:
-    """The ``result`` of a child's *answer* to ``tools/call``. Errors as :func:`result`."""
-    called = result(answer)
-    if not isinstance(called.get("content", []), list):
-        raise ValueError("not a tool result")
-    return called
-
-
-def _cancel_notification(request_id: str) -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "method": "notifications/cancelled",
-        "params": {"requestId": request_id, "reason": "the caller cancelled the request"},
-    }
-
-
-def result(answer: dict[str, Any]) -> dict[str, Any]:
-    """The ``result`` object of a child's *answer*.
-
-    Error handling: ``MCPError`` with the child's error; ``ValueError`` for an answer that has
-    neither a well-formed error nor a result object.
-    """
-    error = answer.get("error")
-    if error is not None:
-        code = error.get("code") if isinstance(error, dict) else None
-        if not isinstance(code, int) or isinstance(code, bool):
-            raise ValueError("an error without a code")
-        message = error.get("message")
-        raise MCPError(code, message if isinstance(message, str) else "", error.get("data"))
-    result = answer.get("result")
-    if not isinstance(result, dict):
-        raise ValueError("not a result object")
-    return result

@@ -18,9 +18,9 @@ import mcp_types as types
 import structlog
 from mcp import MCPError
 
-from supervisor.child.rawcalls import Waiter, call_params, tool_result
 from supervisor.errors import CallFailed
 from supervisor.extension.asking import Asking, Budget, Caller
+from supervisor.upstream.raw import Waiter, call_params, tool_result
 
 if TYPE_CHECKING:
     from supervisor.extension.upstream import Upstream

@@ -20,8 +20,9 @@ from supervisor.config.extension import RemoteConfig
 from supervisor.errors import first_line
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.remote.auth import configured_client, run_auth
-from supervisor.remote.connection import RemoteConnection, connect
+from supervisor.remote.connection import connect
 from supervisor.remote.tokens import TokenStore
+from supervisor.remote.upstream import RemoteConnection
 
 __all__ = ("RemoteRun", "oauth_secrets", "open_remote")
 

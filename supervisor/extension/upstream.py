@@ -2,9 +2,10 @@
 
 An :class:`~supervisor.extension.supervised.Extension` runs over one upstream at a time. Its
 kinds: a stdio child (:class:`supervisor.child.connection.Connection`, with ``process/`` for
-spawning, containment and the sandbox); a remote server (streamable HTTP or SSE) to come.
-What is the child's alone (its pid, marker, cgroup, sandbox run, stdout spool) stays with the
-child's launch; the extension's calls, listings, questions and guards use only this.
+spawning, containment and the sandbox) and a remote server, over streamable HTTP or HTTP+SSE
+(:class:`supervisor.remote.upstream.RemoteConnection`). What is the child's alone (its pid,
+marker, cgroup, sandbox run, stdout spool) stays with the child's launch; the extension's
+calls, listings, questions and guards use only this.
 
 Concurrency: any task may send requests; only the task that opened the upstream ends it
 (:meth:`Upstream.end` marks it ended, which that task then tears down).
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
     import mcp_types as types
     from mcp.shared.dispatcher import ProgressFnT
 
-    from supervisor.child.rawcalls import RawCalls
     from supervisor.upstream.listing import Listing
+    from supervisor.upstream.raw import Raw
     from supervisor.upstream.wire import Watched
 
 __all__ = ("Upstream",)
@@ -36,7 +37,7 @@ class Upstream(Protocol):
     capabilities: types.ServerCapabilities  # what its initialize declared
     ended: anyio.Event  # the run is over: exited, disconnected, or ended by a guard
     failure: str | None  # why it ended, when the run's end alone does not say
-    raw: RawCalls | None  # plain-JSON calls beside the session (the fast path); None: decoded only
+    raw: Raw | None  # plain-JSON calls beside the session (the fast path); None: decoded only
     watched: Watched  # requests the extension stopped waiting for: their late answers, dropped
 
     @property

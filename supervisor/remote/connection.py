@@ -1,4 +1,4 @@
-"""A remote MCP server as an upstream: a client session over streamable HTTP or HTTP+SSE.
+"""A remote run's transport and session, held by one task: :func:`connect`.
 
 :func:`connect` yields a :class:`RemoteConnection` with its transport open (no MCP traffic yet:
 call ``handshake``). One task, the holder, enters and exits the transport and the session (anyio
@@ -14,11 +14,10 @@ every request in flight then fails with ``CONNECTION_CLOSED``, as a child's do w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -27,112 +26,32 @@ import httpx2
 import mcp_types as types
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp import ClientSession, MCPError
-from mcp.shared.dispatcher import ProgressFnT
+from mcp import ClientSession
 from mcp.shared.message import SessionMessage
-from pydantic import TypeAdapter
 
 from supervisor.errors import first_line
 from supervisor.remote import http
+from supervisor.remote.rawcalls import RemoteCalls
 from supervisor.remote.traffic import Sending, Watch, cut_off, failure, tool_result
-from supervisor.upstream.listing import Listing
+from supervisor.remote.upstream import RemoteConnection
 from supervisor.upstream.session import (
     LIST_CHANGED,
     Asked,
     ListChanged,
     Notified,
-    SessionUpstream,
     asking_callbacks,
 )
 from supervisor.upstream.spool import ExtensionSpool
-from supervisor.upstream.wire import InboundRequests, check_encodable
+from supervisor.upstream.wire import InboundRequests
 
-__all__ = ("AuthFor", "RemoteConnection", "connect")
+__all__ = ("AuthFor", "connect")
 
 log = structlog.get_logger(__name__)
 
 AuthFor = Callable[[Callable[[str], None]], httpx2.Auth | None]  # a run's signer, given its login_required
-_ANY_RESULT: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, Any])
 MAX_INBOUND_REQUESTS = 32  # the server's requests being answered at once; more are dropped
 MAX_LOG_LINE = 4096  # characters of one log message kept for `logs`
 OPEN_LIMIT = 30.0  # seconds for a transport to open (HTTP+SSE: its GET answered with the endpoint)
-_NOT_STREAMABLE = (types.METHOD_NOT_FOUND, types.INTERNAL_ERROR, types.INVALID_REQUEST)  # 404, 405, 400
-
-
-class RemoteConnection(SessionUpstream):
-    """One run's session with a remote server: its URL, the transport it speaks, why it ended."""
-
-    def __init__(self, url: str, transport: str) -> None:
-        super().__init__()
-        self.url = url
-        self.transport = transport  # "http" or "sse": what it speaks now
-        self._run = secrets.token_hex(8)
-        self.round_trip: float | None = None  # seconds, of the last ping
-        self._closers: list[Callable[[], None]] = []  # the current session's read stream
-        self._fallback: Callable[[], Awaitable[None]] | None = None  # to the next transport (auto)
-        self.needs_login: str | None = None  # why the server wants a person to log in, if it does
-
-    def login_required(self, why: str) -> None:
-        """The server refused the run's credentials (or has none): the run ends, waiting for a login."""
-        self.needs_login = why
-        self.end(why)
-
-    @property
-    def run(self) -> str:
-        return self._run
-
-    async def ping(self) -> None:
-        """One ping; its round trip is kept (``status`` shows it). Errors as the session's."""
-        started = time.monotonic()
-        await super().ping()
-        self.round_trip = time.monotonic() - started
-
-    def described(self) -> dict[str, Any]:
-        """What ``status`` shows of the connection: transport, protocol, last ping's round trip."""
-        rtt = None if self.round_trip is None else round(self.round_trip * 1000, 1)
-        return {"transport": self.transport, "protocol": self.protocol, "rtt_ms": rtt}
-
-    def end(self, failure: str | None = None) -> None:
-        if not self.ended.is_set():
-            super().end(failure)
-            for close in self._closers:  # requests in flight fail with CONNECTION_CLOSED now
-                close()
-
-    async def handshake(self, on_step: Callable[[str], None] | None = None) -> Listing:
-        """As :meth:`SessionUpstream.handshake`; with ``type: auto``, over HTTP+SSE when the
-        server refuses streamable HTTP's ``initialize``."""
-        try:
-            return await super().handshake(on_step)
-        except MCPError as exc:
-            fallback, self._fallback = self._fallback, None
-            if fallback is None or exc.error.code not in _NOT_STREAMABLE or self.ready:
-                raise
-            log.info("extension.transport_fallback", refused=first_line(exc, typed=False))
-        await fallback()
-        if self.ended.is_set():
-            raise MCPError(code=types.CONNECTION_CLOSED, message=self.failure or "the connection ended")
-        return await super().handshake(on_step)
-
-    async def call_tool_raw(
-        self, name: str, arguments: dict[str, Any] | None, *, progress: ProgressFnT
-    ) -> dict[str, Any]:
-        """One tool call as plain JSON: the server's result object, checked for shape only.
-
-        Error handling: as :meth:`call_tool`; ``ValueError`` for an answer that is no tool result.
-        """
-        params = {"name": name} if arguments is None else {"name": name, "arguments": arguments}
-        result = await self.request_raw("tools/call", params, progress=progress)
-        if not isinstance(result.get("content", []), list):
-            raise ValueError("not a tool result")
-        return result
-
-    async def request_raw(
-        self, method: str, params: dict[str, Any], *, progress: ProgressFnT
-    ) -> dict[str, Any]:
-        """Any request as plain JSON; its result object, unvalidated. Errors as :meth:`call_tool`."""
-        check_encodable(params)
-        request = types.Request[dict[str, Any], str](method=method, params=params)
-        return await self._session.send_request(request, _ANY_RESULT, progress_callback=progress)
 
 
 @asynccontextmanager
@@ -312,12 +231,15 @@ class _Holder:
         started = False
         try:
             with kept:
-                async with self._transport(kind) as (read, write):
+                async with self._transport(kind) as (read, write, posting):
                     started, kept.deadline, self.opening = True, math.inf, None
                     task_status.started(write)
-                    async with anyio.create_task_group() as forwarding:
+                    async with anyio.create_task_group() as forwarding:  # raw calls' POSTs too
                         forwarding.start_soon(self._forward, read, ours)
+                        if posting is not None:
+                            self.connection._raw_calls = lambda: self._raw_calls(posting, forwarding, ours)
                         await leaving.wait()
+                        self.connection._raw_calls = None
                         forwarding.cancel_scope.cancel()
                     kept.deadline = anyio.current_time() + self.stop_timeout  # for the DELETE
             if not started:
@@ -354,26 +276,67 @@ class _Holder:
                     last_error = first_line(message, typed=False)
                     log.warning("extension.bad_message", error=last_error)
                     continue
-                if not self.inbound.admit(message):  # more of its requests than we answer at once
-                    continue
-                inner = message.message
-                connection.watched.see(message)
-                if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
-                    self.on_list_changed(kind)
-                    continue
-                if self.media is not None and isinstance(inner, types.JSONRPCResponse) and tool_result(inner):
-                    answer = {"id": inner.id, "result": inner.result}  # rewritten in place
-                    await anyio.to_thread.run_sync(self.media.spool, answer)
-                elif self.media:  # a long string of another message kept on disk: its text back
-                    await anyio.to_thread.run_sync(self.media.put_back, inner)
-                if isinstance(inner, types.JSONRPCError) and cut_off(inner.error):
-                    # First: the call it answers fails as cut by the run's end.
-                    connection.end(self.watch.last_failure or "the server broke off an answer's stream")
-                await ours.send(message)
+                await self._pass(message, ours)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         if not (self.closing.is_set() or self.switch.is_set()):  # it ended under us (SSE: the server left)
             connection.end(last_error or self.watch.last_failure or "the server closed the connection")
+
+    async def _pass(
+        self, message: SessionMessage, ours: MemoryObjectSendStream[SessionMessage | Exception]
+    ) -> None:
+        """One message of the server's on to the session: list_changed taken here, late answers
+        watched, media spooled. Error handling: anyio's, when the session's stream is closed."""
+        if not self.inbound.admit(message):  # more of its requests than we answer at once
+            return
+        inner, connection = message.message, self.connection
+        connection.watched.see(message)
+        if isinstance(inner, types.JSONRPCNotification) and (kind := LIST_CHANGED.get(inner.method)):
+            self.on_list_changed(kind)
+            return
+        if self.media is not None and isinstance(inner, types.JSONRPCResponse) and tool_result(inner):
+            answer = {"id": inner.id, "result": inner.result}  # rewritten in place
+            await anyio.to_thread.run_sync(self.media.spool, answer)
+        elif self.media:  # a long string of another message kept on disk: its text back
+            await anyio.to_thread.run_sync(self.media.put_back, inner)
+        if isinstance(inner, types.JSONRPCError) and cut_off(inner.error):
+            # First: the call it answers fails as cut by the run's end.
+            connection.end(self.watch.last_failure or "the server broke off an answer's stream")
+        await ours.send(message)
+
+    def _raw_calls(
+        self,
+        client: httpx2.AsyncClient,
+        tasks: anyio.abc.TaskGroup,
+        ours: MemoryObjectSendStream[SessionMessage | Exception],
+    ) -> RemoteCalls:
+        """The raw calls of the session now open over *client* (its handshake done), posting in *tasks*."""
+        connection = self.connection
+        headers = {} if self.watch.session_id is None else {"mcp-session-id": self.watch.session_id}
+        if connection.protocol is not None:
+            headers["mcp-protocol-version"] = connection.protocol
+
+        async def passed(message: dict[str, Any]) -> None:
+            try:
+                parsed = types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+            except ValueError as exc:
+                log.warning("extension.bad_message", error=first_line(exc, typed=False))
+                return
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await self._pass(SessionMessage(parsed), ours)
+
+        async def spooled(answer: dict[str, Any], size: int) -> None:
+            media, spool = self.media, self.spool
+            if media is not None and (media or (spool is not None and spool.needs_look(size))):
+                await anyio.to_thread.run_sync(media.spool, answer)  # else too short to hold media
+
+        def failed(why: str) -> None:
+            connection.end(self.watch.last_failure or why)
+
+        sent = self.spool.sent if self.spool is not None else None
+        return RemoteCalls(
+            client, connection.url, headers, tasks, passed=passed, spooled=spooled, failed=failed, sent=sent
+        )
 
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         if self.on_log is not None:

@@ -113,9 +113,10 @@ async def transport(
     max_message_bytes: int,
     answer_timeout: float | None,
     diversions: Diversions | None = None,
-) -> AsyncIterator[tuple[Any, Any]]:
+) -> AsyncIterator[tuple[Any, Any, httpx2.AsyncClient | None]]:
     """The SDK's transport of *kind* (``http``: streamable HTTP, ``sse``: HTTP+SSE) to *url* over
-    a :func:`client` of these bounds: its read and write streams."""
+    a :func:`client` of these bounds: its read and write streams, and (streamable HTTP) the
+    client it posts with, which a run's raw calls share (:mod:`supervisor.remote.rawcalls`)."""
     bounds: dict[str, Any] = {
         "watch": watch,
         "auth": auth,
@@ -131,8 +132,8 @@ async def transport(
             )
         else:
             opened = streamable_http_client(url, http_client=http, max_sse_event_size=max_message_bytes)
-        async with opened as streams:
-            yield streams
+        async with opened as (read, write):
+            yield read, write, None if kind == "sse" else http
 
 
 class _Bounded(httpx2.AsyncBaseTransport):

@@ -30,12 +30,15 @@ class Watch:
     def __init__(self, end: Callable[[str], None]) -> None:
         self._end = end  # ends the run, with why
         self.last_failure: str | None = None
+        self.session_id: str | None = None  # what the session's requests carry (streamable HTTP)
 
     def answered(self, request: httpx2.Request, status: int) -> None:
         if status >= 500:
             self._end(f"the server answered HTTP {status}")
         elif status == 404 and "mcp-session-id" in request.headers:
             self._end("the server no longer knows the session (404): a new run initializes again")
+        elif status < 300 and (session_id := request.headers.get("mcp-session-id")) is not None:
+            self.session_id = session_id
 
     def failed(self, error: httpx2.TransportError) -> None:
         self.last_failure = failure(error)

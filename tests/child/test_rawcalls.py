@@ -11,7 +11,8 @@ import anyio
 import pydantic_core
 import pytest
 
-from supervisor.child.rawcalls import RawCalls, encode
+from supervisor.child.rawcalls import RawCalls
+from supervisor.upstream.raw import encode
 
 
 def _json(message: Any) -> bytes:

@@ -13,7 +13,9 @@ and the faults of a server that misbehaves mid-answer, each for the next POST: `
 stream without end: ``events``, log notifications as fast as it can; ``body``, one event whose
 data never ends; ``gzip``, a JSON answer in gzip whose blanks never end); and
 ``ping_flood(count)``: COUNT pings at once while every answer the client posts is stalled, as
-a server that asks and never reads the answers.
+a server that asks and never reads the answers. ``request_id`` (the call's JSON-RPC id),
+``ask(prompt)`` (sampling, sent on the call's own stream) and ``cancelled`` (the ids of the
+``sleep`` calls a cancel ended) show what a call's path did.
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ EXTRA = (
     echo._tool(
         "log", "Send a log message (info, logger 'remote') with this text.", {"text": {"type": "string"}}
     ),
+    echo._tool("request_id", "The JSON-RPC id this call came with."),
+    echo._tool(
+        "ask", "Ask the client to sample this prompt (on the call's stream).", {"prompt": {"type": "string"}}
+    ),
+    echo._tool("cancelled", "The ids of the calls cancelled so far (sleep's), as JSON."),
 )
+CANCELLED: list[str] = []  # ids of calls whose handler a cancel ended
 FAULT: dict[str, Any] = {}  # "status" / "location": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
 
@@ -71,6 +79,24 @@ async def list_tools(
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
     match params.name:
+        case "request_id":
+            return echo._text(str(ctx.request_id))
+        case "ask":
+            prompt = str((params.arguments or {})["prompt"])
+            message = types.SamplingMessage(role="user", content=types.TextContent(text=prompt))
+            sampled = await ctx.session.create_message(
+                [message], max_tokens=10, related_request_id=ctx.request_id
+            )
+            content = sampled.content
+            return echo._text(content.text if isinstance(content, types.TextContent) else "?")
+        case "cancelled":
+            return echo._text(json.dumps(CANCELLED))
+        case "sleep":
+            try:
+                return await echo.call_tool(ctx, params)
+            except anyio.get_cancelled_exc_class():
+                CANCELLED.append(str(ctx.request_id))
+                raise
         case "headers":
             request = ctx.request
             seen = dict(request.headers) if request is not None else {}

@@ -16,11 +16,11 @@ import pydantic_core
 import structlog
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 
-from supervisor.child.rawcalls import encode
 from supervisor.errors import CallFailed, ExtensionUnavailable
 from supervisor.gateway.fast.parse import RequestId
 from supervisor.gateway.links import expose_json
 from supervisor.gateway.toolerrors import is_tool_error, raw_tool_error
+from supervisor.upstream.raw import encode
 
 __all__ = ("Outcome", "Shape", "answer_line", "internal_error", "modern_status")
 

@@ -30,12 +30,12 @@ import anyio
 import anyio.abc
 import structlog
 
-from supervisor.child.rawcalls import encode
 from supervisor.errors import CallFailed, ExtensionUnavailable
 from supervisor.gateway.asks.callers import FastCaller
 from supervisor.gateway.fast.answers import Outcome, Shape, answer_line, internal_error
 from supervisor.gateway.fast.parse import FastCall, RequestId
 from supervisor.gateway.progress import LatestProgress
+from supervisor.upstream.raw import encode
 
 if TYPE_CHECKING:
     from supervisor.extension.asking import Caller
