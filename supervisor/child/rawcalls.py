@@ -26,7 +26,6 @@ from supervisor.upstream.raw import (
     call_params,
     cancel_notification,
     encode,
-    finite,
     request_line,
     result,
 )
@@ -200,12 +199,8 @@ class RawCalls:
                 waiter.wake()
             return True
         params = message["params"]
-        waiter = self._waiting.get(params["progressToken"])
-        progress = finite(params.get("progress"))
-        if waiter is not None and progress is not None:
-            total, text = finite(params.get("total")), params.get("message")
-            waiter.progress = (progress, total, text if isinstance(text, str) else None)
-            waiter.wake()
+        if (waiter := self._waiting.get(params["progressToken"])) is not None:
+            waiter.report(params)
         return True
 
     def unreadable(self, line: bytes) -> None:

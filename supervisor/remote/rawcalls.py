@@ -33,7 +33,7 @@ from anyio.abc import TaskGroup
 from supervisor.errors import first_line
 from supervisor.remote.http import AnswerTooLong, ResponseTooLarge
 from supervisor.remote.traffic import STREAM_CUT, failure
-from supervisor.upstream.raw import PREFIX, Waiter, cancel_notification, encode, finite, request_line
+from supervisor.upstream.raw import PREFIX, Waiter, cancel_notification, encode, request_line
 
 __all__ = ("MAX_IN_FLIGHT", "RemoteCalls")
 
@@ -192,12 +192,8 @@ class RemoteCalls:
         params = message.get("params")
         if not isinstance(params, dict) or params.get("progressToken") != request_id:
             return False
-        waiter = self._waiting.get(request_id)
-        progress = finite(params.get("progress"))
-        if waiter is not None and progress is not None:
-            total, text = finite(params.get("total")), params.get("message")
-            waiter.progress = (progress, total, text if isinstance(text, str) else None)
-            waiter.wake()
+        if (waiter := self._waiting.get(request_id)) is not None:
+            waiter.report(params)
         return True
 
     def _answer(self, request_id: str, answer: dict[str, Any]) -> None:

@@ -124,6 +124,15 @@ class Waiter:
         self.answer: dict[str, Any] | None = None
         self.closed = False
 
+    def report(self, params: dict[str, Any]) -> None:
+        """A progress notification's *params* for it: kept and woken, unless its progress is no
+        finite number."""
+        progress = finite(params.get("progress"))
+        if progress is not None:
+            total, text = finite(params.get("total")), params.get("message")
+            self.progress = (progress, total, text if isinstance(text, str) else None)
+            self.wake()
+
     def wake(self) -> None:
         if self.notify is not None:
             self.notify(self)
