@@ -109,9 +109,10 @@ class TestHostileChild:
             await running(ext, task_group)
             peak = await peak_tasks(1.5)
             restarted = await wait_for(ext, lambda s: s.restarts >= 1, within=30)
+            # Past the 32 at once: in the first run, or (a loaded machine slowing the flood) a later one.
+            await eventually(lambda: any(e["event"] == "extension.requests_dropped" for e in logs), within=30)
         assert peak < idle + 100, f"{peak - idle} tasks more than idle during the flood"
         assert "did not read its stdin for 1s" in (restarted.last_error or "")
-        assert any(e["event"] == "extension.requests_dropped" for e in logs)
         await ext.stop()
 
     async def test_a_child_not_reading_its_stdin_is_ended_and_restarted(
