@@ -106,8 +106,9 @@ class RemoteCalls:
         if waiter is None or waiter.answer is not None or waiter.closed or self._closed:
             return
         if self._cancels < MAX_IN_FLIGHT:  # past that, a flood of cancels: the closed stream must do
-            self._cancels += 1
-            self._tasks.start_soon(self._cancel, request_id)
+            with contextlib.suppress(RuntimeError):  # the session is leaving: nothing to cancel in
+                self._tasks.start_soon(self._cancel, request_id)
+                self._cancels += 1
 
     def close(self) -> None:
         """The run ended: every call in flight fails with ``CONNECTION_CLOSED`` (its owner told)."""
