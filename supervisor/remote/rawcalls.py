@@ -147,27 +147,32 @@ class RemoteCalls:
             what = "202 Accepted" if status == 202 else f"a redirect ({status}), not followed"
             return types.INVALID_REQUEST, f"the server answered a request with {what}"
         if content_type.startswith("application/json"):
-            body = await response.aread()
-            answer = _parsed(body)
-            if isinstance(answer, dict) and answer.get("id") == request_id and "method" not in answer:
-                await self._spooled(answer, len(body))
-                self._answer(request_id, answer)
-                return None
-            if (
-                isinstance(answer, dict)
-                and isinstance(answer.get("error"), dict)
-                and answer.get("id") is None
-            ):
-                self._answer(request_id, answer)  # an error for a request whose id it did not read
-                return None
-            if status < 400:
-                return types.PARSE_ERROR, "the server's answer is not JSON-RPC for the request"
+            error = await self._read_body(request_id, response)
+            if error is None or status < 400:
+                return error
         if status >= 400:
             if status == 404:  # the session is gone (the run ends as this is read) or the method
                 return types.INVALID_REQUEST, "Session terminated"
             return types.INTERNAL_ERROR, f"the server answered HTTP {status}"
         if not content_type.startswith("text/event-stream"):
             return types.INVALID_REQUEST, f"the server answered in {content_type or 'no content type'}"
+        return await self._read_events(request_id, response)
+
+    async def _read_body(self, request_id: str, response: httpx2.Response) -> tuple[int, str] | None:
+        """A JSON answer: given to the waiter, or an error for the call."""
+        body = await response.aread()
+        answer = _parsed(body)
+        if _answers(answer, request_id):
+            await self._spooled(answer, len(body))
+            self._answer(request_id, answer)
+            return None
+        if isinstance(answer, dict) and answer.get("id") is None and isinstance(answer.get("error"), dict):
+            self._answer(request_id, answer)  # an error for a request whose id it did not read
+            return None
+        return types.PARSE_ERROR, "the server's answer is not JSON-RPC for the request"
+
+    async def _read_events(self, request_id: str, response: httpx2.Response) -> tuple[int, str] | None:
+        """An event stream up to the answer; the rest of what it carries to the session."""
         async for event in httpx2.EventSource(response, max_event_size=None):  # bounded by the client
             if event.id:
                 self.resumable = True
@@ -176,7 +181,7 @@ class RemoteCalls:
             message = _parsed(event.data)
             if not isinstance(message, dict):
                 log.warning("extension.bad_message", error="an event that is not a JSON object")
-            elif message.get("id") == request_id and "method" not in message:
+            elif _answers(message, request_id):
                 await self._spooled(message, len(event.data))
                 self._answer(request_id, message)
                 return None
@@ -211,6 +216,11 @@ class RemoteCalls:
                     pass
         finally:
             self._cancels -= 1
+
+
+def _answers(message: Any, request_id: str) -> bool:
+    """Whether *message* is the answer to *request_id*."""
+    return isinstance(message, dict) and message.get("id") == request_id and "method" not in message
 
 
 def _parsed(text: bytes | str) -> Any:
