@@ -247,7 +247,9 @@ def health_text(report: dict[str, Any]) -> str:
     proc, spool = report["process"], report["spool"]
     lines = [
         f"daemon  pid {proc['pid']}, up {duration(proc['uptime_s'])}, RSS {size(proc['rss_bytes'])}, "
-        f"{proc['threads']} threads, {proc['asyncio_tasks']} tasks, {proc['open_fds']} open fds",
+        f"{proc['threads']} threads ({proc['worker_threads']} in the worker pool), "
+        f"{proc['blocking_calls']} blocking calls, "
+        f"{proc['asyncio_tasks']} tasks, {proc['open_fds']} open fds",
         f"spool   {spool['files']} files, {size(spool['bytes'])} of {size(spool['max_bytes'])} "
         f"(at most {spool['max_files']} files) in {spool['dir']}",
     ]

@@ -111,6 +111,8 @@ class _HealthCollector(Collector):
         for key, help_text in (
             ("rss_bytes", "Resident memory of the daemon."),
             ("threads", "Threads of the daemon."),
+            ("worker_threads", "Threads of the daemon's pool for blocking calls (of its threads)."),
+            ("blocking_calls", "Blocking calls running in that pool now."),
             ("open_fds", "Open file descriptors of the daemon."),
             ("asyncio_tasks", "asyncio tasks of the daemon."),
             ("uptime_s", "Seconds since the daemon started."),

@@ -17,7 +17,15 @@ from supervisor.extension.state import ExitStatus, Snapshot, State
 __all__ = ("PROCESS_KEYS", "SINCE", "Answer", "FakeBackend")
 
 SINCE = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-PROCESS_KEYS = ("rss_bytes", "threads", "open_fds", "asyncio_tasks", "uptime_s")
+PROCESS_KEYS = (
+    "rss_bytes",
+    "threads",
+    "worker_threads",
+    "blocking_calls",
+    "open_fds",
+    "asyncio_tasks",
+    "uptime_s",
+)
 Answer = Callable[[str, dict[str, Any]], types.CallToolResult]  # (extension, arguments) -> result
 
 
