@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -177,6 +180,16 @@ class TestHealth:
         assert "# TYPE mcp_supervisor_tool_calls_total counter" in daemon.cli("health", "--prometheus").stdout
 
 
+def threads(pid: int) -> list[str]:
+    """The names the kernel has for *pid*'s threads (Python's own are all the process's name;
+    the kernel's io_uring workers, ``iou-wrk-PID``, are not)."""
+    names = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # gone since
+            names.append(Path(f"/proc/{pid}/task/{task}/comm").read_text().strip())
+    return sorted(names)
+
+
 class TestMetrics:
     def test_series_of_a_forgotten_extension_start_over_when_it_returns(self) -> None:
         """The kept label children go with forget(): a reloaded extension's calls count again."""
@@ -308,4 +321,5 @@ class TestBounds:
         try:
             until(back_to_idle, within=30, interval=0.5)
         except AssertionError:
-            raise AssertionError(f"not back to idle: {idle} -> {last}") from None
+            named = threads(daemon.pid)
+            raise AssertionError(f"not back to idle: {idle} -> {last}; threads: {named}") from None
