@@ -69,7 +69,7 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "upstream": (("listing", "wire", "media", "scan", "raw"), ("diverted",), ("session", "spool")),
     "remote": (
-        ("http", "traffic", "tokens"),
+        ("http", "traffic", "tokens", "explain"),
         ("rawcalls",),
         ("upstream",),
         ("auth", "connection"),

@@ -64,7 +64,7 @@ def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
     from supervisor.config.settings import RemoteConfig
     from supervisor.daemon.identity import sandbox_context
     from supervisor.process import sandbox
-    from supervisor.remote import auth
+    from supervisor.remote import explain as remote
 
     unknown = [name for name in names if name not in settings.extensions]
     if unknown:
@@ -75,7 +75,7 @@ def _explain(settings: Settings, config_path: str, names: list[str]) -> int:
     for name in names:
         lines, config = running.get(name), settings.extensions[name]
         if isinstance(config, RemoteConfig):
-            lines = auth.explain(name, config)
+            lines = remote.explain(name, config)
         elif lines is None:
             lines = sandbox.explain_extension(name, settings.extensions[name], context)
             lines.insert(1, "  (no daemon runs it: as one started from this shell would confine it)")

@@ -266,6 +266,12 @@ class RemoteConfig(ExtensionConfig):
     ping_interval: Timeout | None = 30.0  # nothing else notices an idle server going away
     oauth: OAuthSettings = OAuthSettings()
 
+    @property
+    def logs_in(self) -> bool:
+        """Whether the daemon logs in to the server when it asks: unless switched off, or the
+        config sends its own ``Authorization`` header (a static token the user manages)."""
+        return self.oauth.enabled and not any(name.lower() == "authorization" for name in self.headers)
+
     @model_validator(mode="after")
     def _plain_http_stays_local(self) -> RemoteConfig:
         parsed = urllib.parse.urlsplit(self.url)

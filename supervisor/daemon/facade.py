@@ -25,7 +25,7 @@ from supervisor.extension.state import Snapshot, State
 from supervisor.extension.supervised import Extension
 from supervisor.process import sandbox
 from supervisor.process import usage as resources
-from supervisor.remote import auth as remote_auth
+from supervisor.remote import explain as remote_explain
 
 __all__ = ("Facade",)
 
@@ -196,7 +196,7 @@ class Facade:
         spool, not those of the shell that asks. In a thread: it reads the file system."""
         config = self.get(name).config
         if isinstance(config, RemoteConfig):
-            return remote_auth.explain(name, config)
+            return remote_explain.explain(name, config)
         return await anyio.to_thread.run_sync(sandbox.explain_extension, name, config, self.sandbox_context)
 
     def tool_changes(self, name: str, *, texts: bool = False) -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ from supervisor.config import secrets as secretrefs
 from supervisor.config.extension import ExtensionConfig, RemoteConfig
 from supervisor.errors import SpawnError, SupervisorError
 from supervisor.extension.remoterun import oauth_secrets
-from supervisor.remote.auth import uses_oauth
 from supervisor.remote.device import DeviceCode, log_in_device
 from supervisor.remote.login import LoginFailed, log_in, log_out
 from supervisor.remote.tokens import TokenStore
@@ -64,7 +63,7 @@ class Logins:
 
     def store(self, name: str, config: ExtensionConfig) -> TokenStore | None:
         """The store of extension *name* (kept while its URL stays), or None: it logs in to nothing."""
-        if not isinstance(config, RemoteConfig) or not uses_oauth(config):
+        if not isinstance(config, RemoteConfig) or not config.logs_in:
             self._stores.pop(name, None)
             return None
         store = self._stores.get(name)

@@ -50,12 +50,10 @@ __all__ = (
     "StoredAuth",
     "client_metadata",
     "configured_client",
-    "explain",
     "exposed",
     "exposed_words",
     "redirect_uri",
     "run_auth",
-    "uses_oauth",
 )
 
 REFRESH_AHEAD = 60.0  # seconds before expiry a token is refreshed (at most a tenth of its life)
@@ -90,12 +88,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def uses_oauth(config: RemoteConfig) -> bool:
-    """Whether the daemon logs in to *config*'s server: unless switched off, or the config sends
-    its own ``Authorization`` header (a static token the user manages)."""
-    return config.oauth.enabled and not any(name.lower() == "authorization" for name in config.headers)
 
 
 def redirect_uri(port: int) -> str:
@@ -262,25 +254,6 @@ def _needs_person(response: httpx2.Response) -> str | None:
     return None
 
 
-def explain(name: str, config: RemoteConfig) -> list[str]:
-    """``check-config --explain NAME`` of a remote server: nothing to confine, and how it logs in."""
-    lines = [
-        f"{name}: a remote server ({config.url}): nothing of it runs on this host, so there is "
-        "nothing to confine; the daemon sends its headers to that origin only"
-    ]
-    if uses_oauth(config):
-        how = (
-            "as its own client (client_credentials)"
-            if config.oauth.grant == "client_credentials"
-            else f"once for the host: `mcp-supervisor login {name}`"
-        )
-        lines.append(
-            f"  OAuth: when the server asks, the daemon logs in {how}; tokens stay in the daemon's "
-            "state directory (0600), never in a child's view, a log or status"
-        )
-    return lines
-
-
 def run_auth(
     config: RemoteConfig,
     store: TokenStore | None,
@@ -290,7 +263,7 @@ def run_auth(
     """The OAuth of one run of *config* (None: it logs in to nothing). *secrets*: the config's
     expanded values (``client_secret``); *on_required* hears why a person must log in, before
     the request fails."""
-    if store is None or not uses_oauth(config):
+    if store is None or not config.logs_in:
         return None
     settings = config.oauth
     if settings.grant == "client_credentials":

@@ -8,6 +8,7 @@ import json
 import socket
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import anyio
 import pytest
 
 from supervisor.control.client import RemoteError
-from tests.harness import CLI, Daemon, first_text, gateway_session, until
+from tests.harness import Daemon, first_text, gateway_session, until
 from tests.harness.timing import fail_after, patience
 from tests.remote import Remote, text
 
@@ -301,19 +302,31 @@ class TestSupervision:
         assert daemon.status()["far"]["restarts"] == first["restarts"]
 
 
+# `check-config --explain` as the CLI runs it, and which of the SDK's client modules it loaded.
+EXPLAIN_PROBE = """
+import sys
+from supervisor.cli.main import main
+code = main(sys.argv[1:])
+print(sorted(m for m in sys.modules if m.startswith("mcp.client")), file=sys.stderr)
+sys.exit(code)
+"""
+
+
 def test_explain_says_nothing_of_it_runs_here(tmp_path: Path) -> None:
-    """``check-config --explain`` of a remote server: no sandbox to show, and why."""
+    """``check-config --explain`` of a remote server: no sandbox to show, and why; it prints
+    words about the config, so the SDK's client (over half of its time once) stays unloaded."""
     config = tmp_path / "config.yaml"
     config.write_text(
         f"socket: {tmp_path}/control.sock\nextensions:\n  far: {{url: 'https://example.com/mcp'}}\n"
     )
     result = subprocess.run(
-        [*CLI, "check-config", str(config), "--explain", "far"],
+        [sys.executable, "-c", EXPLAIN_PROBE, "check-config", str(config), "--explain", "far"],
         capture_output=True,
         text=True,
         timeout=patience(60),
     )
     assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "[]"
     assert result.stdout == (
         "far: a remote server (https://example.com/mcp): nothing of it runs on this host, so there "
         "is nothing to confine; the daemon sends its headers to that origin only\n"

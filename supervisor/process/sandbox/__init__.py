@@ -366,7 +366,7 @@ def sweep(base: str, *, remove: bool = False) -> int:
 
 def explain_extension(name: str, config: Any, context: Context) -> list[str]:
     """``check-config --explain NAME``: what stdio extension *name* (its config) may reach, and
-    why (a remote one: :func:`supervisor.remote.auth.explain`)."""
+    why (a remote one: :func:`supervisor.remote.explain.explain`)."""
     confined = sandbox_for(name, config, context)
     if confined is None:
         return [f"{name}: not sandboxed (sandbox: false): it can do whatever the daemon's user can"]
