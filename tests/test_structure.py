@@ -69,7 +69,8 @@ INSIDE: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
     "upstream": (("listing", "wire", "media", "scan", "raw"), ("diverted",), ("session", "spool")),
     "remote": (
-        ("http", "traffic", "tokens", "explain"),
+        ("deadlines", "traffic", "tokens", "explain"),
+        ("http",),
         ("rawcalls",),
         ("upstream",),
         ("auth", "connection"),

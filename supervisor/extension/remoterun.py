@@ -21,6 +21,7 @@ from supervisor.errors import first_line
 from supervisor.extension.backoff import Outcome, OutcomeKind
 from supervisor.remote.auth import configured_client, run_auth
 from supervisor.remote.connection import connect
+from supervisor.remote.deadlines import AnswerTimes
 from supervisor.remote.tokens import TokenStore
 from supervisor.remote.upstream import RemoteConnection
 
@@ -95,13 +96,22 @@ async def open_remote(
         headers=headers,
         max_message_bytes=config.max_message_bytes,
         stop_timeout=config.stop_timeout,
-        # no one waits for an answer longer than this: a stalled or endless one is cut then
-        answer_timeout=max(config.call_timeout, config.start_timeout, config.first_start_timeout or 0)
-        + ANSWER_GRACE,
+        answer_times=_answer_times(config),
         auth=functools.partial(run_auth, config, tokens, secrets),
         **connect_options,
     ) as connection:
         yield RemoteRun(name, connection)
+
+
+def _answer_times(config: RemoteConfig) -> AnswerTimes:
+    """No one waits longer for an answer: a stalled or endless one is cut then (a request's
+    at once when it is cancelled). A call renewed by progress, or held while its client is
+    asked, may wait up to ``call_timeout_max``."""
+    start = max(config.start_timeout, config.first_start_timeout or 0)
+    return AnswerTimes(
+        request=max(config.call_timeout_max, start) + ANSWER_GRACE,
+        other=max(config.call_timeout, start) + ANSWER_GRACE,
+    )
 
 
 async def oauth_secrets(config: RemoteConfig, credentials: str | None) -> Mapping[str, str]:

@@ -31,6 +31,7 @@ from mcp.shared.message import SessionMessage
 
 from supervisor.errors import first_line
 from supervisor.remote import http
+from supervisor.remote.deadlines import AnswerTimes
 from supervisor.remote.rawcalls import RemoteCalls
 from supervisor.remote.traffic import Sending, Watch, cut_off, failure, tool_result
 from supervisor.remote.upstream import RemoteConnection
@@ -68,7 +69,7 @@ async def connect(
     spool: ExtensionSpool | None = None,
     on_log: Callable[[str], None] | None = None,
     auth: AuthFor | None = None,
-    answer_timeout: float | None = None,
+    answer_times: AnswerTimes | None = None,
 ) -> AsyncIterator[RemoteConnection]:
     """Open a run's transport to *url* (*kind*: ``auto``, ``http`` or ``sse``) and yield its
     :class:`RemoteConnection`.
@@ -82,7 +83,7 @@ async def connect(
     kept on disk from the first bytes of its answer (:mod:`supervisor.upstream.diverted`).
 
     Bounds: every answer and event within *max_message_bytes*, and the answer to each request
-    within *answer_timeout* seconds (:mod:`supervisor.remote.http`);
+    in the time *answer_times* gives it (:mod:`supervisor.remote.deadlines`);
     *on_list_changed* and *on_notification* must return at once. With *on_asked*, the server is
     told at ``initialize`` that its client offers sampling, elicitation and roots. *on_log*
     gets each log message it sends as one line (``logs NAME`` shows them, as a child's stderr).
@@ -103,7 +104,7 @@ async def connect(
         stop_timeout,
         on_log,
         signer,
-        answer_timeout,
+        answer_times,
     )
     async with anyio.create_task_group() as tasks:
         await tasks.start(holder.hold)
@@ -135,9 +136,9 @@ class _Holder:
         stop_timeout: float,
         on_log: Callable[[str], None] | None,
         auth: httpx2.Auth | None,
-        answer_timeout: float | None = None,
+        answer_times: AnswerTimes | None = None,
     ) -> None:
-        self.answer_timeout = answer_timeout
+        self.answer_times = answer_times
         self.on_log = on_log
         self.auth = auth
         self.connection = connection
@@ -258,7 +259,7 @@ class _Holder:
             watch=self.watch,
             auth=self.auth,
             max_message_bytes=self.max_message_bytes,
-            answer_timeout=self.answer_timeout,
+            answer_times=self.answer_times,
             diversions=self.media,
         )
 

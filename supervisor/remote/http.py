@@ -8,10 +8,12 @@ HTTPS is verified against the system's trust store; the MCP transports themselve
 redirect only within the endpoint's origin, so the configured headers never leave it.
 
 The answer to a POST (a request's, or our answer to the server's own request) is bounded in
-time as well: past *answer_timeout* it is given up, headers or stream. Whoever sent the request
-stopped waiting by then (``call_timeout``), and a server that stalls an answer, or streams one
-without end, would otherwise hold a connection and a task, and in the second case a core,
-until the run ends. (A given-up answer of ours ends the run: the SDK's transport stops there.)
+time as well (:mod:`.deadlines`). Once a request is cancelled (``notifications/cancelled``
+posted for its id: a call's budget ran out, or its client left), its answer is given up at
+once, headers or stream; and any is given up past the longest it may be waited for. A
+server that stalls an answer, or streams one without end, would otherwise hold a connection
+and a task, and in the second case a core, until the run ends. (A given-up answer of ours
+ends the run: the SDK's transport stops there.)
 
 With a run's *diversions*, a JSON answer or event stream passes through their scanner as it
 comes: a long ``data``/``blob`` string goes to a file instead of memory, and is spooled or put
@@ -20,9 +22,8 @@ back once the message is parsed (:mod:`supervisor.upstream.diverted`).
 
 from __future__ import annotations
 
-import math
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from httpx2._utils import get_environment_proxies  # httpx's own reading of *_PR
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
+from supervisor.remote.deadlines import AnswerTimes, Deadline, Deadlines, TimeUp
 from supervisor.upstream.diverted import Diversions
 from supervisor.upstream.scan import Scanner
 
@@ -68,11 +70,11 @@ def client(
     watch: Watch | None = None,
     timeout: httpx2.Timeout | None = None,
     auth: httpx2.Auth | None = None,
-    answer_timeout: float | None = None,
+    answer_times: AnswerTimes | None = None,
     diversions: Diversions | None = None,
 ) -> httpx2.AsyncClient:
     """A client for one run: *headers* on every request, answers bounded by *max_message_bytes*
-    (and a POST's by *answer_timeout* seconds);
+    (and a POST's in time by *answer_times*);
     *watch* sees each response before anyone reads it, and each failure of the network; *auth*
     (an OAuth login, :mod:`supervisor.remote.auth`) signs each request.
 
@@ -88,7 +90,7 @@ def client(
             limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
             proxy=proxy,
         )
-        return _Bounded(inner, max_message_bytes, watch, answer_timeout, diversions)
+        return _Bounded(inner, max_message_bytes, watch, answer_times, diversions)
 
     proxies = get_environment_proxies()
     return httpx2.AsyncClient(
@@ -111,7 +113,7 @@ async def transport(
     watch: Watch | None,
     auth: httpx2.Auth | None,
     max_message_bytes: int,
-    answer_timeout: float | None,
+    answer_times: AnswerTimes | None,
     diversions: Diversions | None = None,
 ) -> AsyncIterator[tuple[Any, Any, httpx2.AsyncClient | None]]:
     """The SDK's transport of *kind* (``http``: streamable HTTP, ``sse``: HTTP+SSE) to *url* over
@@ -121,7 +123,7 @@ async def transport(
         "watch": watch,
         "auth": auth,
         "max_message_bytes": max_message_bytes,
-        "answer_timeout": answer_timeout,
+        "answer_times": answer_times,
         "diversions": diversions,
     }
     async with client(headers, **bounds) as http:
@@ -144,32 +146,45 @@ class _Bounded(httpx2.AsyncBaseTransport):
         inner: httpx2.AsyncBaseTransport,
         limit: int,
         watch: Watch | None,
-        answer_timeout: float | None,
+        answer_times: AnswerTimes | None,
         diversions: Diversions | None = None,
     ) -> None:
         self._inner, self._limit, self._watch = inner, limit, watch
-        self._answer_timeout, self._diversions = answer_timeout, diversions
+        self._deadlines = Deadlines(answer_times) if answer_times is not None else None
+        self._diversions = diversions
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        posted = request.method == "POST" and self._answer_timeout is not None  # a GET stream may last
-        deadline = anyio.current_time() + self._answer_timeout if posted else math.inf  # type: ignore[operator]
+        if request.method != "POST" or self._deadlines is None:  # a GET stream may rightly last
+            return await self._answered(request, None)
+        deadline, forget = self._deadlines.posted(request)
         try:
-            with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
+            response = await self._answered(request, deadline)
+        except BaseException:
+            forget()
+            raise
+        assert isinstance(response.stream, _Limited | _Diverting)
+        response.stream.on_close = forget
+        return response
+
+    async def _answered(self, request: httpx2.Request, deadline: Deadline | None) -> httpx2.Response:
+        """*request*'s response, its body bounded (and, with a *deadline*, in time)."""
+        try:
+            if deadline is None:
                 response = await self._inner.handle_async_request(request)
+            else:
+                response = await deadline.wait(self._inner.handle_async_request(request))
         except httpx2.TransportError as exc:
             if self._watch is not None:
                 self._watch.failed(exc)
             raise
-        if waiting.cancelled_caught:  # not even its headers: a server that takes and never answers
-            raise AnswerTooLong("the server did not answer within the time the request had")
+        except TimeUp:  # not even its headers: a server that takes and never answers
+            raise AnswerTooLong("the server did not answer within the time the request had") from None
         if self._watch is not None:
             self._watch.answered(request, response.status_code)
         content_type = response.headers.get("content-type", "").lower()
         events = content_type.startswith("text/event-stream")
         stream = _decoded(response)
-        limited = _Limited(
-            stream, self._limit, per_event=events, watch=self._watch, deadline=deadline if posted else None
-        )
+        limited = _Limited(stream, self._limit, per_event=events, watch=self._watch, deadline=deadline)
         json = content_type.startswith("application/json")
         plain = "content-encoding" not in response.headers  # else in a coding we do not decode
         if self._diversions is not None and plain and (events or json):
@@ -218,8 +233,16 @@ class _Decoding(httpx2.AsyncByteStream):
 class _Diverting(httpx2.AsyncByteStream):
     """A stream through a scanner: long strings to their files, the rest on as it comes."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, scanner: Scanner) -> None:
+    def __init__(self, inner: _Limited, scanner: Scanner) -> None:
         self._inner, self._scanner = inner, scanner
+
+    @property
+    def on_close(self) -> Callable[[], None] | None:
+        return self._inner.on_close
+
+    @on_close.setter
+    def on_close(self, hook: Callable[[], None] | None) -> None:
+        self._inner.on_close = hook
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -241,10 +264,11 @@ class _Limited(httpx2.AsyncByteStream):
         *,
         per_event: bool,
         watch: Watch | None,
-        deadline: float | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         self._inner, self._limit, self._per_event, self._watch = inner, limit, per_event, watch
         self._deadline = deadline
+        self.on_close: Callable[[], None] | None = None  # the answer is read, or given up
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -254,6 +278,13 @@ class _Limited(httpx2.AsyncByteStream):
             if self._watch is not None:
                 self._watch.failed(exc)  # the server went away mid-answer, or sent too much
             raise
+        finally:
+            self._closed()
+
+    def _closed(self) -> None:
+        hook, self.on_close = self.on_close, None
+        if hook is not None:
+            hook()
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         pending = 0  # bytes of the current event (per_event), or of the whole body
@@ -272,21 +303,28 @@ class _Limited(httpx2.AsyncByteStream):
             yield chunk
 
     async def _in_time(self) -> AsyncIterator[bytes]:
-        """The inner stream's chunks, until the deadline (if any): past it, :class:`AnswerTooLong`."""
-        if self._deadline is None:
+        """The inner stream's chunks, until the deadline (if any): past it, or once the request
+        is cancelled, :class:`AnswerTooLong`."""
+        deadline = self._deadline
+        if deadline is None:
             async for chunk in self._inner:
                 yield chunk
             return
         chunks = aiter(self._inner)
         while True:
-            with anyio.move_on_after(self._deadline - anyio.current_time()) as waiting:
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    return
-            if waiting.cancelled_caught or anyio.current_time() >= self._deadline:
-                raise AnswerTooLong("the server's answer went on past the time the request had")
+            try:
+                chunk = await deadline.wait(anext(chunks))
+            except StopAsyncIteration:
+                return
+            except TimeUp:
+                chunk = None
+            if chunk is None or deadline.cut_off or anyio.current_time() >= deadline.at:
+                why = "its request was cancelled" if deadline.cut_off else "it went on past the time it had"
+                raise AnswerTooLong(f"the server's answer was given up: {why}")
             yield chunk
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        try:
+            await self._inner.aclose()
+        finally:
+            self._closed()

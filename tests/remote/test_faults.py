@@ -8,12 +8,13 @@ import threading
 import time
 from collections.abc import Callable
 
+import anyio
 import psutil
 import pytest
 
 from supervisor.control.client import RemoteError
-from tests.harness import Daemon, until
-from tests.harness.timing import patience
+from tests.harness import Daemon, first_text, gateway_session, until
+from tests.harness.timing import fail_after, patience
 from tests.remote import Remote, text
 
 pytestmark = pytest.mark.timeout(90)
@@ -81,6 +82,32 @@ class TestMidAnswer:
         assert text(daemon.call("far", "echo", text="next")) == "next"
         assert len(daemon.request("logs", {"name": "far", "lines": 10_000})["lines"]) <= 500  # log_lines
         assert not daemon.problems()
+
+
+class TestLongCalls:
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("path", ["session", "raw"])
+    async def test_a_call_renewed_by_progress_outlives_call_timeout_and_the_start_s(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], path: str
+    ) -> None:
+        """``call_timeout`` is an idle budget that progress renews, up to ``call_timeout_max``:
+        the call's HTTP answer lives as long (it was given up past the longer of call_timeout
+        and start_timeout, plus 2 s), through the SDK's session (the control socket's call)
+        and beside it (a gateway client's plain call)."""
+        remote = remotes("http")
+        entry = remote.entry(call_timeout=patience(3))
+        daemon = daemons({"far": entry})
+        first = daemon.wait_state("far", "running")
+        seconds = entry["start_timeout"] + 4  # past the old deadline: start_timeout + 2 s
+        with fail_after(seconds + patience(30)):
+            if path == "session":
+                result = await anyio.to_thread.run_sync(lambda: daemon.call("far", "work", seconds=seconds))
+                assert text(result) == "worked"
+            else:
+                async with gateway_session(daemon.mcp_sock) as session:
+                    await session.list_tools()  # its plain calls take the raw path from then on
+                    assert first_text(await session.call_tool("far__work", {"seconds": seconds})) == "worked"
+        assert daemon.status()["far"]["restarts"] == first["restarts"]
 
 
 class TestItsRequests:

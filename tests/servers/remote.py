@@ -11,11 +11,13 @@ holds), ``forget`` (ends every session, so the next request of one is answered 4
 and the faults of a server that misbehaves mid-answer, each for the next POST: ``stall_next``
 (an event stream that starts, then never sends another byte), ``flood_next(kind)`` (an event
 stream without end: ``events``, log notifications as fast as it can; ``body``, one event whose
-data never ends; ``gzip``, a JSON answer in gzip whose blanks never end); and
+data never ends; ``gzip``, a JSON answer in gzip whose blanks never end; ``garbled``, one said to be gzip that
+is not); and
 ``ping_flood(count)``: COUNT pings at once while every answer the client posts is stalled, as
 a server that asks and never reads the answers. ``request_id`` (the call's JSON-RPC id),
 ``ask(prompt)`` (sampling, sent on the call's own stream) and ``cancelled`` (the ids of the
-``sleep`` calls a cancel ended) show what a call's path did.
+``sleep`` calls a cancel ended) show what a call's path did; ``work(seconds)`` reports progress
+every 0.25 s for that long.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ EXTRA = (
         "ask", "Ask the client to sample this prompt (on the call's stream).", {"prompt": {"type": "string"}}
     ),
     echo._tool("cancelled", "The ids of the calls cancelled so far (sleep's), as JSON."),
+    echo._tool(
+        "work", "Report progress every 0.25 s for SECONDS, then answer.", {"seconds": {"type": "number"}}
+    ),
 )
 CANCELLED: list[str] = []  # ids of calls whose handler a cancel ended
 FAULT: dict[str, Any] = {}  # "status" / "location": what the next POST is answered with
@@ -91,6 +96,12 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             return echo._text(content.text if isinstance(content, types.TextContent) else "?")
         case "cancelled":
             return echo._text(json.dumps(CANCELLED))
+        case "work":
+            steps = max(1, round(float((params.arguments or {})["seconds"]) / 0.25))
+            for step in range(1, steps + 1):
+                await anyio.sleep(0.25)
+                await ctx.session.report_progress(step, steps)
+            return echo._text("worked")
         case "sleep":
             try:
                 return await echo.call_tool(ctx, params)
@@ -216,6 +227,11 @@ async def _misbehave(kind: str, receive: Any, send: Any) -> None:
         pass
     if kind == "gzip":
         await _gzip_bomb(send)
+        return
+    if kind == "garbled":  # said to be gzip, and not
+        headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"not gzip at all"})
         return
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})

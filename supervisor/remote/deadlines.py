@@ -1,0 +1,128 @@
+"""How long the answer to a POST of a remote run is waited for: a request's until it is
+cancelled (``notifications/cancelled`` posted for its id, when a call's budget ran out or its
+client left), and at most as long as any call may go on; anything else's (our answer to the
+server's own request, a notification) as long as the server needs to take it.
+
+The run's HTTP transport (:mod:`.http`) asks :class:`Deadlines` for each POST's deadline, and
+waits for the answer's headers and each of its chunks within it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+import httpx2
+
+__all__ = ("AnswerTimes", "Deadline", "Deadlines", "TimeUp")
+
+T = TypeVar("T")
+MAX_READ_BODY = 64 * 1024  # a POST body read for its id or the id it cancels (a bigger one: neither)
+RequestKey = tuple[str, str]  # a JSON-RPC id with its type: 1 and "1" are two ids
+_REQUEST_HEAD = re.compile(rb'\{"jsonrpc":\s*"2\.0",\s*"id":\s*(-?\d+|"[^"\\]*")\s*,\s*"method":')
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerTimes:
+    """How long the answer to a POST is waited for, headers or stream, in seconds: a request's
+    until it is cancelled, and at most *request* (as long as any call may go on, progress or
+    not); anything else's (our answer to the server's request, a notification: the server
+    takes it at once) *other*."""
+
+    request: float
+    other: float
+
+
+def _ids(request: httpx2.Request) -> tuple[RequestKey | None, RequestKey | None]:
+    """(the JSON-RPC request id *request* posts, the id it cancels), each as (type, value) so
+    that 1 and "1" stay apart; None where it has none. A body too big to read whole (a call's
+    long arguments) is read for a request's id where the SDK and raw calls write it, first."""
+    body = request.content
+    if len(body) > MAX_READ_BODY:
+        head = _REQUEST_HEAD.match(body, endpos=1024)
+        return (_key(json.loads(head[1])) if head is not None else None), None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None, None
+    if not isinstance(message, dict):
+        return None, None
+    if message.get("method") == "notifications/cancelled":
+        params = message.get("params")
+        return None, _key(params.get("requestId")) if isinstance(params, dict) else None
+    return (_key(message.get("id")) if "method" in message else None), None
+
+
+def _key(request_id: object) -> RequestKey | None:
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        return None
+    return type(request_id).__name__, str(request_id)
+
+
+class TimeUp(Exception):
+    """A :class:`Deadline` passed, or was cut, while it waited."""
+
+
+class Deadline:
+    """When the answer to one POST is given up: at *at*, or at once once cut (its request was
+    cancelled). One wait at a time (its headers, then each chunk) is ended by a cut."""
+
+    __slots__ = ("_waiting", "at", "cut_off")
+
+    def __init__(self, at: float) -> None:
+        self.at, self.cut_off = at, False
+        self._waiting: anyio.CancelScope | None = None
+
+    def cut(self) -> None:
+        self.cut_off = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    async def wait(self, awaitable: Awaitable[T]) -> T:
+        """*awaitable*'s value; :class:`TimeUp` if the deadline passes or is cut first."""
+        if self.cut_off:
+            if isinstance(awaitable, Coroutine):
+                awaitable.close()  # never awaited: said so, else
+            raise TimeUp
+        with anyio.move_on_after(self.at - anyio.current_time()) as self._waiting:
+            try:
+                return await awaitable
+            finally:
+                self._waiting = None
+        raise TimeUp
+
+
+class Deadlines:
+    """The deadlines of one transport's POSTs; those of requests whose answers are being read
+    are kept by id (as many as answers are being read), so that a cancel cuts its request's."""
+
+    def __init__(self, times: AnswerTimes) -> None:
+        self._times = times
+        self._awaited: dict[RequestKey, Deadline] = {}
+
+    def __len__(self) -> int:
+        return len(self._awaited)
+
+    def posted(self, request: httpx2.Request) -> tuple[Deadline, Callable[[], None]]:
+        """The deadline of *request*'s answer, and what to call once that answer is read or
+        given up. A cancel it posts cuts its request's deadline now."""
+        request_id, cancelled = _ids(request)
+        if cancelled is not None and (awaited := self._awaited.get(cancelled)) is not None:
+            awaited.cut()
+        if request_id is None or request_id in self._awaited:  # an answer, a notification
+            return Deadline(anyio.current_time() + self._times.other), _nothing
+        deadline = self._awaited[request_id] = Deadline(anyio.current_time() + self._times.request)
+
+        def forget() -> None:
+            if self._awaited.get(request_id) is deadline:
+                del self._awaited[request_id]
+
+        return deadline, forget
+
+
+def _nothing() -> None:
+    pass
