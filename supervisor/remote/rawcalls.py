@@ -129,9 +129,12 @@ class RemoteCalls:
             error = (types.CONNECTION_CLOSED, first_line(exc, typed=False))
         except httpx2.TransportError as exc:  # the server is gone: the run ends, every call with it
             self._failed(failure(exc))
-        except Exception as exc:  # a bug of ours must not end the run's tasks
-            log.exception("extension.raw_call_crashed")
-            error = (types.INTERNAL_ERROR, f"the call failed in the gateway: {first_line(exc)}")
+        except httpx2.HTTPError as exc:  # a body in a coding it does not decode: this answer alone
+            error = (types.CONNECTION_CLOSED, f"its answer is unreadable: {first_line(exc, typed=False)}")
+        except Exception as exc:
+            if not self._closed:  # else the run ended meanwhile (a login it wants): its calls told
+                log.exception("extension.raw_call_crashed")  # a bug of ours must not end the run's tasks
+                error = (types.INTERNAL_ERROR, f"the call failed in the gateway: {first_line(exc)}")
         finally:
             if self._posts.get(request_id) is scope:
                 del self._posts[request_id]

@@ -107,6 +107,20 @@ class TestEnds:
             assert first_text(await session.call_tool("far__echo", {"text": "on"})) == "on"
         assert daemon.status()["far"]["restarts"] == first["restarts"]
 
+    async def test_an_answer_it_cannot_decode_fails_that_call_only_and_is_no_crash(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        remote = remotes("http")
+        daemon = daemons({"far": remote.entry()})
+        first = daemon.wait_state("far", "running")
+        async with listed(daemon.mcp_sock) as session:
+            assert text(daemon.call("far", "flood_next", kind="garbled")) == "armed"
+            with fail_after(30), pytest.raises(MCPError, match="unreadable"):
+                await session.call_tool("far__echo", {"text": "never"})
+            assert first_text(await session.call_tool("far__echo", {"text": "still"})) == "still"
+        assert daemon.status()["far"]["restarts"] == first["restarts"]
+        assert not daemon.find("extension.raw_call_crashed")
+
     async def test_an_answer_over_the_limit_fails_that_call_only(
         self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
     ) -> None:
