@@ -37,6 +37,8 @@ class Notifier:
 
     Error handling: sending never raises. A failure is logged as ``notify.send_failed`` once
     per distinct errno for the notifier's lifetime, so a vanished systemd cannot flood the log.
+    A ``STATUS`` that could not be sent (systemd's queue full: ``EAGAIN``) goes with the next
+    datagram that carries none, the watchdog's ping say, so the last status is never lost.
 
     Not thread-safe: use it from the event loop's thread.
     """
@@ -51,6 +53,7 @@ class Notifier:
         self._watchdog_usec = watchdog_usec if self._address else None
         self._sock: socket.socket | None = None
         self._reported: set[int | None] = set()  # errnos already logged
+        self._unsent_status: str | None = None  # the last STATUS a send failed to deliver
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Notifier:
@@ -88,6 +91,9 @@ class Notifier:
         """
         if self._target is None or not fields:
             return False
+        if self._unsent_status is not None and "STATUS" not in fields:
+            fields = {**fields, "STATUS": self._unsent_status}
+        status = fields.get("STATUS")
         payload = "\n".join(f"{key}={_clean(key, value)}" for key, value in fields.items())
         try:
             if self._sock is None:
@@ -96,6 +102,8 @@ class Notifier:
                 )
             self._sock.sendto(payload.encode(), self._target)
         except OSError as exc:
+            if status is not None:
+                self._unsent_status = str(status)
             if exc.errno not in self._reported:
                 self._reported.add(exc.errno)
                 log.warning(
@@ -106,6 +114,7 @@ class Notifier:
                     fields=sorted(fields),
                 )
             return False
+        self._unsent_status = None
         return True
 
     def ready(self, status: str | None = None) -> None:

@@ -216,6 +216,21 @@ class TestFailures:
         assert [entry["errno"] for entry in failures] == ["ENOENT", "ECONNREFUSED"]
         assert all(entry["log_level"] == "warning" for entry in failures)
 
+    def test_a_status_systemd_had_no_room_for_goes_with_the_next_ping(
+        self, notifier: Notifier, receiver: Receiver
+    ) -> None:
+        """systemd's queue full (``net.unix.max_dgram_qlen``, 10 here): the status sent then is
+        not lost, it rides on the next datagram, and only the last one counts."""
+        while notifier.send(WATCHDOG=1):  # fill the queue
+            pass
+        notifier.status("2 running")
+        notifier.status("1 running, 1 stopped")
+        assert receiver.pending()  # systemd reads its queue
+        notifier.watchdog()
+        assert receiver.pending() == ["WATCHDOG=1\nSTATUS=1 running, 1 stopped"]
+        notifier.watchdog()
+        assert receiver.pending() == ["WATCHDOG=1"]  # once delivered, not again
+
 
 class TestKeepWatchdog:
     @pytest.mark.anyio
