@@ -39,6 +39,7 @@ from mcp.client.auth.oauth2 import OAuthContext
 from mcp.client.auth.utils import extract_field_from_www_auth, union_scopes
 from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
 from supervisor.config.extension import OAuthSettings, RemoteConfig
 from supervisor.remote.tokens import TokenStore
@@ -208,34 +209,54 @@ class _RunAuth(StoredAuth):
         self._refused = None
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        """The SDK's flow, but a refusal of the request itself is a login to wait for, after one
-        more round: with the login's tokens as the store has them now (another run of the same
-        login, a per-client instance, may have refreshed them), refreshed first if they are the
-        ones refused (the server's clock, a revocation of the access token alone)."""
+        """The SDK's flow, but the login's lock is held only to make the request ready, not while
+        it is answered: the SDK holds it until the answer's headers, so a call whose answer is a
+        JSON body (its headers come when the tool is done), or one waiting for a connection,
+        held every other request of the login back, pings included. A refusal of the request
+        itself is a login to wait for, after one more round: with the login's tokens as the
+        store has them now (another run of the same login, a per-client instance, may have
+        refreshed them), refreshed first if they are the ones refused (the server's clock, a
+        revocation of the access token alone)."""
         for last in (False, True):
-            flow = super()._auth_flow(request)
-            again = False
-            try:
-                outgoing = await flow.__anext__()
-                while True:
-                    response = yield outgoing
-                    if outgoing is request and (why := _needs_person(response)) is not None:
-                        if not last and response.status_code == 401:
-                            tokens = self.context.current_tokens
-                            self._refused = tokens.access_token if tokens is not None else None
-                            self._initialized, again = False, True  # the next round reads the store again
-                            break
-                        if response.status_code == 403:  # what it has and what it lacks, asked for next
-                            await self._want_scope(response)
-                        self._on_required(why)
-                        raise LoginRequired(why)
-                    outgoing = await flow.asend(response)
-            except StopAsyncIteration:
+            async with self.context.lock:
+                prepared = self._prepare(request)
+                try:
+                    refresh = await anext(prepared)
+                    while refresh is not None:
+                        refresh = await prepared.asend((yield refresh))
+                finally:
+                    await prepared.aclose()
+            response = yield request
+            why = _needs_person(response)
+            if why is None:
                 return
-            finally:
-                await flow.aclose()
-            if not again:
-                return
+            if not last and response.status_code == 401:
+                sent = request.headers.get("Authorization", "")
+                async with self.context.lock:  # the next round reads the store again
+                    self._refused = sent.removeprefix("Bearer ") or None
+                    self._initialized = False
+                continue
+            if response.status_code == 403:  # what it has and what it lacks, asked for next
+                await self._want_scope(response)
+            self._on_required(why)
+            raise LoginRequired(why)
+
+    async def _prepare(
+        self, request: httpx2.Request
+    ) -> AsyncGenerator[httpx2.Request | None, httpx2.Response]:
+        """Under the login's lock: the tokens read (again, once another run changed them),
+        refreshed if due (it yields the refresh request for its response), and *request* signed
+        with them. Ends by yielding None. The SDK's steps before its request, as it takes them."""
+        if not self._initialized:
+            await self._initialize()
+        self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        if not self.context.is_token_valid() and self.context.can_refresh_token():
+            refreshed = yield await self._refresh_token()
+            if not await self._handle_refresh_response(refreshed):
+                self._initialized = False
+        if self.context.is_token_valid():
+            self._add_auth_header(request)
+        yield None
 
     async def _want_scope(self, response: httpx2.Response) -> None:
         tokens = self.context.current_tokens

@@ -18,12 +18,14 @@ from typing import TypeVar
 import anyio
 import httpx2
 
-__all__ = ("AnswerTimes", "Deadline", "Deadlines", "TimeUp")
+__all__ = ("AnswerTimes", "Deadline", "Deadlines", "Post", "TimeUp")
 
 T = TypeVar("T")
 MAX_READ_BODY = 64 * 1024  # a POST body read for its id or the id it cancels (a bigger one: neither)
 RequestKey = tuple[str, str]  # a JSON-RPC id with its type: 1 and "1" are two ids
-_REQUEST_HEAD = re.compile(rb'\{"jsonrpc":\s*"2\.0",\s*"id":\s*(-?\d+|"[^"\\]*")\s*,\s*"method":')
+_REQUEST_HEAD = re.compile(
+    rb'\{"jsonrpc":\s*"2\.0",\s*"id":\s*(-?\d+|"[^"\\]*")\s*,\s*"method":\s*"([^"\\]*)"'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,24 +39,45 @@ class AnswerTimes:
     other: float
 
 
-def _ids(request: httpx2.Request) -> tuple[RequestKey | None, RequestKey | None]:
-    """(the JSON-RPC request id *request* posts, the id it cancels), each as (type, value) so
-    that 1 and "1" stay apart; None where it has none. A body too big to read whole (a call's
-    long arguments) is read for a request's id where the SDK and raw calls write it, first."""
-    body = request.content
-    if len(body) > MAX_READ_BODY:
-        head = _REQUEST_HEAD.match(body, endpos=1024)
-        return (_key(json.loads(head[1])) if head is not None else None), None
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return None, None
-    if not isinstance(message, dict):
-        return None, None
-    if message.get("method") == "notifications/cancelled":
-        params = message.get("params")
-        return None, _key(params.get("requestId")) if isinstance(params, dict) else None
-    return (_key(message.get("id")) if "method" in message else None), None
+@dataclass(frozen=True, slots=True)
+class Post:
+    """What a POST of a run carries, as far as its answer's wait goes: the JSON-RPC request it
+    makes (*request_id*, *method*), or the request it cancels (*cancels*). Ids are kept with
+    their type, so that 1 and "1" stay apart."""
+
+    request_id: RequestKey | None = None
+    method: str | None = None
+    cancels: RequestKey | None = None
+
+    @property
+    def may_take_long(self) -> bool:
+        """A request whose answer may take as long as a call (not a ping, an answer of ours or
+        a notification, which the server answers at once)."""
+        return self.request_id is not None and self.method != "ping"
+
+    @classmethod
+    def read(cls, request: httpx2.Request) -> Post:
+        """*request*'s body read for it; a body too big to read whole (a call's long arguments)
+        for a request's id and method, where the SDK and raw calls write them, first."""
+        try:
+            body = request.content
+        except httpx2.RequestNotRead:  # a streamed body: none of ours
+            return cls()
+        if len(body) > MAX_READ_BODY:
+            head = _REQUEST_HEAD.match(body, endpos=1024)
+            return cls() if head is None else cls(_key(json.loads(head[1])), head[2].decode())
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return cls()
+        method = message.get("method") if isinstance(message, dict) else None
+        if not isinstance(method, str):
+            return cls()
+        if method == "notifications/cancelled":
+            params = message.get("params")
+            cancels = _key(params.get("requestId")) if isinstance(params, dict) else None
+            return cls(method=method, cancels=cancels)
+        return cls(_key(message.get("id")), method)
 
 
 def _key(request_id: object) -> RequestKey | None:
@@ -107,12 +130,12 @@ class Deadlines:
     def __len__(self) -> int:
         return len(self._awaited)
 
-    def posted(self, request: httpx2.Request) -> tuple[Deadline, Callable[[], None]]:
-        """The deadline of *request*'s answer, and what to call once that answer is read or
-        given up. A cancel it posts cuts its request's deadline now."""
-        request_id, cancelled = _ids(request)
-        if cancelled is not None and (awaited := self._awaited.get(cancelled)) is not None:
+    def posted(self, post: Post) -> tuple[Deadline, Callable[[], None]]:
+        """The deadline of *post*'s answer, and what to call once that answer is read or given
+        up. A cancel it posts cuts its request's deadline now."""
+        if post.cancels is not None and (awaited := self._awaited.get(post.cancels)) is not None:
             awaited.cut()
+        request_id = post.request_id
         if request_id is None or request_id in self._awaited:  # an answer, a notification
             return Deadline(anyio.current_time() + self._times.other), _nothing
         deadline = self._awaited[request_id] = Deadline(anyio.current_time() + self._times.request)

@@ -34,13 +34,16 @@ from httpx2._utils import get_environment_proxies  # httpx's own reading of *_PR
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from supervisor.remote.deadlines import AnswerTimes, Deadline, Deadlines, TimeUp
+from supervisor.remote.deadlines import AnswerTimes, Deadline, Deadlines, Post, TimeUp
 from supervisor.upstream.diverted import Diversions
 from supervisor.upstream.scan import Scanner
 
 __all__ = ("MAX_CONNECTIONS", "AnswerTooLong", "ResponseTooLarge", "Watch", "client", "transport")
 
 MAX_CONNECTIONS = 64  # per run: each call in flight may hold one (its answer's event stream)
+# Besides them, for what the server answers at once (pings, our answers to its questions,
+# cancels, notifications): no number of long calls makes a ping wait for a connection.
+MAX_PROMPT_CONNECTIONS = 16
 CONNECT_TIMEOUT = 10.0  # a TCP and TLS handshake; the call's own budget bounds the rest
 
 
@@ -84,13 +87,15 @@ def client(
     not read: a daemon's credentials come from its config.
     """
 
+    verify = ssl.create_default_context()
+
     def bounded(proxy: str | None = None) -> httpx2.AsyncBaseTransport:
-        inner = httpx2.AsyncHTTPTransport(
-            verify=ssl.create_default_context(),
-            limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=8),
-            proxy=proxy,
-        )
-        return _Bounded(inner, max_message_bytes, watch, answer_times, diversions)
+        def pool(connections: int, kept: int) -> httpx2.AsyncHTTPTransport:
+            limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=kept)
+            return httpx2.AsyncHTTPTransport(verify=verify, limits=limits, proxy=proxy)
+
+        pools = (pool(MAX_CONNECTIONS, 8), pool(MAX_PROMPT_CONNECTIONS, 2))
+        return _Bounded(pools, max_message_bytes, watch, answer_times, diversions)
 
     proxies = get_environment_proxies()
     return httpx2.AsyncClient(
@@ -143,22 +148,31 @@ class _Bounded(httpx2.AsyncBaseTransport):
 
     def __init__(
         self,
-        inner: httpx2.AsyncBaseTransport,
+        pools: tuple[httpx2.AsyncBaseTransport, httpx2.AsyncBaseTransport],
         limit: int,
         watch: Watch | None,
         answer_times: AnswerTimes | None,
         diversions: Diversions | None = None,
     ) -> None:
-        self._inner, self._limit, self._watch = inner, limit, watch
+        self._pools, self._limit, self._watch = pools, limit, watch
         self._deadlines = Deadlines(answer_times) if answer_times is not None else None
         self._diversions = diversions
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if request.method != "POST" or self._deadlines is None:  # a GET stream may rightly last
-            return await self._answered(request, None)
-        deadline, forget = self._deadlines.posted(request)
+        """*request* on the pool of calls (a GET stream, a request that may take long), or on
+        the one for what the server answers at once; its answer bounded."""
+        calls, prompt = self._pools
+        if request.method == "GET":  # the session's stream, which may rightly last
+            return await self._answered(calls, request, None)
+        if request.method != "POST":  # the session's DELETE
+            return await self._answered(prompt, request, None)
+        post = Post.read(request)
+        pool = calls if post.may_take_long else prompt
+        if self._deadlines is None:
+            return await self._answered(pool, request, None)
+        deadline, forget = self._deadlines.posted(post)
         try:
-            response = await self._answered(request, deadline)
+            response = await self._answered(pool, request, deadline)
         except BaseException:
             forget()
             raise
@@ -166,13 +180,15 @@ class _Bounded(httpx2.AsyncBaseTransport):
         response.stream.on_close = forget
         return response
 
-    async def _answered(self, request: httpx2.Request, deadline: Deadline | None) -> httpx2.Response:
-        """*request*'s response, its body bounded (and, with a *deadline*, in time)."""
+    async def _answered(
+        self, pool: httpx2.AsyncBaseTransport, request: httpx2.Request, deadline: Deadline | None
+    ) -> httpx2.Response:
+        """*request*'s response through *pool*, its body bounded (and, with a *deadline*, in time)."""
         try:
             if deadline is None:
-                response = await self._inner.handle_async_request(request)
+                response = await pool.handle_async_request(request)
             else:
-                response = await deadline.wait(self._inner.handle_async_request(request))
+                response = await deadline.wait(pool.handle_async_request(request))
         except httpx2.TransportError as exc:
             if self._watch is not None:
                 self._watch.failed(exc)
@@ -194,7 +210,8 @@ class _Bounded(httpx2.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        await self._inner.aclose()
+        for pool in self._pools:
+            await pool.aclose()
 
 
 def _decoded(response: httpx2.Response) -> httpx2.AsyncByteStream:

@@ -9,16 +9,16 @@ import anyio
 import httpx2
 import pytest
 
-from supervisor.remote.deadlines import AnswerTimes, Deadlines, TimeUp
+from supervisor.remote.deadlines import AnswerTimes, Deadlines, Post, TimeUp
 from supervisor.upstream.raw import request_line
 
 pytestmark = pytest.mark.anyio
 TIMES = AnswerTimes(request=600, other=5)
 
 
-def post(message: dict[str, object] | bytes) -> httpx2.Request:
+def post(message: dict[str, object] | bytes) -> Post:
     body = message if isinstance(message, bytes) else json.dumps(message).encode()
-    return httpx2.Request("POST", "https://example.com/mcp", content=body)
+    return Post.read(httpx2.Request("POST", "https://example.com/mcp", content=body))
 
 
 def call(request_id: int | str) -> dict[str, object]:
@@ -36,6 +36,18 @@ async def test_a_request_waits_as_long_as_a_call_may_and_the_rest_briefly() -> N
     answer, _ = deadlines.posted(post({"jsonrpc": "2.0", "id": 1, "result": {}}))
     note, _ = deadlines.posted(post({"jsonrpc": "2.0", "method": "notifications/initialized"}))
     assert request.at - now >= 600 and answer.at - now <= 6 and note.at - now <= 6
+
+
+def test_only_a_request_other_than_a_ping_may_take_long() -> None:
+    """What takes the pool of calls; the rest (answered at once) has a pool of its own."""
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {}}
+    long_call = request_line(
+        "mcpsv-1", "tools/call", {"name": "t", "arguments": {"text": "x" * 100_000}}, None
+    )
+    assert post(call(1)).may_take_long and post(long_call).may_take_long
+    assert post(long_call).method == "tools/call"
+    assert not any(post(message).may_take_long for message in (ping, answer, cancel(1), b"grant_type=x"))
 
 
 async def test_its_cancel_ends_a_wait_for_its_answer_at_once() -> None:

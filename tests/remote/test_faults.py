@@ -109,6 +109,64 @@ class TestLongCalls:
                     assert first_text(await session.call_tool("far__work", {"seconds": seconds})) == "worked"
         assert daemon.status()["far"]["restarts"] == first["restarts"]
 
+    @pytest.mark.anyio
+    async def test_more_long_calls_than_connections_leave_the_pings_theirs(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote]
+    ) -> None:
+        """70 calls at once that answer nothing for seconds, more than a run's pool of
+        connections holds: the liveness pings still get through (a pool of their own), so the
+        run is not ended as unresponsive, and every call is answered."""
+        remote = remotes("http")
+        entry = remote.entry(ping_interval=0.5, ping_timeout=patience(3))
+        daemon = daemons({"far": entry})
+        first = daemon.wait_state("far", "running")
+        seconds = patience(3) + 3  # past ping_timeout, without a word
+        answers: list[str] = []
+
+        async def calls() -> None:
+            async with gateway_session(daemon.mcp_sock) as session:
+                await session.list_tools()
+
+                async def one() -> None:
+                    answers.append(first_text(await session.call_tool("far__sleep", {"seconds": seconds})))
+
+                async with anyio.create_task_group() as each:
+                    for _ in range(35):
+                        each.start_soon(one)
+
+        with fail_after(3 * seconds + patience(60)):
+            async with anyio.create_task_group() as clients:
+                for _ in range(2):
+                    clients.start_soon(calls)
+        assert answers == ["slept"] * 70
+        assert not daemon.find("extension.not_answering")
+        assert daemon.status()["far"]["restarts"] == first["restarts"]
+
+    @pytest.mark.anyio
+    @pytest.mark.parametrize("mode", ["json", "http"])
+    async def test_calls_are_answered_at_once_not_one_after_another(
+        self, daemons: Callable[..., Daemon], remotes: Callable[[str], Remote], mode: str
+    ) -> None:
+        """The login's lock (OAuth on, as by default) is held to sign a request, not while it is
+        answered: 8 calls that each wait for the 8 to run at once all do, where the answer is
+        a JSON body (its headers come when the tool is done) as where it is an event stream."""
+        remote = remotes(mode)
+        daemon = daemons({"far": remote.entry()})
+        daemon.wait_state("far", "running")
+        seen: list[str] = []
+        async with gateway_session(daemon.mcp_sock) as session:
+            await session.list_tools()
+
+            async def one() -> None:
+                arguments = {"count": 8, "seconds": patience(20)}
+                seen.append(first_text(await session.call_tool("far__together", arguments)))
+
+            with fail_after(patience(40)):
+                async with anyio.create_task_group() as calls:
+                    for _ in range(8):
+                        calls.start_soon(one)
+        assert seen == ["8"] * 8
+
 
 class TestItsRequests:
     def test_a_flood_of_requests_whose_answers_it_never_takes_is_bounded(

@@ -17,7 +17,7 @@ is not); and
 a server that asks and never reads the answers. ``request_id`` (the call's JSON-RPC id),
 ``ask(prompt)`` (sampling, sent on the call's own stream) and ``cancelled`` (the ids of the
 ``sleep`` calls a cancel ended) show what a call's path did; ``work(seconds)`` reports progress
-every 0.25 s for that long.
+every 0.25 s for that long; ``together(count, seconds)`` waits for COUNT calls of it at once.
 """
 
 from __future__ import annotations
@@ -69,7 +69,13 @@ EXTRA = (
     echo._tool(
         "work", "Report progress every 0.25 s for SECONDS, then answer.", {"seconds": {"type": "number"}}
     ),
+    echo._tool(
+        "together",
+        "Wait until COUNT calls of it run at once (or SECONDS pass); say how many did.",
+        {"count": {"type": "integer"}, "seconds": {"type": "number"}},
+    ),
 )
+TOGETHER = {"now": 0, "most": 0}  # calls of `together` running, and the most at once
 CANCELLED: list[str] = []  # ids of calls whose handler a cancel ended
 FAULT: dict[str, Any] = {}  # "status" / "location": what the next POST is answered with
 HEADERS: dict[str, str] = {}  # of the request being served (streamable HTTP)
@@ -96,6 +102,17 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             return echo._text(content.text if isinstance(content, types.TextContent) else "?")
         case "cancelled":
             return echo._text(json.dumps(CANCELLED))
+        case "together":
+            arguments = params.arguments or {}
+            TOGETHER["now"] += 1
+            TOGETHER["most"] = max(TOGETHER["most"], TOGETHER["now"])
+            try:
+                with anyio.move_on_after(float(arguments["seconds"])):
+                    while TOGETHER["most"] < int(arguments["count"]):  # noqa: ASYNC110 - a fixture's poll
+                        await anyio.sleep(0.05)
+            finally:
+                TOGETHER["now"] -= 1
+            return echo._text(str(TOGETHER["most"]))
         case "work":
             steps = max(1, round(float((params.arguments or {})["seconds"]) / 0.25))
             for step in range(1, steps + 1):
