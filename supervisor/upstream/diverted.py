@@ -11,14 +11,16 @@ costs the daemon about one read buffer, as a child's costs its line.
 
 Bounds: at most :data:`MAX_PENDING` diversions at once per run (past that a string stays in
 the text, bounded by ``max_message_bytes`` as before), each file removed once its message is
-resolved, and every one when the run ends. A placeholder a server sends itself names no
-diversion (each is random) and stays as it is.
+resolved (one broken off mid-string at once: no message will name it), and every one when the
+run ends. A placeholder a server sends itself names no diversion (each is random) and stays
+as it is.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -46,10 +48,10 @@ Rewrite = Callable[[Any, Mapping[str, "Diversion"]], object]  # the spool's: a t
 class Diversion:
     """One long string's content on disk (the :class:`.scan.Sink` of it), as the JSON had it."""
 
-    __slots__ = ("_fd", "escaped", "length", "path", "placeholder", "tail")
+    __slots__ = ("_fd", "_forget", "escaped", "length", "path", "placeholder", "tail")
 
-    def __init__(self, path: Path, placeholder: str) -> None:
-        self.path, self.placeholder = path, placeholder
+    def __init__(self, path: Path, placeholder: str, forget: Callable[[], object] = lambda: None) -> None:
+        self.path, self.placeholder, self._forget = path, placeholder, forget
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         self.length = 0
         self.tail = b""  # its last two bytes: the base64 padding
@@ -67,6 +69,12 @@ class Diversion:
     def end(self) -> bytes:
         self._close()
         return self.placeholder.encode()
+
+    def abandon(self) -> None:
+        """Broken off (a call given up mid-answer): no message will name it, so it goes now,
+        file and slot, not when the run ends."""
+        self.remove()
+        self._forget()
 
     def decoded_size(self) -> int | None:
         """Bytes it decodes to as base64; None when it cannot be (or only through json)."""
@@ -123,7 +131,9 @@ class Diversions:
         token = secrets.token_urlsafe(16)
         try:
             self._directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            diversion = Diversion(self._directory / f".diverted-{token}", PREFIX + token)
+            placeholder = PREFIX + token
+            forget = functools.partial(self._pending.pop, placeholder, None)
+            diversion = Diversion(self._directory / f".diverted-{token}", placeholder, forget)
         except OSError:
             return None  # it stays in the text, as without diversions
         self._pending[diversion.placeholder] = diversion

@@ -44,6 +44,10 @@ class Sink(Protocol):
         """The string ended: the placeholder that stands for it in the text."""
         ...
 
+    def abandon(self) -> None:
+        """The answer broke off in the string: no placeholder stands for it, and none will."""
+        ...
+
 
 Divert = Callable[[], Sink | None]  # a sink for the next long string; None: keep it in the text
 
@@ -98,9 +102,9 @@ class Scanner:
         return bytes(out)
 
     def close(self) -> None:
-        """The answer ended: a string broken off ends its sink (its placeholder is never seen)."""
+        """The answer ended: a string broken off is abandoned (its placeholder is never seen)."""
         if self._sink is not None:
-            self._sink.end()
+            self._sink.abandon()
             self._sink = None
         self._state = _OUT
 

@@ -38,6 +38,9 @@ class _Sink:
         self.ended = True
         return self.name.encode()
 
+    def abandon(self) -> None:
+        self.ended = True
+
 
 def _feed(scanner: Scanner, text: bytes, cuts: list[int]) -> bytes:
     out = bytearray()
@@ -223,6 +226,22 @@ class TestDiversions:
         assert {oct(os.stat(directory / name).st_mode & 0o777) for name in os.listdir(directory)} == {"0o600"}
         diversions.close()
         assert os.listdir(directory) == [] and len(diversions) == 0
+
+    def test_a_string_broken_off_goes_at_once_not_with_the_run(self, spool: Spool) -> None:
+        """An answer cut mid-string (a call given up as it streams): its file and its slot go
+        then, so more of them than the run keeps pending never turn diverting off."""
+        extension = spool.for_extension("far")
+        diversions = extension.diversions()
+        body = _answer(content=[{"type": "image", "data": _b64(3000), "mimeType": "image/png"}])
+        for _ in range(MAX_PENDING + 2):
+            scanner = diversions.scanner()
+            scanner.feed(body[: len(body) // 2])  # well into the image's data
+            assert len(diversions) == 1
+            scanner.close()
+            assert len(diversions) == 0
+        assert os.listdir(spool.run_dir / extension.directory) == []
+        message = self._parsed(diversions, body)  # and the next answer is diverted as ever
+        assert message["result"]["content"][0]["data"].startswith(PREFIX)
 
     def test_a_placeholder_the_server_made_up_is_left_alone(self, spool: Spool) -> None:
         diversions = spool.for_extension("far").diversions()
