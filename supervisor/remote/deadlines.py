@@ -135,10 +135,13 @@ class Deadlines:
         up. A cancel it posts cuts its request's deadline now."""
         if post.cancels is not None and (awaited := self._awaited.get(post.cancels)) is not None:
             awaited.cut()
-        request_id = post.request_id
-        if request_id is None or request_id in self._awaited:  # an answer, a notification
-            return Deadline(anyio.current_time() + self._times.other), _nothing
-        deadline = self._awaited[request_id] = Deadline(anyio.current_time() + self._times.request)
+        request_id, now = post.request_id, anyio.current_time()
+        if request_id is None:  # an answer, a notification
+            return Deadline(now + self._times.other), _nothing
+        deadline = Deadline(now + self._times.request)
+        if request_id in self._awaited:  # an id sent again (a retry): the first keeps the cancel
+            return deadline, _nothing
+        self._awaited[request_id] = deadline
 
         def forget() -> None:
             if self._awaited.get(request_id) is deadline:

@@ -210,8 +210,11 @@ class _Bounded(httpx2.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        for pool in self._pools:
-            await pool.aclose()
+        calls, prompt = self._pools
+        try:
+            await calls.aclose()
+        finally:
+            await prompt.aclose()
 
 
 def _decoded(response: httpx2.Response) -> httpx2.AsyncByteStream:
