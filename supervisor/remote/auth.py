@@ -209,23 +209,19 @@ class _RunAuth(StoredAuth):
         self._refused = None
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        """The SDK's flow, but the login's lock is held only to make the request ready, not while
-        it is answered: the SDK holds it until the answer's headers, so a call whose answer is a
-        JSON body (its headers come when the tool is done), or one waiting for a connection,
-        held every other request of the login back, pings included. A refusal of the request
-        itself is a login to wait for, after one more round: with the login's tokens as the
-        store has them now (another run of the same login, a per-client instance, may have
-        refreshed them), refreshed first if they are the ones refused (the server's clock, a
-        revocation of the access token alone)."""
+        """The SDK's flow, its lock held only while the request is signed (:func:`_signed`); a
+        refusal of the request itself is a login to wait for, after one more round: with the
+        login's tokens as the store has them now (another run of the same login, a per-client
+        instance, may have refreshed them), refreshed first if they are the ones refused (the
+        server's clock, a revocation of the access token alone)."""
         for last in (False, True):
-            async with self.context.lock:
-                prepared = self._prepare(request)
-                try:
-                    refresh = await anext(prepared)
-                    while refresh is not None:
-                        refresh = await prepared.asend((yield refresh))
-                finally:
-                    await prepared.aclose()
+            signing = _signed(self, request)
+            try:
+                refresh = await anext(signing, None)
+                while refresh is not None:
+                    refresh = await _next(signing, (yield refresh))
+            finally:
+                await signing.aclose()
             response = yield request
             why = _needs_person(response)
             if why is None:
@@ -241,29 +237,69 @@ class _RunAuth(StoredAuth):
             self._on_required(why)
             raise LoginRequired(why)
 
-    async def _prepare(
-        self, request: httpx2.Request
-    ) -> AsyncGenerator[httpx2.Request | None, httpx2.Response]:
-        """Under the login's lock: the tokens read (again, once another run changed them),
-        refreshed if due (it yields the refresh request for its response), and *request* signed
-        with them. Ends by yielding None. The SDK's steps before its request, as it takes them."""
-        if not self._initialized:
-            await self._initialize()
-        self.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-        if not self.context.is_token_valid() and self.context.can_refresh_token():
-            refreshed = yield await self._refresh_token()
-            if not await self._handle_refresh_response(refreshed):
-                self._initialized = False
-        if self.context.is_token_valid():
-            self._add_auth_header(request)
-        yield None
-
     async def _want_scope(self, response: httpx2.Response) -> None:
         tokens = self.context.current_tokens
         held = union_scopes(tokens.scope if tokens else None, self.context.client_metadata.scope)
         wanted = union_scopes(held, extract_field_from_www_auth(response, "scope"))
         if wanted:
             await self.store.want_scope(wanted)
+
+
+class _MachineAuth(ClientCredentialsOAuthProvider):
+    """The SDK's client_credentials provider, its lock held only while a request is signed
+    (as :class:`_RunAuth`'s); a refusal goes through the SDK's flow, which gets a new token
+    and sends the request again."""
+
+    async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        signing = _signed(self, request)
+        try:
+            refresh = await anext(signing, None)
+            while refresh is not None:
+                refresh = await _next(signing, (yield refresh))
+        finally:
+            await signing.aclose()
+        response = yield request
+        if _needs_person(response) is None:
+            return
+        flow = super()._auth_flow(request)  # its own lock, on this rare path
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                outgoing = await flow.asend((yield outgoing))
+        except StopAsyncIteration:
+            return
+        finally:
+            await flow.aclose()
+
+
+async def _signed(
+    provider: OAuthClientProvider, request: httpx2.Request
+) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+    """The SDK's steps before a request, under the login's lock: the tokens read (again, once
+    they changed), refreshed if due (it yields the refresh request, for its response), and
+    *request* signed. The SDK holds the lock on until the request is answered (its headers):
+    a call answered in a JSON body, or one waiting for a connection, then held every other
+    request of the login back, pings included."""
+    async with provider.context.lock:
+        if not provider._initialized:
+            await provider._initialize()
+        provider.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        if not provider.context.is_token_valid() and provider.context.can_refresh_token():
+            refreshed = yield await provider._refresh_token()
+            if not await provider._handle_refresh_response(refreshed):
+                provider._initialized = False
+        if provider.context.is_token_valid():
+            provider._add_auth_header(request)
+
+
+async def _next(
+    steps: AsyncGenerator[httpx2.Request, httpx2.Response], response: httpx2.Response
+) -> httpx2.Request | None:
+    """*steps*' next request, given *response* to its last; None once they are done."""
+    try:
+        return await steps.asend(response)
+    except StopAsyncIteration:
+        return None
 
 
 def _needs_person(response: httpx2.Response) -> str | None:
@@ -291,7 +327,7 @@ def run_auth(
         assert settings.client_id is not None
         with warnings.catch_warnings():  # the issuer is discovered; the SDK will want it named in 3.0
             warnings.simplefilter("ignore", MCPDeprecationWarning)
-            return ClientCredentialsOAuthProvider(
+            return _MachineAuth(
                 config.url,
                 store,
                 settings.client_id,

@@ -23,7 +23,7 @@ from mcp import MCPError
 from supervisor.control.client import RemoteError
 from supervisor.remote.login import MAX_CONNECTIONS
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
-from tests.harness.timing import patience
+from tests.harness.timing import fail_after, patience
 from tests.remote import entry
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -368,6 +368,40 @@ class TestMachine:
         assert json.loads(text(daemon.call("far", "whoami")))["client_id"] == "robot"
         until(lambda: stats(daemon)["client_credentials"] >= 2, within=patience(20), interval=0.5)
         assert daemon.status()["far"]["restarts"] == 0
+
+    @pytest.mark.parametrize("grant", ["authorization_code", "client_credentials"])
+    async def test_calls_run_at_once_under_a_login(
+        self, daemons: Callable[..., Daemon], servers: Callable[..., Protected], tmp_path: Path, grant: str
+    ) -> None:
+        """The login is locked while a request is signed, not while it is answered: 8 calls to
+        a server answering in JSON bodies (headers when the tool is done) run at once. The
+        SDK's providers held the lock until each answer's headers: one call at a time."""
+        server = servers("--machine", "robot:beep", "--json")
+        credentials = tmp_path / "credentials"
+        credentials.mkdir()
+        (credentials / "robot").write_text("beep\n")
+        if grant == "client_credentials":
+            oauth = {"grant": grant, "client_id": "robot", "client_secret": "${credential:robot}"}
+        else:
+            oauth = {}
+        env = {"CREDENTIALS_DIRECTORY": str(credentials)}
+        daemon = daemons({"far": server.entry(oauth=oauth)}, state=True, env=env)
+        if grant == "authorization_code":
+            logged_in(daemon)
+        daemon.wait_state("far", "running")
+        seen: list[str] = []
+        async with gateway_session(daemon.mcp_sock) as session:
+            await session.list_tools()
+
+            async def one() -> None:
+                arguments = {"count": 8, "seconds": patience(20)}
+                seen.append(first_text(await session.call_tool("far__together", arguments)))
+
+            with fail_after(patience(40)):
+                async with anyio.create_task_group() as calls:
+                    for _ in range(8):
+                        calls.start_soon(one)
+        assert seen == ["8"] * 8
 
 
 class TestRefused:

@@ -22,11 +22,14 @@ is the person's consent. Options:
 - ``--issuer URL``: the authorization server's metadata names this issuer (a lie).
 - ``--authorize-at URL``: its metadata sends the person there to log in.
 - ``--token-bytes N``: the token endpoint answers N bytes of padding and no token.
+- ``--json``: MCP answers are JSON bodies (their headers come when the tool is done), not
+  event streams.
 
 Tools: ``echo(text)``; ``whoami`` (the calling token's client id and scopes); ``stats`` (JSON:
 tokens issued by grant, refreshes, revocations, registrations); ``revoke_all`` (every token
 issued so far stops working, refresh tokens too: the server "revoked" the login); ``admin``
-(its POST is answered 403 ``insufficient_scope`` unless the token has the ``admin`` scope).
+(its POST is answered 403 ``insufficient_scope`` unless the token has the ``admin`` scope);
+``together(count, seconds)`` (waits until COUNT calls of it run at once).
 """
 
 from __future__ import annotations
@@ -219,6 +222,21 @@ def build(base: str, options: argparse.Namespace) -> Any:
         """Only with the admin scope (the middleware refuses the call otherwise)."""
         return "admin done"
 
+    gathered = {"now": 0, "most": 0}
+
+    @server.tool()
+    async def together(count: int, seconds: float) -> str:
+        """Wait until COUNT calls of it run at once (or SECONDS pass); say how many did."""
+        gathered["now"] += 1
+        gathered["most"] = max(gathered["most"], gathered["now"])
+        try:
+            with anyio.move_on_after(seconds):
+                while gathered["most"] < count:  # noqa: ASYNC110 - a fixture's poll
+                    await anyio.sleep(0.05)
+        finally:
+            gathered["now"] -= 1
+        return str(gathered["most"])
+
     @server.tool()
     def revoke_all() -> str:
         """Every token issued so far stops working."""
@@ -226,7 +244,8 @@ def build(base: str, options: argparse.Namespace) -> Any:
         return "revoked"
 
     machine = tuple(options.machine.split(":", 1)) if options.machine else None
-    return _Lies(server.streamable_http_app(), base, options, provider, machine)
+    app = server.streamable_http_app(json_response=options.json)
+    return _Lies(app, base, options, provider, machine)
 
 
 class _Lies:
@@ -429,6 +448,7 @@ if __name__ == "__main__":
     parser.add_argument("--issuer")
     parser.add_argument("--authorize-at")
     parser.add_argument("--token-bytes", type=int)
+    parser.add_argument("--json", action="store_true")
     try:
         anyio.run(main, parser.parse_args())
     except KeyboardInterrupt:
