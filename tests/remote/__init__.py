@@ -1,5 +1,6 @@
 """Remote extensions' tests: :func:`entry` is the entry they share, :class:`Remote` the fixture
-server (tests/servers/remote.py) they run, and the ``remotes`` fixture (conftest.py) starts them."""
+server (tests/servers/remote.py) they run, and the ``remotes`` fixture (conftest.py) starts them;
+:func:`together` how many calls a run serves at once."""
 
 from __future__ import annotations
 
@@ -8,8 +9,28 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.harness import SERVERS
-from tests.harness.timing import patience
+import anyio
+
+from tests.harness import SERVERS, Daemon, first_text, gateway_session
+from tests.harness.timing import fail_after, patience
+
+
+async def together(daemon: Daemon, count: int) -> list[str]:
+    """What *count* calls of the fixture's ``together`` at once, from a gateway client (beside
+    the session: it listed tools), say: how many of them ran at once, each."""
+    seen: list[str] = []
+    async with gateway_session(daemon.mcp_sock) as session:
+        await session.list_tools()
+
+        async def one() -> None:
+            arguments = {"count": count, "seconds": patience(20)}
+            seen.append(first_text(await session.call_tool("far__together", arguments)))
+
+        with fail_after(patience(40)):
+            async with anyio.create_task_group() as calls:
+                for _ in range(count):
+                    calls.start_soon(one)
+    return seen
 
 
 def entry(url: str, **overrides: Any) -> dict[str, Any]:

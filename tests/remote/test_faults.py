@@ -15,7 +15,7 @@ import pytest
 from supervisor.control.client import RemoteError
 from tests.harness import Daemon, first_text, gateway_session, until
 from tests.harness.timing import fail_after, patience
-from tests.remote import Remote, text
+from tests.remote import Remote, text, together
 
 pytestmark = pytest.mark.timeout(90)
 MiB = 1 << 20
@@ -153,19 +153,7 @@ class TestLongCalls:
         remote = remotes(mode)
         daemon = daemons({"far": remote.entry()})
         daemon.wait_state("far", "running")
-        seen: list[str] = []
-        async with gateway_session(daemon.mcp_sock) as session:
-            await session.list_tools()
-
-            async def one() -> None:
-                arguments = {"count": 8, "seconds": patience(20)}
-                seen.append(first_text(await session.call_tool("far__together", arguments)))
-
-            with fail_after(patience(40)):
-                async with anyio.create_task_group() as calls:
-                    for _ in range(8):
-                        calls.start_soon(one)
-        assert seen == ["8"] * 8
+        assert await together(daemon, 8) == ["8"] * 8
 
 
 class TestItsRequests:

@@ -23,8 +23,8 @@ from mcp import MCPError
 from supervisor.control.client import RemoteError
 from supervisor.remote.login import MAX_CONNECTIONS
 from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
-from tests.harness.timing import fail_after, patience
-from tests.remote import entry
+from tests.harness.timing import patience
+from tests.remote import entry, together
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -389,19 +389,7 @@ class TestMachine:
         if grant == "authorization_code":
             logged_in(daemon)
         daemon.wait_state("far", "running")
-        seen: list[str] = []
-        async with gateway_session(daemon.mcp_sock) as session:
-            await session.list_tools()
-
-            async def one() -> None:
-                arguments = {"count": 8, "seconds": patience(20)}
-                seen.append(first_text(await session.call_tool("far__together", arguments)))
-
-            with fail_after(patience(40)):
-                async with anyio.create_task_group() as calls:
-                    for _ in range(8):
-                        calls.start_soon(one)
-        assert seen == ["8"] * 8
+        assert await together(daemon, 8) == ["8"] * 8
 
 
 class TestRefused:
