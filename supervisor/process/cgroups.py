@@ -88,8 +88,10 @@ def populated(path: Path) -> bool:
     """Whether any process is still in *path* or below it (``cgroup.events``)."""
     try:
         return b"populated 1" in (path / "cgroup.events").read_bytes()
-    except FileNotFoundError:
-        return False
+    except OSError as exc:  # gone, or going (ENODEV: removed as we read, by its own daemon)
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return False
+        raise
 
 
 def cgroup_of(pid: int) -> Path | None:

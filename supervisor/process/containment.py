@@ -219,6 +219,9 @@ def _make_subtree(instance: str, want: str) -> Subtree | None:
             log.info("daemon.cgroup_gone", cgroup=str(stale), error=str(exc))
             continue
         log.warning("daemon.swept_cgroup", cgroup=str(stale), killed=killed)
-    for abandoned in subtree.remove_abandoned():
-        log.info("daemon.removed_cgroup", cgroup=str(abandoned))
+    try:
+        for abandoned in subtree.remove_abandoned():
+            log.info("daemon.removed_cgroup", cgroup=str(abandoned))
+    except OSError as exc:  # others' leftovers, swept as a courtesy: never this daemon's end
+        log.warning("daemon.sweep_failed", cgroup=str(subtree.path.parent), error=str(exc))
     return subtree
