@@ -10,7 +10,10 @@ zygote reaps it and keeps its exit code for :class:`Forked`, which stands in for
 ``subprocess.Popen`` of the harness (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``).
 
 What a fork keeps from the zygote is what a fresh interpreter would have: the zygote creates no
-event loop, thread or logger before it forks. ``MCP_TEST_FORK=0`` starts every daemon as a
+event loop, thread or logger before it forks. One difference, on purpose: the imported objects
+sit in the collector's permanent generation (``gc.freeze``), so a daemon's first full collection
+neither walks them nor copies every page they live on (0.27 s of CPU down to 0.12 to reach
+"running" with one extension). ``MCP_TEST_FORK=0`` starts every daemon as a
 process of its own again.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import itertools
 import json
@@ -50,6 +54,7 @@ PRELOAD = (
     "supervisor.gateway.http",
     "supervisor.gateway.unix",
     "uvloop",
+    "anyio._backends._asyncio",  # imported by anyio.run, not at anyio's import: 0.15 s each
 )
 MAX_MESSAGE = 1 << 20
 
@@ -226,6 +231,7 @@ def serve(channel: socket.socket) -> None:
     """Answer the worker's requests until it closes the socket: spawn a daemon, or poll one."""
     for module in PRELOAD:
         importlib.import_module(module)  # what a daemon imports, once for every fork
+    gc.freeze()
 
     exited: dict[int, int] = {}
 
