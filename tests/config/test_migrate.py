@@ -19,7 +19,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from tests.harness import CLI, DATA, ROOT, SERVERS, Daemon, until
+from tests.harness import CLI, DATA, ROOT, SERVERS, Daemon, until, zygote
 from tests.harness.timing import fail_after, patience
 
 SAMPLES = DATA / "clientconfigs"
@@ -30,9 +30,7 @@ BACKUP = re.compile(r"\.bak-\d{8}-\d{6}$")
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if k != "MCP_SUPERVISOR_SOCKET"}
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, timeout=patience(60), env={**environ, **(env or {})}
-    )
+    return zygote.run([*CLI, *args], timeout=patience(60), env={**environ, **(env or {})})
 
 
 @pytest.fixture

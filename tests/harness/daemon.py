@@ -35,7 +35,7 @@ from .timing import patience
 
 __all__ = ("CLI", "Daemon", "accepts", "alive", "rpc", "until")
 
-CLI = [sys.executable, "-m", "supervisor"]
+CLI = zygote.CLI
 # A host that refuses user namespaces (AppArmor's restriction on Ubuntu 24.04, a container's
 # profile): the daemon under a seccomp filter that refuses them; the zygote applies it itself.
 NO_USER_NAMESPACES = [sys.executable, "-I", "-S", seccomp.__file__, "--only-user-namespaces", "--"]
@@ -314,9 +314,8 @@ class Daemon:
     # ---- the CLI, for tests of the CLI -------------------------------------------------------
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*CLI, *args, "--socket", self.socket], capture_output=True, text=True, timeout=patience(30)
-        )
+        """``mcp-supervisor ARGS --socket SOCKET`` run to its end (forked from the zygote)."""
+        return zygote.run([*CLI, *args, "--socket", self.socket], timeout=patience(30))
 
     def ok(self, *args: str) -> str:
         """The CLI's stdout, which must have exited 0."""

@@ -9,6 +9,13 @@ from /dev/null and stdout and stderr appended to the log, no other fd, then ``cl
 zygote reaps it and keeps its exit code for :class:`Forked`, which stands in for the
 ``subprocess.Popen`` of the harness (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``).
 
+The same zygote forks what the tests themselves run of the package and the SDK: the CLI
+(:func:`run`: ``mcp-supervisor status`` costs 0.25 s of CPU as a process of its own, most of it
+imports) and the SDK fixture servers a test starts beside the daemon (:func:`popen`:
+``remote.py``, ``oauth.py``, 1.7 s each). Their stdin, stdout and stderr travel to the zygote as
+file descriptors. Not what reads its own ``/proc/PID/environ`` (a marker), or must import
+little (``connect``): those stay processes of their own.
+
 What a fork keeps from the zygote is what a fresh interpreter would have: the zygote creates no
 event loop, thread or logger before it forks. One difference, on purpose: the imported objects
 sit in the collector's permanent generation (``gc.freeze``), so a daemon's first full collection
@@ -26,6 +33,7 @@ import importlib
 import itertools
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -36,9 +44,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-__all__ = ("Forked", "enabled", "spawn")
+__all__ = ("CLI", "Forked", "enabled", "popen", "run", "spawn")
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a daemon imports: its entry point, and what it imports after its head start (the root,
@@ -55,7 +63,17 @@ PRELOAD = (
     "supervisor.gateway.unix",
     "uvloop",
     "anyio._backends._asyncio",  # imported by anyio.run, not at anyio's import: 0.15 s each
+    # What the SDK fixture servers a test starts import (tests/servers/remote.py, oauth.py).
+    "uvicorn",
+    "starlette.applications",
+    "mcp.server.sse",
+    "mcp.server.auth.provider",
+    "mcp.server.auth.settings",
+    "mcp.server.auth.middleware.auth_context",
+    "mcp.server.mcpserver",
+    "mcp.shared.auth",
 )
+CLI = [sys.executable, "-m", "supervisor"]
 MAX_MESSAGE = 1 << 20
 
 
@@ -91,12 +109,15 @@ class _Zygote:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
 
-    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send *message*, return its answer. Requests are numbered: an answer left unread by an
-        interrupted ask (a test's timeout) is skipped, never taken for the next one's."""
+    def ask(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
+        """Send *message* (with *fds*, beside its first byte), return its answer. Requests are
+        numbered: an answer left unread by an interrupted ask (a test's timeout) is skipped,
+        never taken for the next one's."""
         with self.lock:
             number = next(self.numbers)
-            self.channel.sendall(json.dumps({**message, "n": number}).encode() + b"\n")
+            data = json.dumps({**message, "n": number}).encode() + b"\n"
+            sent = socket.send_fds(self.channel, [data], fds) if fds else 0
+            self.channel.sendall(data[sent:])
             while True:
                 line = self.reader.readline(MAX_MESSAGE)
                 if not line:
@@ -128,6 +149,10 @@ class Forked:
     Signals go through a pidfd, so they reach this daemon or nothing, even once the zygote has
     reaped it; its exit code is asked of the zygote only once the pidfd says it has ended.
     """
+
+    stdin: IO[Any] | None = None
+    stdout: IO[Any] | None = None
+    stderr: IO[Any] | None = None
 
     def __init__(self, zygote: _Zygote, pid: int, args: list[str]) -> None:
         self._zygote, self.pid, self.args = zygote, pid, args
@@ -171,6 +196,36 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """Its whole stdout and stderr (those that are pipes) once it has ended; killed after *timeout*."""
+        outputs: dict[str, Any] = {}
+        readers = [
+            threading.Thread(target=lambda n=name, f=stream: outputs.__setitem__(n, f.read()), daemon=True)
+            for name, stream in (("stdout", self.stdout), ("stderr", self.stderr))
+            if stream is not None
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        finally:
+            for reader in readers:
+                reader.join(None if self.returncode is not None else 5)
+        return outputs.get("stdout"), outputs.get("stderr")
+
+    def __enter__(self) -> Forked:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self.wait()
+
 
 def spawn(
     args: list[str],
@@ -186,27 +241,95 @@ def spawn(
     log.touch()  # the harness reads it at once
     request = {"args": args, "env": env, "log": str(log), "nofile": nofile, "cwd": os.getcwd()}
     request["no_user_namespaces"] = no_user_namespaces
-    return Forked(zygote, zygote.ask({"spawn": request})["pid"], [sys.executable, "-m", "supervisor", *args])
+    return Forked(zygote, zygote.ask({"spawn": request})["pid"], [*CLI, *args])
+
+
+def popen(
+    argv: list[str],
+    *,
+    stdin: int | None = None,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    env: dict[str, str] | None = None,
+    text: bool = False,
+) -> Forked | subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, ...)`` for ``[*CLI, ...]`` or ``[sys.executable, SCRIPT.py, ...]``,
+    forked from the zygote; each stream None (the worker's own), ``PIPE`` or ``DEVNULL``."""
+    if argv[:3] == CLI:
+        target: dict[str, Any] = {"args": argv[3:]}
+    elif len(argv) > 1 and argv[0] == sys.executable and argv[1].endswith(".py"):
+        target = {"script": argv[1], "args": argv[2:]}
+    else:
+        target = {}
+    if not target or not enabled():
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=env, text=text)
+    theirs: list[int] = []
+    ours: list[IO[Any] | None] = []
+    for number, (choice, reading) in enumerate(((stdin, False), (stdout, True), (stderr, True))):
+        if choice == subprocess.PIPE:
+            read, write = os.pipe()
+            mine, child = (read, write) if reading else (write, read)
+            theirs.append(child)
+            ours.append(os.fdopen(mine, ("r" if reading else "w") + ("" if text else "b")))
+        elif choice == subprocess.DEVNULL:
+            theirs.append(os.open(os.devnull, os.O_RDWR))
+            ours.append(None)
+        else:
+            assert choice is None, choice
+            theirs.append(os.dup(number))
+            ours.append(None)
+    zygote = _the_zygote()
+    request = {**target, "env": dict(os.environ if env is None else env), "cwd": os.getcwd(), "stdio": True}
+    try:
+        pid = zygote.ask({"spawn": request}, theirs)["pid"]
+    except BaseException:
+        for stream in ours:
+            if stream is not None:
+                stream.close()
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    forked = Forked(zygote, pid, argv)
+    forked.stdin, forked.stdout, forked.stderr = ours
+    return forked
+
+
+def run(
+    argv: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True, ...)``, forked as :func:`popen` is."""
+    pipe = subprocess.PIPE
+    with popen(argv, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe, env=env, text=True) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        code = process.wait()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 # ---- the zygote's side ------------------------------------------------------------------------------
 
 
-def _become(request: dict[str, Any]) -> None:
-    """In the forked child: the daemon process ``python -m supervisor ARGS`` would be. Never returns."""
-    code = 1
+def _become(request: dict[str, Any], stdio: list[int]) -> None:
+    """In the forked child: the process ``python -m supervisor ARGS`` (or ``python SCRIPT ARGS``)
+    would be, its stdin, stdout and stderr *stdio*, or /dev/null and the log. Never returns."""
+    code: object = 1
     try:
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.dup2(stdin, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
+        if not stdio:
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            stdio = [stdin, log, log]
+        for number, fd in enumerate(stdio):
+            os.dup2(fd, number)
         os.closerange(3, 1 << 20)  # the zygote's socket among them, as close_fds does
-        if request["nofile"] is not None:
+        if request.get("nofile") is not None:
             import resource
 
             resource.setrlimit(resource.RLIMIT_NOFILE, tuple(request["nofile"]))
-        if request["no_user_namespaces"]:  # what `seccomp.py --only-user-namespaces --` would do
+        if request.get("no_user_namespaces"):  # what `seccomp.py --only-user-namespaces --` would do
             from supervisor.process.sandbox import seccomp
 
             seccomp.install(only_user_namespaces=True)
@@ -214,12 +337,25 @@ def _become(request: dict[str, Any]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         tempfile.tempdir = None  # read TMPDIR afresh, as a new interpreter would
-        sys.argv = [str(ROOT / "supervisor" / "__main__.py"), *request["args"]]
-        from supervisor.cli.main import main
+        if "script" in request:
+            sys.argv = [request["script"], *request["args"]]
+            sys.path[0] = str(Path(request["script"]).parent)  # as ``python SCRIPT`` has it
+            code = 0
+            runpy.run_path(request["script"], run_name="__main__")
+        else:
+            sys.argv = [str(ROOT / "supervisor" / "__main__.py"), *request["args"]]
+            from supervisor.cli.main import main
 
-        code = main(request["args"])
+            code = main(request["args"])
+    except SystemExit as exc:  # what the interpreter makes of sys.exit(code)
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
+        code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
@@ -245,11 +381,18 @@ def serve(channel: socket.socket) -> None:
                 return
             exited[pid] = os.waitstatus_to_exitcode(status)
 
+    received: list[int] = []  # file descriptors come beside the first byte of their request
+
     def answer(message: dict[str, Any]) -> dict[str, Any]:
         if "spawn" in message:
-            pid = os.fork()
-            if pid == 0:
-                _become(message["spawn"])
+            stdio = [received.pop(0) for _ in range(3)] if message["spawn"].get("stdio") else []
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _become(message["spawn"], stdio)
+            finally:
+                for fd in stdio:
+                    os.close(fd)
             return {"pid": pid}
         reap()
         return {"code": exited.pop(message["poll"], None)}
@@ -267,7 +410,8 @@ def serve(channel: socket.socket) -> None:
         reap()
         if not ready:
             continue
-        data = channel.recv(MAX_MESSAGE)
+        data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 3)
+        received.extend(fds)
         if not data:
             return  # the worker is gone; its daemons are its fixtures' to end
         pending += data

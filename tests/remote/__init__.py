@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 
-from tests.harness import SERVERS, Daemon, first_text, gateway_session
+from tests.harness import SERVERS, Daemon, first_text, gateway_session, zygote
 from tests.harness.timing import fail_after, patience
 
 
@@ -49,12 +49,12 @@ class Remote:
 
     def __init__(self, mode: str, tls: tuple[str, str] | None = None) -> None:
         self.mode, self.port, self.tls = mode, 0, tls
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[str] | zygote.Forked | None = None
         self.url = ""
 
     def start(self) -> Remote:
         argv = [sys.executable, str(SERVERS / "remote.py"), self.mode, str(self.port), *(self.tls or ())]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        self.proc = zygote.popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()  # printed once it listens
         assert self.url.startswith(("http://127.0.0.1:", "https://127.0.0.1:")), self.url

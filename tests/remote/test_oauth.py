@@ -22,7 +22,7 @@ from mcp import MCPError
 
 from supervisor.control.client import RemoteError
 from supervisor.remote.login import MAX_CONNECTIONS
-from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until
+from tests.harness import CLI, SERVERS, Daemon, first_text, gateway_session, until, zygote
 from tests.harness.timing import patience
 from tests.remote import entry, together
 
@@ -34,7 +34,7 @@ class Protected:
 
     def __init__(self, *options: str) -> None:
         argv = [sys.executable, str(SERVERS / "oauth.py"), *options]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        self.proc = zygote.popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         assert self.url.startswith("http://127.0.0.1:"), self.url
@@ -81,7 +81,7 @@ class Login:
     def __init__(self, daemon: Daemon, name: str, *options: str, env: dict[str, str] | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")} | (env or {})
         argv = [*CLI, "login", name, "--socket", daemon.socket, *options]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = zygote.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
 
