@@ -23,7 +23,7 @@ from tests.harness.servers import extension_settings
 from tests.harness.timing import patience
 from tests.process.sandbox.test_sandbox import attempt
 
-ECHO = {"echo": extension_settings("echo.py")}
+ECHO = {"echo": extension_settings("rich.py")}  # the standard library's: no SDK to import
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -226,7 +226,7 @@ class TestClients:
 
 class TestLive:
     def test_a_restart_reaches_an_open_page_as_it_happens(self, daemons: Callable[..., Daemon]) -> None:
-        daemon = daemons(ECHO, http={})
+        daemon = daemons({"echo": extension_settings("echo.py")}, http={})  # its start lasts: seen
         daemon.wait_running("echo")
         base, client = session(daemon)
         seen: list[str] = []

@@ -132,7 +132,7 @@ class TestServers:
         self, daemons: Callable[..., Daemon], page: Page
     ) -> None:
         stubborn = extension_settings("stubborn.py", stop_timeout=2)  # its stop lasts 2 s: seen
-        daemon = daemons({"stubborn": stubborn, "echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"stubborn": stubborn, "echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("stubborn", "echo")
         visit(page, daemon)
         expect(state_of(page, "stubborn")).to_have_text("running", timeout=WAIT)
@@ -156,7 +156,7 @@ class TestServers:
     def test_stopping_a_server_with_calls_in_flight_asks_first(
         self, daemons: Callable[..., Daemon], page: Page
     ) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         visit(page, daemon)
         # the page is driven from this thread only: the held call runs in a portal's loop
@@ -181,18 +181,18 @@ class TestServers:
 
 async def _hold(daemon: Daemon) -> None:
     async with gateway_session(daemon.mcp_sock) as session:
-        await session.call_tool("echo__sleep", {"seconds": 30})
+        await session.call_tool("echo__wait", {"seconds": 30})
 
 
 class TestOneServer:
     def test_a_log_line_appears_live(self, daemons: Callable[..., Daemon], page: Page) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         visit(page, daemon, "#/ext/echo")
         log = page.locator("#logs pre")
-        expect(log).to_contain_text("echo: ready", timeout=WAIT)
+        expect(log).to_contain_text("rich: ready", timeout=WAIT)
         daemon.call("echo", "stderr", lines=2)
-        expect(log).to_contain_text("echo: stderr line 2", timeout=WAIT)
+        expect(log).to_contain_text("rich: stderr line 2", timeout=WAIT)
         expect(page.locator("#tools details")).to_have_count(
             len(daemon.request("tools", {"name": "echo"})["tools"])
         )
@@ -256,7 +256,7 @@ class TestInstances:
     def test_a_per_client_server_lists_each_client_s_instance(
         self, daemons: Callable[..., Daemon], page: Page
     ) -> None:
-        echo = extension_settings("echo.py", instances="per-client")
+        echo = extension_settings("rich.py", instances="per-client")
         daemon = daemons({"echo": echo}, settings=LISTEN)
         visit(page, daemon, "#/ext/echo")
         with connected(daemon, lambda session: session.call_tool("echo__echo", {"text": "mine"})):
@@ -302,7 +302,7 @@ class TestClients:
     def test_a_connected_client_is_listed_with_its_name_and_protocol(
         self, daemons: Callable[..., Daemon], page: Page
     ) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         visit(page, daemon, "#/clients")
         expect(page.locator("main")).to_contain_text("No client is connected.", timeout=WAIT)
@@ -322,7 +322,7 @@ class TestDaemon:
     def test_a_broken_config_is_shown_with_its_field_and_nothing_changes(
         self, daemons: Callable[..., Daemon], page: Page
     ) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         visit(page, daemon, "#/daemon")
         expect(page.get_by_role("button", name="Reload the config")).to_be_visible(timeout=WAIT)
@@ -335,7 +335,7 @@ class TestDaemon:
         shot(page, "daemon-broken-config")
 
     def test_calls_show_in_the_chart(self, daemons: Callable[..., Daemon], page: Page) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         for _ in range(20):
             daemon.call("echo", "echo", text="hi")
@@ -354,7 +354,7 @@ class TestUsable:
         self, daemons: Callable[..., Daemon], browser: Browser
     ) -> None:
         """320 px wide is also what 1280 px shows at 400% zoom: nothing may need a sideways scroll."""
-        daemon = daemons({"echo": extension_settings("echo.py")}, settings=LISTEN)
+        daemon = daemons({"echo": extension_settings("rich.py")}, settings=LISTEN)
         daemon.wait_running("echo")
         context = browser.new_context(viewport={"width": 320, "height": 640}, color_scheme="dark")
         try:

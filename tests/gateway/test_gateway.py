@@ -43,7 +43,7 @@ pytestmark = [
     ),  # our test client speaks the handshake era
 ]
 
-RICH_TOOLS = 9  # tests/servers/rich.py offers this many tools
+RICH_TOOLS = 10  # tests/servers/rich.py offers this many tools
 
 
 class TestSurface:

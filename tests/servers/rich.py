@@ -4,7 +4,8 @@ Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then a
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message, count=1)`` (that
 many log notifications, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed),
 ``image(bytes)`` (one PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
-resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with).
+resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with), ``stderr(lines)``
+(writes "rich: stderr line 1".. to stderr).
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b`` (each subscription is written to
 stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"; a subscribe to
 ``note://hang...`` is never answered); template ``note://{id}``;
@@ -87,6 +88,7 @@ TOOLS = [
     _tool("link"),
     _tool("crash"),
     _tool("request"),
+    _tool("stderr", {"lines": {"type": "integer"}}),
 ]
 
 
@@ -105,6 +107,11 @@ def call_tool(params: dict[str, Any], request_id: Any, cancel: threading.Event) 
     if name == "echo":
         text = str(args["text"])
         return {"content": [_raw.text(text)], "structuredContent": {"text": text}, "isError": False}
+    if name == "stderr":
+        lines = int(args["lines"])
+        sys.stderr.write("".join(f"rich: stderr line {n}\n" for n in range(1, lines + 1)))
+        sys.stderr.flush()
+        return _text(f"wrote {lines}")
     if name == "progress":
         steps, interval = int(args.get("steps", 3)), float(args.get("interval", 0))
         token = (params.get("_meta") or {}).get("progressToken")
