@@ -27,8 +27,8 @@ import pytest
 from supervisor.gateway.handoff.handed import MAX_ID
 from supervisor.gateway.hello import HANDOFF_METHOD
 from supervisor.gateway.stdio import MAX_MESSAGE
-from tests.harness import ECHO
 from tests.harness.daemon import Daemon, until
+from tests.harness.servers import extension_settings
 
 pytestmark = pytest.mark.timeout(60)
 WAIT = 30.0  # a line from connect, two suites at once: 10 s was missed (pair 6)
@@ -36,6 +36,9 @@ HELLO = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"na
 INITIALIZE = {"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": HELLO}
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 IN_FLIGHT = "may or may not have run"
+# What connect hands over is bytes: the extension behind is the standard library's rich.py
+# (echo, wait), which starts without the SDK's 1.8 s of imports.
+ECHO = extension_settings("rich.py")
 
 
 def line(message: dict[str, Any]) -> bytes:
@@ -188,7 +191,7 @@ class TestHandedOver:
         daemon = gateway({"echo": ECHO})
         client = clients(daemon)
         client.open_session()
-        client.send(line(call(1, "echo__sleep", seconds=0.3)))
+        client.send(line(call(1, "echo__wait", seconds=0.3)))
         assert client.process.stdin is not None
         client.process.stdin.close()
         assert "result" in client.answer(1)
@@ -220,7 +223,7 @@ class TestTheDaemonDies:
         daemon = gateway({"echo": ECHO})
         client = clients(daemon)
         client.open_session()
-        client.send(line(call(1, "echo__sleep", seconds=30)))
+        client.send(line(call(1, "echo__wait", seconds=30)))
         until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
         with restarted(daemon):
             error = client.answer(1)["error"]
@@ -265,7 +268,7 @@ class TestTheDaemonDies:
         daemon = gateway({"echo": ECHO})
         client = clients(daemon)
         client.open_session()
-        client.send(line(call(1, "echo__sleep", seconds=30)))
+        client.send(line(call(1, "echo__wait", seconds=30)))
         until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
         chunk = b"x" * (1 << 20)
         for _ in range(MAX_MESSAGE // len(chunk) + 1):
@@ -303,7 +306,7 @@ class TestBounds:
         gone.open_session()
         other.open_session()
         pipe = gone.stdin_pipe()
-        gone.send(line(call(1, "echo__sleep", seconds=30)))
+        gone.send(line(call(1, "echo__wait", seconds=30)))
         until(lambda: daemon.status()["echo"]["in_flight"] == 1, within=WAIT)
         gone.kill()
         until(lambda: not holds(daemon.pid, pipe), within=WAIT)
