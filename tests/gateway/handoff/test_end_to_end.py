@@ -85,6 +85,13 @@ class Client:
             if message.get("id") == request_id and "method" not in message:
                 return message
 
+    def notified(self, method: str, within: float = 20.0) -> None:
+        """Until the notification *method* comes, past the others (rich.py's prompts and
+        resources change with its tools)."""
+        deadline = time.monotonic() + within
+        while self.receive(max(0.0, deadline - time.monotonic())).get("method") != method:
+            pass
+
     def open_session(self) -> None:
         self.send(line(INITIALIZE))
         assert "result" in self.answer("init")
@@ -228,7 +235,7 @@ class TestTheDaemonDies:
         with restarted(daemon):
             error = client.answer(1)["error"]
             assert IN_FLIGHT in error["message"]
-        assert client.receive(within=20)["method"] == "notifications/tools/list_changed"
+        client.notified("notifications/tools/list_changed")
         client.send(line(call(2, "echo__echo", text="after")))
         assert client.answer(2)["result"]["content"][0]["text"] == "after"
         until(lambda: holds(daemon.pid, client.stdin_pipe()), within=WAIT)  # handed over again
@@ -257,7 +264,7 @@ class TestTheDaemonDies:
             assert daemon.terminate() == 0
             daemon.start()
             daemon.wait_state("echo", "running")
-            assert client.receive(within=20)["method"] == "notifications/tools/list_changed"
+            client.notified("notifications/tools/list_changed")
             until(lambda: holds(daemon.pid, pipe), within=WAIT)  # handed over again
             client.send(line(call(round_, "echo__echo", text="back")))
             assert client.answer(round_)["result"]["content"][0]["text"] == "back"
