@@ -209,19 +209,16 @@ class _RunAuth(StoredAuth):
         self._refused = None
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        """The SDK's flow, its lock held only while the request is signed (:func:`_signed`); a
+        """The SDK's flow, its lock held only while the request is signed (:func:`_refresh_due`); a
         refusal of the request itself is a login to wait for, after one more round: with the
         login's tokens as the store has them now (another run of the same login, a per-client
         instance, may have refreshed them), refreshed first if they are the ones refused (the
         server's clock, a revocation of the access token alone)."""
         for last in (False, True):
-            signing = _signed(self, request)
-            try:
-                refresh = await anext(signing, None)
-                while refresh is not None:
-                    refresh = await _next(signing, (yield refresh))
-            finally:
-                await signing.aclose()
+            async with self.context.lock:  # held only while signing: see _refresh_due
+                if (refresh := await _refresh_due(self, request)) is not None:
+                    await _refreshed(self, (yield refresh))
+                _sign(self, request)
             response = yield request
             why = _needs_person(response)
             if why is None:
@@ -251,13 +248,10 @@ class _MachineAuth(ClientCredentialsOAuthProvider):
     and sends the request again."""
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        signing = _signed(self, request)
-        try:
-            refresh = await anext(signing, None)
-            while refresh is not None:
-                refresh = await _next(signing, (yield refresh))
-        finally:
-            await signing.aclose()
+        async with self.context.lock:  # held only while signing: see _refresh_due
+            if (refresh := await _refresh_due(self, request)) is not None:
+                await _refreshed(self, (yield refresh))
+            _sign(self, request)
         response = yield request
         if _needs_person(response) is None:
             return
@@ -272,34 +266,28 @@ class _MachineAuth(ClientCredentialsOAuthProvider):
             await flow.aclose()
 
 
-async def _signed(
-    provider: OAuthClientProvider, request: httpx2.Request
-) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-    """The SDK's steps before a request, under the login's lock: the tokens read (again, once
-    they changed), refreshed if due (it yields the refresh request, for its response), and
-    *request* signed. The SDK holds the lock on until the request is answered (its headers):
-    a call answered in a JSON body, or one waiting for a connection, then held every other
-    request of the login back, pings included."""
-    async with provider.context.lock:
-        if not provider._initialized:
-            await provider._initialize()
-        provider.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-        if not provider.context.is_token_valid() and provider.context.can_refresh_token():
-            refreshed = yield await provider._refresh_token()
-            if not await provider._handle_refresh_response(refreshed):
-                provider._initialized = False
-        if provider.context.is_token_valid():
-            provider._add_auth_header(request)
+async def _refresh_due(provider: OAuthClientProvider, request: httpx2.Request) -> httpx2.Request | None:
+    """The SDK's steps before a request, taken under the login's lock: the tokens read (again,
+    once they changed), and the refresh request if one is due (its answer goes to
+    :func:`_refreshed`, then :func:`_sign`). The SDK holds the lock on until the request is
+    answered (its headers): a call answered in a JSON body, or one waiting for a connection,
+    then held every other request of the login back, pings included."""
+    if not provider._initialized:
+        await provider._initialize()
+    provider.context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+    if not provider.context.is_token_valid() and provider.context.can_refresh_token():
+        return await provider._refresh_token()
+    return None
 
 
-async def _next(
-    steps: AsyncGenerator[httpx2.Request, httpx2.Response], response: httpx2.Response
-) -> httpx2.Request | None:
-    """*steps*' next request, given *response* to its last; None once they are done."""
-    try:
-        return await steps.asend(response)
-    except StopAsyncIteration:
-        return None
+async def _refreshed(provider: OAuthClientProvider, response: httpx2.Response) -> None:
+    if not await provider._handle_refresh_response(response):
+        provider._initialized = False
+
+
+def _sign(provider: OAuthClientProvider, request: httpx2.Request) -> None:
+    if provider.context.is_token_valid():
+        provider._add_auth_header(request)
 
 
 def _needs_person(response: httpx2.Response) -> str | None:
