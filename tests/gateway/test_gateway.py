@@ -43,7 +43,7 @@ pytestmark = [
     ),  # our test client speaks the handshake era
 ]
 
-RICH_TOOLS = 10  # tests/servers/rich.py offers this many tools
+RICH_TOOLS = 15  # tests/servers/rich.py offers this many tools
 
 
 class TestSurface:
@@ -91,7 +91,7 @@ class TestSurface:
             assert completion.completion.values == ["alice", "albert"]
 
     async def test_unknown_names_are_json_rpc_errors(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         async with gateway_session(daemon.mcp_sock) as session:
             with pytest.raises(MCPError) as caught:
                 await session.call_tool("nobody__echo", {})
@@ -304,7 +304,7 @@ class TestRestarts:
                 await changed.wait()
             changed = anyio.Event()
             config = json.loads(daemon.config.read_text())
-            config["extensions"]["echo"] = ECHO
+            config["extensions"]["echo"] = RICH
             daemon.config.write_text(json.dumps(config))
             assert (await anyio.to_thread.run_sync(daemon.cli, "reload")).returncode == 0
             await anyio.to_thread.run_sync(daemon.wait_state, "echo", "running")
@@ -316,7 +316,7 @@ class TestRestarts:
 
     async def test_a_childs_own_list_changed_reaches_clients(self, gateway) -> None:
         """A child that adds a tool and says so: clients hear of it and can call the new tool."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         changed = anyio.Event()
 
         async def on_message(message: Any) -> None:
@@ -332,7 +332,7 @@ class TestRestarts:
             assert first_text(await session.call_tool("echo__extra", {})) == "extra"
 
     async def test_a_call_during_a_restart_waits_then_succeeds(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         async with gateway_session(daemon.mcp_sock) as session:
             pid = daemon.status()["echo"]["pid"]
             os.kill(pid, signal.SIGKILL)
@@ -359,7 +359,7 @@ class TestRestarts:
         assert result.is_error and "may" in first_text(result)
 
     async def test_a_stopped_extension_gives_a_clear_error(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO, "rich": RICH})
+        daemon = gateway({"echo": RICH, "rich": RICH})
         async with gateway_session(daemon.mcp_sock) as session:
             await anyio.to_thread.run_sync(daemon.cli, "stop", "echo")
             result = await session.call_tool("echo__echo", {"text": "x"})
@@ -404,7 +404,7 @@ class TestSpoolLinks:
 
 class TestIsolation:
     async def test_eight_clients_share_one_child(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         pids: list[str] = []
 
         async def client() -> None:
@@ -419,7 +419,7 @@ class TestIsolation:
         assert daemon.status()["echo"]["restarts"] == 0
 
     async def test_garbage_gets_json_rpc_errors_and_the_other_clients_see_nothing(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         async with gateway_session(daemon.mcp_sock) as bystander:
             replies = await raw_exchange(
                 daemon.mcp_sock,
@@ -449,7 +449,7 @@ class TestModernEra:
 class TestSlowClients:
     async def test_a_client_that_never_reads_slows_nobody_and_grows_nothing(self, gateway) -> None:
         """A client pipelining 2,000 big calls without reading: others keep their latency, RSS stays flat."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         assert daemon.proc is not None
         rss = psutil.Process(daemon.proc.pid).memory_info().rss
         hello = {
@@ -496,7 +496,7 @@ class TestSlowClients:
 
     async def test_cancelled_requests_free_their_slots(self, gateway) -> None:
         """100 calls cancelled by the client (no answer ever comes) do not use up the 64 in-flight slots."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         hello = {
             "protocolVersion": "2025-11-25",
             "capabilities": {},
@@ -522,7 +522,7 @@ class TestConnect:
     async def test_a_stock_client_through_connect_survives_a_daemon_restart(self, gateway) -> None:
         """The SDK's stdio client on `mcp-supervisor connect`: calls work before and after the daemon
         restarts, it is told to list again, and a call in flight at the break fails instead of hanging."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         changed = anyio.Event()
 
         async def on_message(message: Any) -> None:
@@ -562,7 +562,7 @@ class TestConnect:
 class TestBounds:
     async def test_a_message_over_the_cap_ends_only_that_connection(self, gateway) -> None:
         """64 MiB without a newline: that client gets -32600 and is closed; the daemon is unharmed."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         async with gateway_session(daemon.mcp_sock) as bystander:
             chunk = b"x" * (1 << 20)
             async with await sockets.connect(daemon.mcp_sock) as hog:
@@ -578,7 +578,7 @@ class TestBounds:
             assert first_text(await bystander.call_tool("echo__echo", {"text": "fine"})) == "fine"
 
     async def test_connections_past_the_limit_are_turned_away_with_an_error(self, gateway) -> None:
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         async with contextlib.AsyncExitStack() as stack:
             for _ in range(MAX_CONNECTIONS):
                 await stack.enter_async_context(await sockets.connect(daemon.mcp_sock))

@@ -50,7 +50,7 @@ class TestNames:
         one = extension_settings("rich.py", prefix="p", env={"RICH_TOOL_PREFIX": "_"})
         daemon = gateway({"one": one, "two": {**extension_settings("rich.py"), "prefix": "p_"}})
         twos = exposed_names(daemon, "two")
-        assert "p___echo" in exposed_names(daemon, "one") and len(twos) == 10  # rich.py's tools
+        assert "p___echo" in exposed_names(daemon, "one") and len(twos) == 15  # rich.py's tools
         async with gateway_session(daemon.mcp_sock) as session:
             await session.list_tools()  # opens the fast path
             assert first_text(await session.call_tool("p___echo", {"text": "to one"})) == "to one"

@@ -4,8 +4,10 @@ Tools: ``echo(text)``, ``progress(steps, interval=0)`` (reports 1..steps, then a
 (sleeps; writes "rich: cancelled" to stderr when cancelled), ``log(level, message, count=1)`` (that
 many log notifications, then "logged"), ``touch(uri)`` (sends resources/updated if subscribed),
 ``image(bytes)`` (one PNG-typed image of that many bytes), ``link()`` (a resource link and an embedded
-resource), ``crash()``, ``request()`` (the JSON-RPC id it was called with), ``stderr(lines)``
-(writes "rich: stderr line 1".. to stderr).
+resource), ``crash(code=3)``, ``request()`` (the JSON-RPC id it was called with), ``stderr(lines)``
+(writes "rich: stderr line 1".. to stderr); and ``echo.py``'s others, so gateway tests need not
+import the SDK: ``sleep(seconds)`` (answers "slept"), ``fail()`` (raises "boom"), ``big_text(bytes)``,
+``pid()``, ``toggle_tool()`` (adds or removes ``extra`` and sends tools/list_changed).
 Prompts: ``greet(name)``. Resources: ``note://a``, ``note://b`` (each subscription is written to
 stderr as "rich: subscribed URI", each unsubscription as "rich: unsubscribed URI"; a subscribe to
 ``note://hang...`` is never answered); template ``note://{id}``;
@@ -86,10 +88,21 @@ TOOLS = [
     _tool("touch", {"uri": {"type": "string"}}),
     _tool("image", {"bytes": {"type": "integer"}}),
     _tool("link"),
-    _tool("crash"),
+    _tool("crash", {"code": {"type": "integer"}}),
     _tool("request"),
     _tool("stderr", {"lines": {"type": "integer"}}),
+    _tool("sleep", {"seconds": {"type": "number"}}),
+    _tool("fail"),
+    _tool("big_text", {"bytes": {"type": "integer"}}),
+    _tool("pid"),
+    _tool("toggle_tool"),
 ]
+EXTRA = _tool("extra")
+_extra_on = threading.Event()
+
+
+def tools() -> list[dict[str, Any]]:
+    return [*TOOLS, EXTRA] if _extra_on.is_set() else TOOLS
 
 
 def _text(value: str) -> dict[str, Any]:
@@ -121,6 +134,9 @@ def call_tool(params: dict[str, Any], request_id: Any, cancel: threading.Event) 
                 said = {"progressToken": token, "progress": step, "total": steps, "message": f"step {step}"}
                 notify("notifications/progress", said)
         return _text(f"did {steps} steps")
+    if name == "sleep":
+        _sleep(float(args["seconds"]), cancel)
+        return _text("slept")
     if name == "wait":
         try:
             _sleep(float(args["seconds"]), cancel)
@@ -146,7 +162,22 @@ def call_tool(params: dict[str, Any], request_id: Any, cancel: threading.Event) 
         embedded = {"type": "resource", "resource": {"uri": "note://b", "text": "note B"}}
         return {"content": [link, embedded], "isError": False}
     if name == "crash":
-        os._exit(3)
+        os._exit(int(args.get("code", 3)))
+    if name == "fail":
+        raise RuntimeError("boom")
+    if name == "big_text":
+        return _text("x" * int(args["bytes"]))
+    if name == "pid":
+        return _text(str(os.getpid()))
+    if name == "toggle_tool":
+        if _extra_on.is_set():
+            _extra_on.clear()
+        else:
+            _extra_on.set()
+        notify("notifications/tools/list_changed", {})
+        return _text(f"extra={_extra_on.is_set()}")
+    if name == "extra" and _extra_on.is_set():
+        return _text("extra")
     if name == "request":  # how the request reached us: its id tells the gateway's path apart
         return _text(json.dumps({"id": request_id}))
     return {"content": [_raw.text(f"unknown tool {params.get('name')}")], "isError": True}
@@ -202,7 +233,7 @@ def answer(method: str, params: dict[str, Any], request_id: Any, cancel: threadi
     handlers = {
         "initialize": lambda: initialize(params),
         "ping": lambda: {},
-        "tools/list": lambda: {"tools": TOOLS},
+        "tools/list": lambda: {"tools": tools()},
         "tools/call": lambda: call_tool(params, request_id, cancel),
         "prompts/list": lambda: {
             "prompts": [

@@ -24,7 +24,7 @@ import pytest
 
 from supervisor.gateway.hello import HANDOFF_METHOD
 from tests.gateway.handoff.test_end_to_end import WAIT, Client, call, holds, line, restarted
-from tests.harness import ECHO
+from tests.harness import RICH
 from tests.harness.daemon import Daemon, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -197,7 +197,7 @@ class TestSwitchRetry:
         connect's own (it does not ask: it could not read the client's input again if the switch
         failed). The session goes on, pumped, on the same connection, and once there are fds
         again connect hands the client over after all."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         client = client_of(daemon)
         client.open_session()
         daemon.status()  # a round trip: the daemon has noted the last answer as written
@@ -224,7 +224,7 @@ class TestSwitchRetry:
         """The daemon has room for connect's connections but not for the client's two pipes when
         connect starts: it pumps, and once the session has begun and the daemon has fds again,
         it hands the client over."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         daemon.status()  # its own control connection is closed again before the limit is set
         with out_of_fds(daemon.pid, spare=2):
             client = client_of(daemon)
@@ -245,7 +245,7 @@ class TestSwitchRetry:
     def test_a_switch_that_ends_its_connection_still_backs_off(self, gateway, client_of, stand_in) -> None:
         """Each switch ends its connection, after the fds went (no journal) or while asking: the
         next connection is asked after the backoff, not at once, and the client is served."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         client = client_of(daemon)
         client.open_session()
         daemon.status()  # a round trip: the daemon has noted the last answer as written
@@ -264,7 +264,7 @@ class TestSwitchRetry:
     def test_an_older_daemon_is_asked_once_and_its_successor_again(self, gateway, client_of) -> None:
         """A daemon that does not know the switch (-32601) is not asked again: connect pumps on.
         The daemon that replaces it after a restart (an upgrade) is asked, and takes the client."""
-        daemon = gateway({"echo": ECHO})
+        daemon = gateway({"echo": RICH})
         client = client_of(daemon)
         client.open_session()
         daemon.status()  # a round trip: the daemon has noted the last answer as written
