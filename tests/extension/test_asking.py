@@ -1,6 +1,7 @@
 """A child's elicitation, sampling and roots requests, through the gateway to the calling client.
 
-A real daemon runs ``tests/servers/asker.py``, whose tools ask their client mid-call; real SDK
+A real daemon runs ``tests/servers/plain_asker.py`` (``asker.py``, the SDK's server, in the first
+test), whose tools ask their client mid-call; real SDK
 clients answer on mcp.sock (both the fast path and the SDK's path), and through ``connect``.
 """
 
@@ -49,7 +50,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),  # roots and sampling: handshake era
 ]
 
-ASKER = extension_settings("asker.py")
+ASKER = extension_settings("plain_asker.py")  # asker.py on the standard library: no SDK to import
+SDK_ASKER = extension_settings("asker.py")
 
 
 @pytest.fixture
@@ -77,7 +79,7 @@ class TestAnswered:
     async def test_each_request_reaches_the_calling_client_and_its_answer_the_child(
         self, start, path
     ) -> None:
-        daemon = start({"asker": ASKER})
+        daemon = start({"asker": SDK_ASKER})
         async with gateway_session(daemon.mcp_sock, **ANSWERING) as session:
             await session.list_tools()  # opens the fast path
             elicited = await call(session, "elicit", path, message="go?")

@@ -134,7 +134,7 @@ class Streams:
         return None
 
 
-# ---- a client that answers every question (tests/servers/asker.py asks them) ----------------
+# ---- a client that answers every question (tests/servers/plain_asker.py asks them) ----------------
 
 
 async def elicit_yes(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:

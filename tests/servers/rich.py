@@ -18,7 +18,8 @@ It answers as the MCP SDK's lowlevel server does (handshake era: an exception in
 error code 0 with its message; a cancelled request is answered "Request cancelled"), without
 importing it: 2 s of CPU at each of the suite's ~170 starts of this fixture. Each request is
 served in a thread of its own, so a ``wait`` or a hanging subscribe holds nothing else up; the
-SDK's own servers are tested by ``echo.py``, ``asker.py``, ``tasks.py`` and the interop group.
+SDK's own servers are tested by ``echo.py``, ``asker.py`` (whose twin is ``plain_asker.py``),
+``tasks.py`` and the interop group.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A child's questions mid-call, for 2026-07-28 clients: input-required results and their retries.
 
-A real daemon runs ``tests/servers/asker.py``, whose tools ask their client mid-call. Real SDK
+A real daemon runs ``tests/servers/plain_asker.py`` (``asker.py``, the SDK's server, in the first
+test), whose tools ask their client mid-call. Real SDK
 ``Client`` objects in the 2026-07-28 mode call through ``mcp.sock`` and streamable HTTP: their
 input-required driver answers the questions and retries, unchanged. Some tests drive the rounds
 by hand (``client.session.call_tool(..., allow_input_required=True)``) to check each rule.
@@ -41,7 +42,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),  # roots and sampling
 ]
 
-ASKER = extension_settings("asker.py")
+ASKER = extension_settings("plain_asker.py")  # asker.py on the standard library: no SDK to import
+SDK_ASKER = extension_settings("asker.py")
 MODERN = "2026-07-28"
 
 
@@ -97,7 +99,7 @@ ACCEPT = types.ElicitResult(action="accept", content={"answer": "by hand"})
 
 class TestDriver:
     async def test_a_stock_client_completes_each_kind_of_question_on_mcp_sock(self, start) -> None:
-        daemon = start({"asker": ASKER})
+        daemon = start({"asker": SDK_ASKER})
         async with modern(daemon, **ANSWERING) as client:
             elicited = await client.call_tool("asker__elicit", {"message": "go?"})
             assert first_text(elicited) == 'accept {"answer": "yes to go?"}'

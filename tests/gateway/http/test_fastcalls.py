@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning"),
 ]
 
-ASKER = extension_settings("asker.py")
+ASKER = extension_settings("plain_asker.py")
 ODD = extension_settings("odd_answers.py")
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 WAIT = 30  # a read deadline that bounds a hang: 10 s was missed with two suites at once (pair 9)
