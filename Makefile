@@ -2,9 +2,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/example.yaml
-# Test workers: the suite waits on real processes and sockets more than it computes, so three
-# keep two cores busy (218 s against 258 s with two, on 2 cores).
-WORKERS ?= 3
+# Test workers: the suite waits on real processes and sockets more than it computes, so four
+# keep two cores busy (on 2 cores, quiet: 424 s with four, 464 s with five, 518 s with three).
+WORKERS ?= 4
 
 .PHONY: venv run test test-loaded lint bench clean
 

@@ -35,6 +35,13 @@ from typing import Any
 
 import pydantic_core
 
+# Imported at start, not at the first structured result (as the SDK's ClientSession does): a daemon
+# that has run out of fds could import nothing then, and a valid result was refused as invalid.
+from jsonschema import SchemaError
+from jsonschema.exceptions import best_match
+from jsonschema.validators import validator_for
+from referencing import Registry
+
 __all__ = (
     "MAX_DEPTH",
     "REMEMBERED_CALLS",
@@ -368,10 +375,6 @@ class OutputSchemas:
 
 
 def _compile(tools: Sequence[Any]) -> Iterator[tuple[str, Any]]:
-    from jsonschema import SchemaError  # slow to import; only results with structured media need it
-    from jsonschema.validators import validator_for
-    from referencing import Registry
-
     for tool in tools:
         schema = getattr(tool, "output_schema", None)
         if not isinstance(schema, dict):
@@ -385,8 +388,6 @@ def _compile(tools: Sequence[Any]) -> Iterator[tuple[str, Any]]:
 
 
 def _error(validator: Any, instance: Any) -> str | None:
-    from jsonschema.exceptions import best_match
-
     try:
         error = best_match(validator.iter_errors(instance))
     except Exception as exc:  # a child's schema must not break the pump: RecursionError, Unresolvable, ...
