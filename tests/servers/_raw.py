@@ -18,14 +18,14 @@ import sys
 # Importing typing costs ~4 ms of a ~40 ms start; type checkers honour a local TYPE_CHECKING.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from typing import Any, BinaryIO
 
     Args = dict[str, Any]
     Content = list[dict[str, Any]]
     ToolFn = Callable[[Args], Content | dict[str, Any]]
 
-__all__ = ("Base64", "Tool", "log", "send", "serve", "text", "write_raw")
+__all__ = ("Base64", "Tool", "incoming", "log", "send", "serve", "text", "write_raw")
 
 DEFAULT_PROTOCOL = "2025-11-25"
 METHOD_NOT_FOUND = -32601
@@ -121,6 +121,21 @@ def _send(message: dict[str, Any]) -> None:
             _out.write(binascii.b2a_base64(view[start : start + _B64_CHUNK], newline=False))
         _out.write(piece)
     write_raw(b"\n")
+
+
+def incoming(send: Callable[[dict[str, Any]], None]) -> Iterator[dict[str, Any]]:
+    """Each JSON object on stdin until EOF, for a server that answers from threads of its own
+    (*send* must be its thread-safe one); a line that is not JSON is answered with a parse error."""
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        try:
+            message = json.loads(line)
+        except ValueError:
+            send(_error(None, PARSE_ERROR, "Parse error"))
+            continue
+        if isinstance(message, dict):
+            yield message
 
 
 def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:

@@ -22,31 +22,18 @@ from typing import Any
 import anyio
 import anyio.abc
 import mcp_types as types
+import plain_asker  # its twin on the standard library: one list of what both offer
 from mcp import MCPError
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 
 warnings.filterwarnings("ignore")  # sampling and roots are deprecated in 2026-07-28; still used here
-SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}}
+SCHEMA = plain_asker.SCHEMA
 TASKS: list[anyio.abc.TaskGroup] = []
 
 
-def _tool(name: str, **properties: Any) -> types.Tool:
-    return types.Tool(name=name, input_schema={"type": "object", "properties": properties})
-
-
-TOOLS = [
-    _tool("elicit", message={"type": "string"}),
-    _tool("sample", prompt={"type": "string"}),
-    _tool("roots"),
-    _tool("later", delay={"type": "number"}),
-    _tool("wait", seconds={"type": "number"}),
-    _tool("both", message={"type": "string"}, prompt={"type": "string"}),
-    _tool("work", message={"type": "string"}, steps={"type": "integer"}),
-    _tool("slow", delay={"type": "number"}, message={"type": "string"}),
-    _tool("stall", message={"type": "string"}),
-]
-PROMPTS = [types.Prompt(name="confirm", arguments=[types.PromptArgument(name="message")])]
+TOOLS = [types.Tool.model_validate(tool) for tool in plain_asker.TOOLS]
+PROMPTS = [types.Prompt.model_validate(prompt) for prompt in plain_asker.PROMPTS]
 
 
 def say(line: str) -> None:

@@ -328,18 +328,7 @@ def close() -> None:
 
 def main() -> None:
     sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol stream
-    for line in sys.stdin.buffer:
-        if not line.strip():
-            continue
-        try:
-            message = json.loads(line)
-        except ValueError:
-            send(
-                {"jsonrpc": "2.0", "id": None, "error": {"code": _raw.PARSE_ERROR, "message": "Parse error"}}
-            )
-            continue
-        if not isinstance(message, dict):
-            continue
+    for message in _raw.incoming(send):
         method = message.get("method")
         if method is None:
             answered(message)
@@ -350,13 +339,8 @@ def main() -> None:
         elif "id" not in message:
             continue  # initialized: nothing to do
         elif method not in HANDLERS:
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": message["id"],
-                    "error": {"code": _raw.METHOD_NOT_FOUND, "message": "Method not found"},
-                }
-            )
+            error = {"code": _raw.METHOD_NOT_FOUND, "message": "Method not found"}
+            send({"jsonrpc": "2.0", "id": message["id"], "error": error})
         else:
             request = Request(message)
             with _lock:

@@ -278,16 +278,8 @@ def serve_one(message: dict[str, Any], cancel: threading.Event) -> None:
 def main() -> None:
     _raw.log("rich: ready")
     sys.stdout = sys.stderr  # a stray print() must not corrupt the protocol stream
-    for line in sys.stdin.buffer:
-        if not line.strip():
-            continue
-        try:
-            message = json.loads(line)
-        except ValueError:
-            error = {"code": _raw.PARSE_ERROR, "message": "Parse error"}
-            send({"jsonrpc": "2.0", "id": None, "error": error})
-            continue
-        if not isinstance(message, dict) or "method" not in message:
+    for message in _raw.incoming(send):
+        if "method" not in message:
             continue  # a response to nothing we asked
         if message["method"] == "notifications/cancelled":
             with _lock:
