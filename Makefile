@@ -2,9 +2,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/example.yaml
-# Test workers: the suite waits on real processes and sockets more than it computes, so four
-# keep two cores busy (on 2 cores, quiet: 424 s with four, 464 s with five, 518 s with three).
-WORKERS ?= 4
+# Test workers: three. On 2 cores, quiet, four finish first (about 400 s against 460 s), but with a
+# second suite beside them they are no faster (18:19 against 18 minutes) and deadlines were missed.
+WORKERS ?= 3
 
 .PHONY: venv run test test-loaded lint bench clean
 
