@@ -112,6 +112,8 @@ def ask(request: Request | None, method: str, params: dict[str, Any] | None = No
     global _next_id
     question = Question()
     with _lock:
+        if request is not None and request.cancelled.is_set():
+            raise Cancelled  # cancelled before it asked: as the SDK's, it asks nothing
         _next_id += 1
         question_id = _next_id
         if _closed:
