@@ -24,7 +24,6 @@ import select
 import signal
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 
 __all__ = (
     "MARKER_ENV",
@@ -45,17 +44,18 @@ MARKER_ENV = "MCP_SUPERVISOR_MARK"
 _NEEDLE = f"\0{MARKER_ENV}=".encode()
 
 
-@dataclass(frozen=True, slots=True)
 class Proc:
     """One process as ``/proc`` showed it. ``started`` (clock ticks since boot) tells pids apart."""
 
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    started: int
-    zombie: bool
-    marker: str | None
+    # Not a dataclass: the guardian imports this module in a bare interpreter, and dataclasses
+    # (with inspect) was a third of its start.
+    __slots__ = ("marker", "pgid", "pid", "ppid", "sid", "started", "zombie")
+
+    def __init__(
+        self, pid: int, ppid: int, pgid: int, sid: int, started: int, zombie: bool, marker: str | None
+    ) -> None:
+        self.pid, self.ppid, self.pgid, self.sid = pid, ppid, pgid, sid
+        self.started, self.zombie, self.marker = started, zombie, marker
 
 
 def stat_fields(pid: int, count: int) -> list[bytes] | None:
