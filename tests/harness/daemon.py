@@ -60,9 +60,10 @@ def memory(pid: int, field: str = "VmRSS") -> int:
     raise AssertionError(f"no {field}")
 
 
-def until(predicate: Callable[[], bool], within: float = 10.0, interval: float = 0.02) -> None:
+def until(predicate: Callable[[], bool], within: float = 30.0, interval: float = 0.02) -> None:
     """Poll with a deadline (*within*, scaled by :data:`~.timing.SLOWDOWN`); for conditions in
-    another process that send us no event."""
+    another process that send us no event. The default bounds a hang, generously: with a second
+    suite beside this one a SIGHUP's reload once took more than 10 s to be logged."""
     deadline = time.monotonic() + patience(within)
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
