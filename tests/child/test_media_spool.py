@@ -159,18 +159,18 @@ async def wait_running(sock: str) -> None:
 
 
 class TestThroughTheDaemon:
-    async def test_100_calls_of_2_mib_leave_memory_flat_and_the_spool_within_quota(
+    async def test_100_calls_of_1_mib_leave_memory_flat_and_the_spool_within_quota(
         self, daemon: Callable[..., tuple[subprocess.Popen[bytes], str]], short_tmp: Path
     ) -> None:
-        """100 calls of 2 MiB images: RSS grows < 16 MiB after warm-up; the spool holds 40 files.
+        """100 calls of 1 MiB images: RSS grows < 16 MiB after warm-up; the spool holds 40 files.
 
-        The bound: one payload held by mistake per call would be 80 x 2 MiB = 160 MiB, one
-        held at a time about 5 MiB (the line plus its parsed string); 16 MiB leaves room for
+        The bound: one payload held by mistake per call would be 80 x 1 MiB = 80 MiB, one
+        held at a time about 2.5 MiB (the line plus its parsed string); 16 MiB leaves room for
         allocator noise while failing on any per-call retention. The quota holds more than a
         second of calls: files younger than a second are never evicted (their links are new).
         (bench/media.py measures 20 MiB images, more and longer.)
         """
-        size = 2 * MIB
+        size = MIB
         proc, sock = daemon(max_total_bytes=40 * size)
         await wait_running(sock)
 

@@ -255,15 +255,15 @@ class TestSystemdNotify:
 # Each bound is reached many times over (a ring of 20 lines, the start slots, a call's tasks);
 # more calls and restarts show nothing new and take minutes on a loaded machine (bench/soak.py
 # runs for as long as asked).
-CALLS, RESTARTS = 2_000, 200
+CALLS, RESTARTS = 1_000, 100  # what they hold does not grow with more: bench/soak.py runs longer
 
 
 class TestBounds:
     @pytest.mark.timeout(240)
-    async def test_thousands_of_calls_and_hundreds_of_restarts_leave_everything_within_bounds(
+    async def test_a_thousand_calls_and_a_hundred_restarts_leave_everything_within_bounds(
         self, daemon: Daemon
     ) -> None:
-        """After 2,000 calls and 200 restarts every collection is within its bound, the daemon's
+        """After 1,000 calls and 100 restarts every collection is within its bound, the daemon's
         tasks and fds are back to their idle counts, and so are its threads outside the pool of
         workers for blocking calls, in which no call is left running."""
         daemon.write(

@@ -60,8 +60,8 @@ class TestStartSlots:
         self,
         daemons: Callable[..., Daemon],
     ) -> None:
-        """Eight SDK servers, two slots: the rest wait as `queued`, then all run with few restarts."""
-        names = [f"sdk{i}" for i in range(8)]
+        """Five SDK servers, two slots: the rest wait as `queued`, then all run with few restarts."""
+        names = [f"sdk{i}" for i in range(5)]
         extensions = {n: extension_settings("echo.py") for n in names}
         daemon = _storm(daemons(extensions, start=False), start_slots=2)
         seen: dict[str, Any] = {}

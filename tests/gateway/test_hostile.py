@@ -225,7 +225,7 @@ class TestSoak:
         """bench/hostile.py, short and scaled down: no honest call fails, the daemon stays bounded."""
         bench = ROOT / "bench" / "hostile.py"
         result = subprocess.run(
-            [sys.executable, str(bench), "--seconds", "8", "--scale", "0.3", "--unix", "2", "--http", "2"],
+            [sys.executable, str(bench), "--seconds", "4", "--scale", "0.3", "--unix", "2", "--http", "2"],
             capture_output=True,
             text=True,
             timeout=100,
