@@ -21,8 +21,8 @@ from supervisor.control import client
 from supervisor.extension.state import State
 from supervisor.extension.supervised import Extension
 from supervisor.upstream.spool import Spool
-from tests.harness import SERVERS, Daemon, fast_config, first_text, memory, running
-from tests.harness.timing import fail_after
+from tests.harness import CLI, SERVERS, Daemon, fast_config, first_text, memory, running, zygote
+from tests.harness.timing import fail_after, patience
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -198,13 +198,18 @@ class TestThroughTheDaemon:
         """`call` shows the file path, the type and the size; `--json` the result as returned."""
         proc, sock = daemon()
         await wait_running(sock)
-        argv = [sys.executable, "-m", "supervisor", "call", "media", "image", "--args", '{"bytes": 1048576}']
-        plain = await anyio.run_process([*argv, "--socket", sock])
-        line = plain.stdout.decode().splitlines()[1]
+        argv = [*CLI, "call", "media", "image", "--args", '{"bytes": 1048576}', "--socket", sock]
+
+        async def run(*extra: str) -> str:
+            done = await anyio.to_thread.run_sync(lambda: zygote.run([*argv, *extra], timeout=patience(60)))
+            assert done.returncode == 0, done.stderr
+            return done.stdout
+
+        line = (await run()).splitlines()[1]
         path, details = line.split("  ", 1)
         assert (await anyio.Path(path).stat()).st_size == MIB
         assert details == "[image/png, 1.0 MiB, spooled image]"
-        raw = json.loads((await anyio.run_process([*argv, "--json", "--socket", sock])).stdout)
+        raw = json.loads(await run("--json"))
         assert raw["content"][1]["type"] == "resource_link" and raw["content"][1]["size"] == MIB
         proc.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(proc.wait) == 0

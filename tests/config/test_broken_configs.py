@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import cli
-from tests.harness import CLI
+from tests.harness import CLI, zygote
 from tests.harness.timing import patience
 
 X = "extensions:\n  x:\n    command: x\n"  # an entry to add one broken line to (line 4)
@@ -245,9 +245,9 @@ CHECKED = ["invalid-utf8", "nul-byte", "5000-brackets", "fifo", "dev-zero", "500
 STARTED = ["invalid-utf8", "5000-brackets", "fifo", "dev-zero"]
 
 
-def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SUPERVISOR_")}
-    return subprocess.run(args, capture_output=True, text=True, timeout=patience(60), env=env, **kwargs)
+    return zygote.run(args, timeout=patience(60), env=env)
 
 
 @pytest.mark.timeout(30)
@@ -255,7 +255,8 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
     ("command", "name"), [("check-config", name) for name in CHECKED] + [("daemon", name) for name in STARTED]
 )
 def test_a_real_process(name: str, command: str, short_tmp: Path) -> None:
-    """The real console script, for check-config and for a daemon start: exit 2, never a hang."""
+    """The CLI as a process (forked as the suite's daemons are), for check-config and for a daemon
+    start: exit 2, never a hang."""
     make, expected = {c[0]: c[1:] for c in CASES}[name]
     path = str(make(short_tmp))
     args = [*CLI, "check-config", path] if command == "check-config" else [*CLI, "daemon", "-c", path]

@@ -17,8 +17,9 @@ from supervisor.config import clientkeys
 from supervisor.config import settings as config
 from supervisor.config.settings import StdioConfig, ToolFilter
 from supervisor.gateway.catalog import visible
-from tests.harness import until
+from tests.harness import CLI, until, zygote
 from tests.harness.daemon import START_WITHIN
+from tests.harness.timing import patience
 
 
 class TestFold:
@@ -124,15 +125,11 @@ class TestLoadingAClientFile:
         ]
 
     def test_check_config_prints_the_warning_and_exits_0(self, tmp_path: Path) -> None:
-        """The real console script: exit 0, the config's summary on stdout, the warning on stderr."""
+        """The CLI as a process (forked as the suite's daemons are): exit 0, the config's summary
+        on stdout, the warning on stderr."""
         path = tmp_path / "cline_mcp_settings.json"
         path.write_text(json.dumps(CLINE))
-        result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "check-config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        result = zygote.run([*CLI, "check-config", str(path)], timeout=patience(30))
         assert result.returncode == cli.EXIT_OK, result.stderr
         assert result.stdout == f"{path}: OK (2 extensions: everything, plain)\n"
         assert result.stderr == (

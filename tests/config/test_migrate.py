@@ -117,11 +117,9 @@ class TestImport:
     def test_unset_variables_are_named_and_the_config_still_written(self, work: Path) -> None:
         """${env:NOTES_TOKEN} unset at import: named; the config is written and loads once it is set."""
         environ = {k: v for k, v in os.environ.items() if k not in ("NOTES_TOKEN", "MCP_SUPERVISOR_SOCKET")}
-        result = subprocess.run(
+        result = zygote.run(
             [*CLI, "import", str(work / "clients" / "cursor_mcp.json"), "-c", str(work / "config.yaml")],
-            capture_output=True,
-            text=True,
-            timeout=30,
+            timeout=patience(30),
             env=environ,
         )
         assert result.returncode == 0, result.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,8 @@ from supervisor.config import fields
 from supervisor.config import settings as config
 from supervisor.config.secrets import MAX_SECRET_BYTES, EnvTemplate, Reference, read_secret, resolve
 from supervisor.errors import ConfigError, SpawnError
-from tests.harness import CLI, Daemon, extension_settings, first_text, gateway_session
+from tests.harness import CLI, Daemon, extension_settings, first_text, gateway_session, zygote
+from tests.harness.timing import patience
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -158,7 +158,7 @@ class TestThroughTheDaemon:
             daemon.ok("tools", "--json"),
             daemon.ok("health", "--json"),
             daemon.ok("health", "--prometheus"),
-            subprocess.run([*CLI, "check-config", str(daemon.config)], capture_output=True, text=True).stdout,
+            zygote.run([*CLI, "check-config", str(daemon.config)], timeout=patience(30)).stdout,
             daemon.log.read_text(),
         ]
         assert "fx" in shown[-2]

@@ -23,7 +23,7 @@ from supervisor.daemon import root as daemon_module
 from supervisor.daemon import run as daemon_run
 from supervisor.errors import ConfigError
 from supervisor.process import children as process
-from tests.harness import CLI, Daemon, alive, extension_settings, until
+from tests.harness import CLI, Daemon, alive, extension_settings, until, zygote
 from tests.harness.timing import fail_after, patience
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,9 +87,7 @@ class TestCommands:
     def test_no_daemon_exits_3(self, short_tmp: Path) -> None:
         """Without a daemon the CLI exits 3 with one clear sentence."""
         sock = str(short_tmp / "none.sock")
-        result = subprocess.run(
-            [*CLI, "status", "--socket", sock], capture_output=True, text=True, timeout=patience(60)
-        )
+        result = zygote.run([*CLI, "status", "--socket", sock], timeout=patience(60))
         assert result.returncode == 3
         assert result.stderr.strip() == f"mcp-supervisor: no daemon is listening on {sock}"
 
@@ -130,9 +128,7 @@ class TestSupervision:
         first.wait_state("fx", "running")
         config = short_tmp / "second.json"
         config.write_text(json.dumps({"socket": first.socket, "extensions": {}}))
-        proc = subprocess.run(
-            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
-        )
+        proc = zygote.run([*CLI, "daemon", "-c", str(config)], timeout=patience(60))
         assert proc.returncode == 1
         assert "another daemon is listening" in proc.stderr
         assert first.status()["fx"]["state"] == "running"
@@ -215,9 +211,7 @@ class TestBadInput:
         """`daemon` with a broken config exits 2 and names the field and line."""
         config = short_tmp / "bad.yaml"
         config.write_text("extensions:\n  fx:\n    command: x\n    restart: sometimes\n")
-        result = subprocess.run(
-            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
-        )
+        result = zygote.run([*CLI, "daemon", "-c", str(config)], timeout=patience(60))
         assert result.returncode == 2
         assert "extensions.fx.restart (line 4)" in result.stderr
         assert "Traceback" not in result.stderr
@@ -307,7 +301,7 @@ class TestReloadRaces:
         new_env = {**slow_stop["env"], "QUICK_STDERR_AT_START": "1"}  # shows which config runs
         edited = {"fx": extension_settings("quick.py", **{**slow_stop, "env": new_env})}
         daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
-        reload = subprocess.Popen(
+        reload = zygote.popen(
             [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         daemon.wait_state("fx", "stopping")
@@ -326,7 +320,7 @@ class TestReloadRaces:
         daemon.wait_state("fx", "running")
         edited = {"fx": extension_settings("quick.py", **slow_stop, call_timeout=7)}
         daemon.config.write_text(json.dumps({"socket": daemon.socket, "extensions": edited}))
-        reload = subprocess.Popen(
+        reload = zygote.popen(
             [*CLI, "reload", "--socket", daemon.socket], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         daemon.wait_state("fx", "stopping")

@@ -18,7 +18,7 @@ from supervisor.config.settings import Settings
 from supervisor.daemon.headstart import first_starts
 from supervisor.process import children as process
 from supervisor.process import sandbox
-from tests.harness import CLI, Daemon, alive, extension_settings, until
+from tests.harness import CLI, Daemon, alive, extension_settings, until, zygote
 from tests.harness.timing import patience
 
 pytestmark = pytest.mark.timeout(60)
@@ -178,9 +178,7 @@ class TestCleanUp:
         config.write_text(
             json.dumps({"socket": first.socket, "extensions": {"other": extension_settings("quick.py")}})
         )
-        proc = subprocess.run(
-            [*CLI, "daemon", "-c", str(config)], capture_output=True, text=True, timeout=patience(60)
-        )
+        proc = zygote.run([*CLI, "daemon", "-c", str(config)], timeout=patience(60))
         assert proc.returncode == 1
         assert "another daemon is listening" in proc.stderr and "head_start" not in proc.stderr
         assert process.find_marked(first.instance) == marked

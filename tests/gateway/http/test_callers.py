@@ -21,7 +21,8 @@ import httpx2
 import pytest
 from mcp import Client
 
-from tests.harness import CLI, RICH, Daemon, extension_settings, first_text
+from tests.harness import CLI, RICH, Daemon, extension_settings, first_text, zygote
+from tests.harness.timing import patience
 from tests.process.sandbox.test_sandbox import attempt
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
@@ -98,14 +99,12 @@ class TestTheToken:
         config = json.loads(daemon.config.read_text())
         config["gateway"]["http"]["port"] = daemon.port  # as a user's config names it
         daemon.config.write_text(json.dumps(config))
-        printed = subprocess.run(
+        printed = zygote.run(
             [*CLI, "client-config", "--client", "cursor", "--http", "-c", str(daemon.config)],
-            capture_output=True,
-            text=True,
-            timeout=30,
+            timeout=patience(30),
             env=daemon.env,
-            check=True,
         )
+        assert printed.returncode == 0, printed.stderr
         entry = json.loads(printed.stdout)["mcpServers"]["supervisor"]
         assert entry == {"url": f"{daemon.url}/mcp", "headers": {"Authorization": f"Bearer {token}"}}
         assert daemon.terminate() == 0

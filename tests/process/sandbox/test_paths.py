@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from supervisor.process.sandbox import launch
-from tests.harness import CLI, Daemon, extension_settings
+from tests.harness import CLI, Daemon, extension_settings, zygote
 from tests.harness.servers import SERVERS
+from tests.harness.timing import patience
 from tests.process.sandbox.test_launch import LAUNCH, SYSTEM
 from tests.process.sandbox.test_levels import NO_USERNS
 from tests.process.sandbox.test_sandbox import attempt
@@ -120,10 +121,10 @@ def test_a_path_argument_no_grant_covers_is_said_at_start_and_by_explain(
     warned = daemon.find("sandbox.path_not_granted")
     assert [event["paths"] for event in warned] == [[str(served)]], warned
     assert warned[0]["extension"] == "fs"
-    explained = subprocess.run(
-        [*CLI, "check-config", str(daemon.config), "--explain", "fs"],
-        capture_output=True, text=True, timeout=60, env=daemon.env, check=True,
-    )  # fmt: skip
+    explained = zygote.run(
+        [*CLI, "check-config", str(daemon.config), "--explain", "fs"], timeout=patience(60), env=daemon.env
+    )
+    assert explained.returncode == 0, explained.stderr
     assert f"not granted: {served} (an argument of it" in explained.stdout
 
 
