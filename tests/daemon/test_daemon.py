@@ -385,7 +385,7 @@ class TestMisbehavingExtensions:
 
     @staticmethod
     async def _watch(sock: str, bad_runs: bool, fill_stdin: bool) -> dict[str, int]:
-        """Call the healthy extension and sample the daemon's health for 2 s; return the peaks."""
+        """Call the healthy extension and sample the daemon's health for 1 s; return the peaks."""
 
         async def request(method: str, **params: Any) -> Any:
             return await client.request(sock, method, params, timeout=10)
@@ -410,8 +410,8 @@ class TestMisbehavingExtensions:
         peaks = {"tasks": 0, "rss": 0}
         calls = 0
         measured_from = time.monotonic()
-        with fail_after(60):  # at least 3 calls served, and the daemon watched for 2 s at least
-            while calls < 3 or time.monotonic() - measured_from < 2:
+        with fail_after(60):  # 3 calls at least, 1 s at least: a flood fills what it can in ms
+            while calls < 3 or time.monotonic() - measured_from < 1:
                 reply = await request("call", name="healthy", tool="echo", arguments={"text": f"n{calls}"})
                 assert reply["content"][0]["text"] == f"n{calls}"
                 calls += 1
