@@ -356,14 +356,16 @@ class TestBounds:
     def test_fds_sent_with_anything_else_are_closed(self, gateway) -> None:
         """fds attached to a plain first line are not kept: the session is an ordinary one."""
         daemon = gateway({"echo": ECHO})
-        before = psutil.Process(daemon.pid).num_fds()
         read_end, write_end = os.pipe()
+        pipe = os.readlink(f"/proc/self/fd/{read_end}")
         with socket.socket(socket.AF_UNIX) as sock:
             sock.settimeout(WAIT)
             sock.connect(daemon.mcp_sock)
             socket.send_fds(sock, [line(INITIALIZE)], [read_end, write_end, read_end])
             assert "result" in json.loads(sock.makefile("rb").readline())
-            assert psutil.Process(daemon.pid).num_fds() <= before + 1  # the socket alone
+            # The pipe itself, not a count of the daemon's fds: under load a count caught one
+            # opened for something else (a catalog written, a scan of /proc) at that moment.
+            assert not holds(daemon.pid, pipe)
         os.close(read_end)
         os.close(write_end)
 
