@@ -124,8 +124,8 @@ def _send(message: dict[str, Any]) -> None:
 
 
 def incoming(send: Callable[[dict[str, Any]], None]) -> Iterator[dict[str, Any]]:
-    """Each JSON object on stdin until EOF, for a server that answers from threads of its own
-    (*send* must be its thread-safe one); a line that is not JSON is answered with a parse error."""
+    """Each JSON object on stdin until EOF (*send*: the server's own, thread-safe if it answers
+    from threads); a line that is not JSON, or not an object, is answered with an error."""
     for line in sys.stdin.buffer:
         if not line.strip():
             continue
@@ -136,6 +136,8 @@ def incoming(send: Callable[[dict[str, Any]], None]) -> Iterator[dict[str, Any]]
             continue
         if isinstance(message, dict):
             yield message
+        else:
+            send(_error(None, INVALID_REQUEST, "Invalid Request"))
 
 
 def _error(msg_id: Any, code: int, message: str) -> dict[str, Any]:
@@ -188,19 +190,9 @@ def serve(
     *before_initialize* runs just before the ``initialize`` response is written.
     """
     sys.stdout = sys.stderr
-    stdin = sys.stdin.buffer
     try:
-        for line in stdin:
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                _send(_error(None, PARSE_ERROR, "Parse error"))
-                continue
-            if not isinstance(msg, dict):
-                _send(_error(None, INVALID_REQUEST, "Invalid Request"))
-            elif "id" in msg and "method" in msg:
+        for msg in incoming(_send):
+            if "id" in msg and "method" in msg:
                 _send(_handle(name, tools, before_initialize, msg))
     except BrokenPipeError:
         pass  # the client went away; nothing left to answer
