@@ -23,7 +23,6 @@ from supervisor import sockets
 from supervisor.gateway.notify.downstream import MAX_LOG_DATA
 from supervisor.gateway.unix import MAX_CONNECTIONS, MAX_MESSAGE
 from tests.harness import (
-    ECHO,
     INLINE,
     RICH,
     eventually,
@@ -44,12 +43,13 @@ pytestmark = [
 ]
 
 RICH_TOOLS = 15  # tests/servers/rich.py offers this many tools
+QUICK = extension_settings("quick.py")  # a second extension: echo, crash, pid, sleep
 
 
 class TestSurface:
     async def test_tools_prompts_resources_listed_with_prefixes_and_whole(self, gateway) -> None:
         """Every kind is listed under its extension's prefix; definitions keep every field."""
-        daemon = gateway({"rich": RICH, "echo": ECHO})
+        daemon = gateway({"rich": RICH, "echo": QUICK})
         async with gateway_session(daemon.mcp_sock) as session:
             tools = {t.name: t for t in (await session.list_tools()).tools}
             assert {"rich__echo", "rich__progress", "echo__echo", "echo__pid"} <= tools.keys()
@@ -69,7 +69,7 @@ class TestSurface:
             assert [t.uri_template for t in templates] == ["mcp-supervisor://rich/note://{id}"]
 
     async def test_calls_prompts_reads_and_completions_reach_the_right_extension(self, gateway) -> None:
-        daemon = gateway({"rich": RICH, "echo": ECHO})
+        daemon = gateway({"rich": RICH, "echo": QUICK})
         async with gateway_session(daemon.mcp_sock) as session:
             result = await session.call_tool("rich__echo", {"text": "hi"})
             assert first_text(result) == "hi" and result.structured_content == {"text": "hi"}
