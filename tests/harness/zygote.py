@@ -12,9 +12,9 @@ zygote reaps it and keeps its exit code for :class:`Forked`, which stands in for
 The same zygote forks what the tests themselves run of the package and the SDK: the CLI
 (:func:`run`: ``mcp-supervisor status`` costs 0.25 s of CPU as a process of its own, most of it
 imports) and the SDK fixture servers a test starts beside the daemon (:func:`popen`:
-``remote.py``, ``oauth.py``, 1.7 s each). Their stdin, stdout and stderr travel to the zygote as
-file descriptors. Not what reads its own ``/proc/PID/environ`` (a marker), or must import
-little (``connect``): those stay processes of their own.
+``remote.py``, ``oauth.py``, ``socket_server.py``: 1.4-1.7 s each). Their stdin, stdout and
+stderr travel to the zygote as file descriptors. Not what reads its own ``/proc/PID/environ`` (a
+marker), or must import little (``connect``): those stay processes of their own.
 
 What a fork keeps from the zygote is what a fresh interpreter would have: the zygote creates no
 event loop, thread or logger before it forks. One difference, on purpose: the imported objects
@@ -63,7 +63,8 @@ PRELOAD = (
     "supervisor.gateway.unix",
     "uvloop",
     "anyio._backends._asyncio",  # imported by anyio.run, not at anyio's import: 0.15 s each
-    # What the SDK fixture servers a test starts import (tests/servers/remote.py, oauth.py).
+    # What the SDK fixture servers a test starts import (tests/servers/remote.py, oauth.py,
+    # socket_server.py).
     "uvicorn",
     "starlette.applications",
     "mcp.server.sse",
