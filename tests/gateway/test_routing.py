@@ -21,7 +21,7 @@ import anyio.abc
 import pytest
 from mcp import Client
 
-from tests.harness import ECHO, INITIALIZE, Daemon, extension_settings, first_text, gateway_session
+from tests.harness import INITIALIZE, Daemon, extension_settings, first_text, gateway_session
 from tests.harness.timing import fail_after
 
 pytestmark = [
@@ -31,6 +31,8 @@ pytestmark = [
 ]
 
 SLOW_META = {"test": "take the SDK's path"}  # a _meta member besides progressToken: the SDK's path
+# quick.py's tools after a second of stderr progress: each start lasts, without the CPU of an SDK one
+A_SECOND_TO_START = extension_settings("slow_start.py", env={"SLOW_START_SECONDS": "1"}, call_timeout=30)
 
 
 def pid_of(daemon: Daemon, name: str = "echo") -> int:
@@ -87,8 +89,8 @@ class TestNames:
 class TestRestarts:
     async def test_calls_during_a_restart_wait_for_it(self, gateway) -> None:
         """After `restart --no-wait`, calls on the fast path, the SDK's path and `mcp-supervisor call`
-        wait for the new child (echo.py takes about a second to start) and get its answer."""
-        daemon = gateway({"echo": {**ECHO, "call_timeout": 30}})
+        wait for the new child (which takes a second to start) and get its answer."""
+        daemon = gateway({"echo": A_SECOND_TO_START})
         old = pid_of(daemon)
         results: dict[str, str] = {}
         async with gateway_session(daemon.mcp_sock) as session:
@@ -113,7 +115,7 @@ class TestRestarts:
         assert results == {"fast": str(new), "sdk": str(new), "cli": str(new)}
 
     async def test_a_call_over_http_during_a_restart_waits_for_it(self, http_gateway) -> None:
-        http = http_gateway({"echo": {**ECHO, "call_timeout": 30}})
+        http = http_gateway({"echo": A_SECOND_TO_START})
         old = pid_of(http)
         for mode in ("legacy", "2026-07-28"):
             async with Client(http.mcp(), mode=mode) as client:
@@ -126,7 +128,7 @@ class TestRestarts:
                 old = int(first_text(result))
 
     async def test_a_stop_by_hand_and_an_unknown_name_answer_at_once(self, gateway) -> None:
-        daemon = gateway({"echo": {**ECHO, "call_timeout": 30}})
+        daemon = gateway({"echo": extension_settings("quick.py", call_timeout=30)})
         async with gateway_session(daemon.mcp_sock) as session:
             await session.list_tools()
             await anyio.to_thread.run_sync(daemon.cli, "stop", "echo")
