@@ -132,14 +132,14 @@ class Facade:
     async def _logged_in(self, name: str) -> None:
         """A login succeeded: the extension (and each per-client instance) runs with it, unless stopped."""
         with contextlib.suppress(UnknownExtension):
-            if self.get(name).snapshot().state is not State.STOPPED:
+            if self.get(name).state is not State.STOPPED:
                 await self._restart(name)
 
     async def logout(self, name: str) -> dict[str, Any]:
         """Revoke and forget the login of *name*; a run of it ends (the next wants a login)."""
         ext = self.get(name)
         revoked = await self.logins.log_out(name, ext.config)
-        if ext.snapshot().state is not State.STOPPED:
+        if ext.state is not State.STOPPED:
             await self._restart(name)
         return {"revoked": revoked, "status": ext.snapshot().as_dict()}
 

@@ -95,7 +95,7 @@ class Reloading:
 
     async def _apply(self, new: Settings, gone: list[str], changed: list[str], added: list[str]) -> None:
         """Stop what is gone or changed, then start what changed or was added (under their locks)."""
-        was_live = {n: self._extensions[n].snapshot().state.is_live for n in changed}
+        was_live = {n: self._extensions[n].state.is_live for n in changed}
         async with anyio.create_task_group() as stoppers:
             for name in (*gone, *changed):
                 stoppers.start_soon(self._extensions[name].stop)

@@ -257,12 +257,12 @@ class Daemon(Facade, Reloading):
 
     def counts(self) -> dict[str, Any]:
         """Extensions by state and gateway clients, for ``/healthz``."""
-        states = collections.Counter(ext.snapshot().state.value for ext in self._extensions.values())
+        states = collections.Counter(ext.state.value for ext in self._extensions.values())
         return {"extensions": dict(states), "gateway_clients": self.gateway.client_count()}
 
     def summary(self) -> str:
         """Extension counts by state, for systemd's STATUS= line: ``3 running, 1 backoff``."""
-        counts = collections.Counter(ext.snapshot().state for ext in self._extensions.values())
+        counts = collections.Counter(ext.state for ext in self._extensions.values())
         parts = [f"{counts[state]} {state.value}" for state in State if counts[state]]
         return ", ".join(parts) or "no extensions"
 

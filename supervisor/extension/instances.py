@@ -230,7 +230,7 @@ class Instances:
         """Forget retiring instances whose trees are gone, keeping their counts in the totals."""
         keep = []
         for ext in self._retiring:
-            if ext.snapshot().state.is_live:
+            if ext.state.is_live:
                 keep.append(ext)
             else:
                 for key, value in _counts(ext).items():
@@ -288,7 +288,7 @@ class Instances:
         self.held = False
         async with anyio.create_task_group() as restarts:
             for client, ext in list(self._by_client.items()):
-                if ext.snapshot().state.is_live:
+                if ext.state.is_live:
                     restarts.start_soon(self._restart, client, ext, tg)
 
     async def _restart(self, client: Client, ext: Extension, tg: TaskGroup) -> None:

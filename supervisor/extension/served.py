@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from supervisor.extension.asking import Caller
     from supervisor.extension.inline import Answered, InlineCall
     from supervisor.extension.pins import Pins
-    from supervisor.extension.state import Snapshot
+    from supervisor.extension.state import Snapshot, State
     from supervisor.upstream.listing import Listing
 
 __all__ = ("Served",)
@@ -37,6 +37,9 @@ class Served(Protocol):
     # ---- what it offers, and whether it runs ---------------------------------------------
 
     def snapshot(self) -> Snapshot: ...
+
+    @property
+    def state(self) -> State: ...
 
     @property
     def run_id(self) -> str | None: ...

@@ -200,7 +200,13 @@ class Extension(Calls, Watcher):
         if self.sandbox is None:
             return {"mode": "off"}
         assert isinstance(self.config, StdioConfig)
-        return self.sandbox.describe(self.config.command)
+        return self.sandbox.describe(self.config.command, starting=self._snapshot.state is State.STARTING)
+
+    @property
+    def state(self) -> State:
+        """Its state now: what :meth:`snapshot` would say, without making one (which describes
+        its sandbox and counts its tools)."""
+        return self._snapshot.state
 
     @property
     def dormant(self) -> bool:

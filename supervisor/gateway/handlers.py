@@ -117,7 +117,7 @@ class Handlers:
         if (held := self.router.held_reason(name)) is not None:
             raise MCPError(types.INVALID_PARAMS, held)
         ext = self.router.owner_by_prefix(name)
-        state = ext.snapshot().state if ext is not None else State.RUNNING
+        state = ext.state if ext is not None else State.RUNNING
         if ext is not None and ext.on_the_way:
             timeout = ext.config.call_timeout
             detail = f"not running after {timeout:g}s"

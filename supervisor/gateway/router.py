@@ -81,7 +81,7 @@ class Router:
             self._stale = False
             sources = []
             for ext in self._backend.extensions():
-                listed = ext.snapshot().state in _LIVE or ext.dormant  # dormant: its saved listing
+                listed = ext.state in _LIVE or ext.dormant  # dormant: its saved listing
                 listing = ext.offered() if listed else _NOTHING  # held tools (tools_on_change: hold) left out
                 known = ext.known_listing()  # its names stay its own while it does not run
                 config = ext.config

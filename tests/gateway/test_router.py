@@ -35,12 +35,11 @@ class TestRoute:
 
         def ext(name: str, *tools: str) -> SimpleNamespace:
             config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=["rm*"]))
-            snapshot = SimpleNamespace(state=State.RUNNING)
             listing = _listing(*tools)
             return SimpleNamespace(
                 name=name,
                 config=config,
-                snapshot=lambda: snapshot,
+                state=State.RUNNING,
                 listing=lambda: listing,
                 offered=lambda: listing,
                 known_listing=lambda: listing,
@@ -60,12 +59,11 @@ class TestRoute:
 
         tools = ["read_file"]
         config = SimpleNamespace(prefix=None, tools=SimpleNamespace(allow=["*"], deny=[]))
-        snapshot = SimpleNamespace(state=State.RUNNING)
         listing = lambda: _listing(*tools)  # noqa: E731
         fs = SimpleNamespace(
             name="fs",
             config=config,
-            snapshot=lambda: snapshot,
+            state=State.RUNNING,
             listing=listing,
             offered=listing,
             known_listing=listing,

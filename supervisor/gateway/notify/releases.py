@@ -58,7 +58,7 @@ class Releases(TaskOwner):
         ext = self._find(target[0]) if target is not None else None
         if target is None or ext is None or self._tg is None or ext.config.instances == "per-client":
             return
-        if ext.snapshot().state is not State.RUNNING:
+        if ext.state is not State.RUNNING:
             return  # a new run takes only what is held
         pending = self._pending.get(ext.name)
         if pending is None:
@@ -71,7 +71,7 @@ class Releases(TaskOwner):
             while pending := self._pending.get(ext.name):
                 uri, original = next(iter(pending.items()))
                 del pending[uri]
-                if self._held(uri) or ext.snapshot().state is not State.RUNNING:
+                if self._held(uri) or ext.state is not State.RUNNING:
                     continue
                 done = self._releasing[uri] = anyio.Event()  # no await since the check: nobody took it
                 request = types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=original))

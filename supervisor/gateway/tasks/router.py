@@ -192,7 +192,7 @@ class TaskRouter:
         ext = serving
         now = ext.run_id
         if now != run:
-            state = ext.snapshot().state
+            state = ext.state
             if now is not None:
                 why, reason = f"extension {extension!r} restarted since the task was created", "restarted"
             else:
@@ -291,7 +291,7 @@ class TaskRouter:
                 and tasks.list is not None
                 and run
                 and (ext.name, run) in runs
-                and ext.snapshot().state is State.RUNNING
+                and ext.state is State.RUNNING
             ):
                 sources.append((ext, run))
         return sources

@@ -251,11 +251,12 @@ class Sandbox:
         self._last, self._warned, self.host = run.sandbox._last, run.sandbox._warned, run.sandbox.host
         run.sandbox = self
 
-    def describe(self, command: str) -> dict[str, Any]:
-        """The status record: mode, network, the grants digest (computed once if never run), and
+    def describe(self, command: str, *, starting: bool = False) -> dict[str, Any]:
+        """The status record: mode, network, the grants digest (computed once if never run, and
+        not while *starting*: the launch computes them, a status meanwhile shows none yet), and
         once the host is known, the layers it has (``confined``), what it lacks (``lacks``) and
         the limits of its config that do not bind (``unlimited``)."""
-        if self._last is None and not self._described:
+        if self._last is None and not self._described and not starting:
             self._described = True  # once: a command not found or too many paths is not retried here
             found = (
                 shutil.which(command, path=self.context.environ.get("PATH"))

@@ -46,16 +46,28 @@ def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+_linked: tuple[float, dict[str, str]] = (-math.inf, {})
+
+
 def system_links() -> dict[str, str]:
     """What symlinks at the top of /etc point at outside the system directories
-    (``/etc/resolv.conf`` -> ``/run/systemd/resolve/...``): the target's directory."""
+    (``/etc/resolv.conf`` -> ``/run/systemd/resolve/...``): the target's directory. Looked at
+    again after :data:`PRIVATE_SCAN_SECONDS`, as :func:`private_to_the_daemon` is."""
+    global _linked
+    taken, found = _linked
+    if time.monotonic() - taken > PRIVATE_SCAN_SECONDS:
+        _linked = (time.monotonic(), found := _links_out_of("/etc"))
+    return dict(found)
+
+
+def _links_out_of(top: str) -> dict[str, str]:
     found: dict[str, str] = {}
     try:
-        names = os.listdir("/etc")
+        names = os.listdir(top)
     except OSError:
         return found
     for name in names:
-        link = os.path.join("/etc", name)
+        link = os.path.join(top, name)
         if not os.path.islink(link):
             continue
         target = os.path.realpath(link)
