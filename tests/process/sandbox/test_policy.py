@@ -364,3 +364,15 @@ class TestSandboxOf:
         with pytest.raises(SpawnError, match="narrow its globs") as caught:
             made.grants("/bin/sh")
         assert caught.value.permanent
+
+    def test_a_status_while_starting_leaves_the_grants_to_the_launch(self, home: Path) -> None:
+        """describe() computes the grants of one never launched (its digest), except while it
+        starts: its launch computes them, and a status meanwhile shows no digest yet."""
+        config = StdioConfig(command="/bin/sh")
+        made = sandbox.sandbox_for("x", config, context(home))
+        assert made is not None
+        assert made.describe("/bin/sh", starting=True)["digest"] is None
+        launched = made.grants("/bin/sh")  # as Run.wrap computes them
+        assert made.describe("/bin/sh", starting=True)["digest"] == launched.digest
+        never = sandbox.sandbox_for("y", config, context(home))
+        assert never is not None and len(never.describe("/bin/sh")["digest"]) == 12
