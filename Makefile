@@ -3,7 +3,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= configs/example.yaml
 # Test workers: four, two per core: while one waits on a process or a deadline another runs (quiet,
-# on 2 cores: 350-387 s). WORKERS=1 runs the suite in order, one test at a time.
+# on 2 cores: 350-390 s). WORKERS=1 runs the suite in order, one test at a time.
 WORKERS ?= 4
 
 .PHONY: venv run test test-loaded lint bench clean
