@@ -226,7 +226,8 @@ class TestClients:
 
 class TestLive:
     def test_a_restart_reaches_an_open_page_as_it_happens(self, daemons: Callable[..., Daemon]) -> None:
-        daemon = daemons({"echo": extension_settings("echo.py")}, http={})  # its start lasts: seen
+        lasting = extension_settings("slow_start.py", env={"SLOW_START_SECONDS": "1"})  # its start is seen
+        daemon = daemons({"echo": lasting}, http={})
         daemon.wait_running("echo")
         base, client = session(daemon)
         seen: list[str] = []
@@ -235,7 +236,7 @@ class TestLive:
             restarted = False
             for event, data in events(stream):
                 if event == "logs":
-                    assert data["lines"][0] == "echo: ready"
+                    assert data["lines"][0] == "\x1b[32mdownloading\x1b[0m 1"  # as the child wrote it
                 if event != "status":
                     continue
                 seen.append(data["result"]["extensions"][0]["state"])
