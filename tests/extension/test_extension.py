@@ -89,7 +89,12 @@ class TestStart:
         ext = make_extension(config)
         await ext.start(task_group)
         snapshot = await wait_state(ext, State.BACKOFF)
-        assert snapshot.last_error == "no MCP handshake within 0.5s (no answer to initialize)"
+        # A loaded machine may still be starting its interpreter at 0.5 s: busy, so judged a slow
+        # start, and ended once idle. Either way it never answered initialize (pair 44).
+        assert snapshot.last_error in (
+            "no MCP handshake within 0.5s (no answer to initialize)",
+            "slow start: busy past 0.5s, then idle without an MCP handshake (no answer to initialize)",
+        ), snapshot.last_error
         assert snapshot.next_restart is not None and snapshot.failures == 1
         await ext.stop()
 
