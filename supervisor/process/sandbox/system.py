@@ -12,6 +12,8 @@ import math
 import os
 import stat
 import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from supervisor.process.sandbox.install import is_broad
 
@@ -25,6 +27,8 @@ __all__ = (
     "system_links",
     "within",
 )
+
+T = TypeVar("T")
 
 MAX_PRIVATE_SCAN = 20_000  # entries of /etc looked at for files others may not read (1,200 is usual)
 PRIVATE_SCAN_SECONDS = 60.0  # how long one look at /etc serves
@@ -46,18 +50,11 @@ def within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-_linked: tuple[float, dict[str, str]] = (-math.inf, {})
-
-
 def system_links() -> dict[str, str]:
     """What symlinks at the top of /etc point at outside the system directories
     (``/etc/resolv.conf`` -> ``/run/systemd/resolve/...``): the target's directory. Looked at
     again after :data:`PRIVATE_SCAN_SECONDS`, as :func:`private_to_the_daemon` is."""
-    global _linked
-    taken, found = _linked
-    if time.monotonic() - taken > PRIVATE_SCAN_SECONDS:
-        _linked = (time.monotonic(), found := _links_out_of("/etc"))
-    return dict(found)
+    return dict(_etc_links())
 
 
 def _links_out_of(top: str) -> dict[str, str]:
@@ -106,14 +103,25 @@ def not_for_others(top: str = "/etc", limit: int = MAX_PRIVATE_SCAN) -> list[str
     return sorted(found)
 
 
-_scanned: tuple[float, list[str]] = (-math.inf, [])
-
-
 def private_to_the_daemon() -> list[str]:
     """:func:`not_for_others` of /etc, again after :data:`PRIVATE_SCAN_SECONDS` (it takes tens of
     ms here, and grants are computed on the event loop at each start and status)."""
-    global _scanned
-    taken, found = _scanned
-    if time.monotonic() - taken > PRIVATE_SCAN_SECONDS:
-        _scanned = (time.monotonic(), found := not_for_others())
-    return found
+    return list(_etc_private())
+
+
+class _Recent(Generic[T]):
+    """What *look* found, looked at again once :data:`PRIVATE_SCAN_SECONDS` have passed."""
+
+    def __init__(self, look: Callable[[], T]) -> None:
+        self._look = look
+        self._taken = -math.inf
+        self._found: T | None = None
+
+    def __call__(self) -> T:
+        if self._found is None or time.monotonic() - self._taken > PRIVATE_SCAN_SECONDS:
+            self._taken, self._found = time.monotonic(), self._look()
+        return self._found
+
+
+_etc_links = _Recent(lambda: _links_out_of("/etc"))
+_etc_private = _Recent(not_for_others)
