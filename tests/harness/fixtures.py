@@ -140,6 +140,7 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
         started.append((daemon, end))
         return daemon.start() if start else daemon
 
+    make.logs = lambda: list(dict.fromkeys(daemon.log for daemon, _ in started))  # type: ignore[attr-defined]
     yield make
     unclean = []
     for daemon, end in started:
@@ -164,6 +165,17 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
         shutil.rmtree(sandbox.tmp_base(daemon.instance), ignore_errors=True)
         assert not leftovers, f"processes outlived the daemon: {sorted(leftovers)}"
     assert not unclean, unclean
+
+
+def logs_of(item: pytest.Item, tail: int = 6000) -> list[tuple[str, str]]:
+    """The end of each log the test's daemons wrote, as report sections: a failure under load
+    happens once in a hundred runs, and without the daemon's side it cannot be understood."""
+    make = getattr(item, "funcargs", {}).get("daemons")
+    sections = []
+    for log in getattr(make, "logs", list)():
+        with contextlib.suppress(OSError):
+            sections.append((f"daemon log {log}", log.read_text(errors="replace")[-tail:]))
+    return sections
 
 
 def _left_by(daemon: Daemon, within: float = 30.0) -> set[int]:
