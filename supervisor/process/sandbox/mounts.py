@@ -226,9 +226,13 @@ class _Root:
         return True
 
     def hide(self, path: str) -> None:
-        """Cover *path* (if a grant made it visible) with something empty and read-only."""
+        """Cover *path* (if a grant made it visible) with something empty and read-only.
+
+        Not through a symlink: one inside a bound directory leads to the host's tree, where a
+        mount would cover the source of a grant still to be bound (its real path is hidden by its
+        own name)."""
         inner = self.inside(path)
-        if not os.path.lexists(inner) or os.path.islink(inner):
+        if not os.path.lexists(inner) or self._through_a_link(path):
             return
         if os.path.isdir(inner):
             _mount("tmpfs", inner, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "mode=0755,size=64k")
@@ -237,6 +241,14 @@ class _Root:
         else:
             _mount(self.inside("/.empty"), inner, None, _MS_BIND)
             _set_attr(inner, _ATTR_RDONLY | _ATTR_NOSUID | _ATTR_NODEV)
+
+    def _through_a_link(self, path: str) -> bool:
+        inner = self.staging
+        for part in (part for part in path.split("/") if part):
+            inner = os.path.join(inner, part)
+            if os.path.islink(inner):
+                return True
+        return False
 
     def devices(self, shm_size: int) -> None:
         """A minimal /dev: the harmless devices, a private devpts and a /dev/shm of *shm_size*

@@ -104,6 +104,27 @@ class TestLauncher:
         assert "Read-only file system" in done.stderr and "No such file" in done.stderr
         assert (writable / "x").exists()
 
+    def test_a_hidden_path_reached_through_a_symlink_covers_no_grant(self, tmp_path: Path) -> None:
+        """As the daemon's private caches under an XDG_CACHE_HOME reached through a symlink in a
+        read grant: the daemon hides them by both names and grants one by its real path, deeper.
+        Hiding by the linked name used to mount over the host's directory, so the grant's source
+        was gone and the extension's own cache read-only (every second start of a uvx server)."""
+        staging, project, real = tmp_path / "r", tmp_path / "project", tmp_path / "disk" / "a" / "b" / "cache"
+        private, secret = real / "extensions" / "mine", real / "extensions" / "theirs"
+        for directory in (staging, project, private, secret):
+            directory.mkdir(parents=True)
+        (secret / "key").write_text("theirs")
+        (project / "cache").symlink_to(real)
+        linked = project / "cache" / "extensions"
+        script = f"touch {linked}/mine/x && echo wrote; cat {linked}/theirs/key || echo hidden"
+        done = run(
+            *LAUNCH, "-n", "all", "-s", str(staging), *SYSTEM, "-r", str(project), "-w", str(private),
+            "-x", str(linked), "-x", str(real / "extensions"), "-l", str(linked / "mine"),
+            "--", "/bin/sh", "-c", script,
+        )  # fmt: skip
+        assert done.stdout.split() == ["wrote", "hidden"], done.stderr
+        assert (private / "x").exists()
+
     def test_devices_are_the_harmless_ones_and_missing_grants_are_skipped(self, tmp_path: Path) -> None:
         """/dev/null works, a disk is not there; a granted path that does not exist is no error."""
         staging = tmp_path / "r"

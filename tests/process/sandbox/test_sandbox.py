@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,29 @@ class TestHostileServer:
         assert (attempt(daemon, "reader", "write", daemon.home / ".bashrc")).startswith("refused: EROFS")
         assert (attempt(daemon, "reader", "read", daemon.home / ".ssh" / "id_ed25519")).startswith("refused")
         assert (attempt(daemon, "reader", "read", daemon.state / "marker")).startswith("refused")
+
+    async def test_a_cache_reached_through_a_symlink_is_its_own_at_every_start(
+        self, sandboxed: Any, short_tmp: Path
+    ) -> None:
+        """~/.cache a link to a disk elsewhere, deeper, and `read: [~]`: a package manager's
+        private cache is writable at every start. From the second on (the caches' directory
+        existed then) hiding it by ~/.cache's name used to cover the grant: EROFS."""
+        disk = short_tmp / "disk" / "a" / "b" / "cache"
+        disk.mkdir(parents=True)
+        (short_tmp / "home").mkdir()
+        (short_tmp / "home" / ".cache").symlink_to(disk)
+        pip = short_tmp / "bin" / "pip"  # a command that gets a private pip cache
+        pip.parent.mkdir()
+        pip.symlink_to(sys.executable)
+        settings = {**extension_settings("hostile.py", sandbox={"read": ["~"]}), "command": str(pip)}
+        daemon = sandboxed({"extensions": {"pip": settings}})
+        pids = [daemon.wait_running("pip")["pip"]["pid"]]
+        assert attempt(daemon, "pip", "mkdir", "$PIP_CACHE_DIR") == "ok"
+        daemon.request("restart", {"name": "pip"})
+        pids.append(daemon.wait_running("pip")["pip"]["pid"])
+        assert pids[0] != pids[1]
+        assert attempt(daemon, "pip", "fill", "$PIP_CACHE_DIR/wheel 1000") == "ok"
+        assert [p.name for p in disk.glob("mcp-supervisor/extensions/pip/*/wheel")] == ["wheel"]
 
 
 class TestExample:
