@@ -107,10 +107,12 @@ class TestHostileServer:
         self, sandboxed: Any, short_tmp: Path
     ) -> None:
         """~/.cache a link to a disk elsewhere, deeper, and `read: [~]`: a package manager's
-        private cache is writable at every start. From the second on (the caches' directory
-        existed then) hiding it by ~/.cache's name used to cover the grant: EROFS."""
+        private cache is writable at every start, and the others' are not there by either name.
+        From the second start on (the caches' directory existed then) hiding them by ~/.cache's
+        name used to cover the grant too: ENOENT, or EROFS for uvx."""
         disk = short_tmp / "disk" / "a" / "b" / "cache"
-        disk.mkdir(parents=True)
+        (disk / "mcp-supervisor" / "extensions" / "other").mkdir(parents=True)
+        (disk / "mcp-supervisor" / "extensions" / "other" / "token").write_text("another's")
         (short_tmp / "home").mkdir()
         (short_tmp / "home" / ".cache").symlink_to(disk)
         pip = short_tmp / "bin" / "pip"  # a command that gets a private pip cache
@@ -125,6 +127,9 @@ class TestHostileServer:
         assert pids[0] != pids[1]
         assert attempt(daemon, "pip", "fill", "$PIP_CACHE_DIR/wheel 1000") == "ok"
         assert [p.name for p in disk.glob("mcp-supervisor/extensions/pip/*/wheel")] == ["wheel"]
+        for way in (daemon.home / ".cache", disk):  # the other extensions' caches, by either name
+            token = way / "mcp-supervisor" / "extensions" / "other" / "token"
+            assert attempt(daemon, "pip", "read", token).startswith("refused"), way
 
 
 class TestExample:
