@@ -354,7 +354,7 @@ class TestCalls:
         self, make_extension: MakeExtension, task_group: TaskGroup
     ) -> None:
         """A tool slower than call_timeout fails with a timeout; the next call works."""
-        ext = make_extension(fast_config("echo.py", call_timeout=0.5))
+        ext = make_extension(fast_config("rich.py", call_timeout=0.5))
         await running(ext, task_group)
         with pytest.raises(CallFailed, match=r"did not answer within 0\.5s") as info:
             await ext.call_tool("sleep", {"seconds": 30})
@@ -401,7 +401,7 @@ class TestCalls:
         self, make_extension: MakeExtension, task_group: TaskGroup
     ) -> None:
         """A handler exception in the server arrives as a JSON-RPC error, not a crash."""
-        ext = make_extension(fast_config("echo.py"))
+        ext = make_extension(fast_config("rich.py"))
         await running(ext, task_group)
         with pytest.raises(CallFailed, match="boom"):
             await ext.call_tool("fail", {})
@@ -412,7 +412,7 @@ class TestCalls:
         self, make_extension: MakeExtension, task_group: TaskGroup
     ) -> None:
         """tools/list_changed from the child refreshes the cached tool list."""
-        ext = make_extension(fast_config("echo.py"))
+        ext = make_extension(fast_config("rich.py"))
         await running(ext, task_group)
         assert "extra" not in {t.name for t in ext.tools()}
         await ext.call_tool("toggle_tool", {})

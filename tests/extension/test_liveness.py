@@ -106,7 +106,7 @@ class TestRestart:
         self, make_extension: MakeExtension, task_group: TaskGroup
     ) -> None:
         """A call longer than ping_timeout on a child that answers pings meanwhile is left alone."""
-        ext = make_extension(fast_config("echo.py", ping_interval=0.2, ping_timeout=0.5))
+        ext = make_extension(fast_config("rich.py", ping_interval=0.2, ping_timeout=0.5))
         first = await running(ext, task_group)
         result = await ext.call_tool("sleep", {"seconds": 2.0})  # four ping timeouts long
         assert first_text(result) == "slept"
