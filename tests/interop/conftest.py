@@ -3,7 +3,8 @@
 Everything comes from the public registries at pinned versions, once per session, into a
 project-local cache that git ignores (nothing lands in ``~/.npm`` or ``~/.cache/uv``): npm
 packages with ``npm install --prefix``, and ``uvx`` (from the test venv) with its cache and
-tool directories inside it. A later run finds the packages installed and the caches warm.
+tool directories inside it, in a thread started when collection finds the group (other tests
+run meanwhile). A later run finds the packages installed and the caches warm.
 Tests skip, with the reason, only when a registry cannot be reached.
 
 One daemon serves the whole group: every server as an installed binary, through ``npx -y``
@@ -22,8 +23,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,14 +107,13 @@ class Toolchain:
     env: dict[str, str]
 
 
-@pytest.fixture(scope="session")
-def toolchain() -> Toolchain:
-    """Install the pinned packages once per session (a no-op on a warm cache), or skip if offline."""
+def _prepare() -> str | None:
+    """Install the pinned packages (a no-op on a warm cache); why the group must skip, or None."""
     if shutil.which("npm") is None or shutil.which("npx") is None:
-        pytest.skip("npm and npx are not installed")
+        return "npm and npx are not installed"
     for url in (NPM_REGISTRY, PYPI):
         if (why := reachable(url)) is not None:
-            pytest.skip(why)
+            return why
     env = {**os.environ, **QUIET_ENV, **CACHE_ENV}
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / "install.lock", "w") as lock:  # one installer at a time (pytest -n: per worker)
@@ -122,6 +124,41 @@ def toolchain() -> Toolchain:
             _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
         # uvx installs on first use: do it here, so the daemon's start is not the download.
         _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
+    return None
+
+
+_installing: Future[str | None] | None = None
+
+
+def _install_in_background() -> Future[str | None]:
+    global _installing
+    if _installing is None:
+        future: Future[str | None] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(_prepare())
+            except BaseException as exc:  # the fixture raises it in the test that needs the packages
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="interop-install", daemon=True).start()
+        _installing = future
+    return _installing
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the installs once the group is known to run, beside the other tests: on a fresh
+    clone they download for a minute or more, and each worker that reached the group used to
+    wait for them instead of running anything else."""
+    if any(item.nodeid.startswith("tests/interop/") for item in session.items):
+        _install_in_background()
+
+
+@pytest.fixture(scope="session")
+def toolchain() -> Toolchain:
+    """The pinned packages, installed once per session (a no-op on a warm cache), or skip if offline."""
+    if (why := _install_in_background().result(timeout=2 * INSTALL_TIMEOUT)) is not None:
+        pytest.skip(why)
     return Toolchain(BIN, UVX, dict(QUIET_ENV))
 
 
