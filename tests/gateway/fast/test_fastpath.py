@@ -490,15 +490,20 @@ class TestInline:
         """An answer waiting for the socket keeps its request's slot: no queue of answers grows."""
         daemon = start({"rich": RICH})
         text = "x" * (64 << 10)
-        async with _raw_client(daemon, list_tools=True) as raw:
-            with anyio.move_on_after(5):  # the daemon stops reading us: our sends block
+        async with _raw_client(daemon, list_tools=True) as raw, anyio.create_task_group() as senders:
+
+            async def send() -> None:  # until the daemon stops reading us: then this send blocks
                 for request_id in range(1000, 1000 + 8 * MAX_IN_FLIGHT):
                     await raw.send(_call(request_id, name="rich__echo", arguments={"text": text}))
+
+            senders.start_soon(send)
+            await eventually(lambda: _calls(daemon, "echo") >= MAX_IN_FLIGHT, within=30)
             await eventually(lambda: daemon.status()["rich"]["in_flight"] == 0, within=10)
-            answered = _calls(daemon, "echo")
-            assert MAX_IN_FLIGHT <= answered <= 2 * MAX_IN_FLIGHT  # the slots, and what the socket buffers
+            answered = await _settled(lambda: _calls(daemon, "echo"))
+            assert answered <= 2 * MAX_IN_FLIGHT  # the slots, and what the socket buffers
             assert len(await _echoes(raw, answered, text)) == answered  # every answer whole
             await eventually(lambda: _calls(daemon, "echo") > answered, within=10)
+            senders.cancel_scope.cancel()
 
 
 async def _echoes(raw: _Raw, count: int, text: str) -> set[Any]:
@@ -510,6 +515,17 @@ async def _echoes(raw: _Raw, count: int, text: str) -> set[Any]:
             assert message["result"]["content"][0]["text"] == text
             ids.add(message["id"])
     return ids
+
+
+async def _settled(read: Callable[[], int], quiet: float = 1.0) -> int:
+    """*read*'s value once it has stayed the same for *quiet* seconds (a value that stops growing)."""
+    with fail_after(30):
+        value, since = read(), time.monotonic()
+        while time.monotonic() - since < quiet:
+            await anyio.sleep(0.1)
+            if (now := read()) != value:
+                value, since = now, time.monotonic()
+    return value
 
 
 def _calls(daemon: Daemon, tool: str) -> int:
