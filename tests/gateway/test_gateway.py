@@ -156,8 +156,10 @@ class TestForwarding:
     async def test_cancellation_reaches_the_child(self, gateway) -> None:
         daemon = gateway({"rich": RICH})
         async with gateway_session(daemon.mcp_sock) as session:
-            with anyio.move_on_after(0.5):
-                await session.call_tool("rich__wait", {"seconds": 30})
+            async with anyio.create_task_group() as tg:  # cancelled once the child has the call
+                tg.start_soon(session.call_tool, "rich__wait", {"seconds": 30})
+                await eventually(lambda: daemon.status()["rich"]["in_flight"] == 1)
+                tg.cancel_scope.cancel()
             await eventually(lambda: "rich: cancelled" in daemon.cli("logs", "rich").stdout, within=10)
             assert first_text(await session.call_tool("rich__echo", {"text": "still"})) == "still"
 
