@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "interop"
 NPM_PREFIX = CACHE / "npm"
 BIN = NPM_PREFIX / "node_modules" / ".bin"
+INSTALLED_BY = CACHE / "installed-by"  # the test run whose worker last installed: 2.6 CPU-s a worker
 
 # Pinned, so that CI runs what passed here. Bump together and run `make test`.
 NPM_PACKAGES = {
@@ -116,15 +117,27 @@ def _prepare() -> str | None:
             return why
     env = {**os.environ, **QUIET_ENV, **CACHE_ENV}
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "install.lock", "w") as lock:  # one installer at a time (pytest -n: per worker)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # every worker of a run starts this
+    with open(CACHE / "install.lock", "w") as lock:  # one installer at a time
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if run is not None and _read(INSTALLED_BY) == run:
+            return None  # another worker of this run installed (or found) it all
         if any(_installed(name) != version for name, version in NPM_PACKAGES.items()):
             NPM_PREFIX.mkdir(parents=True, exist_ok=True)  # all at once: npm prunes what it was not given
             pinned = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
             _run(["npm", "install", "--prefix", str(NPM_PREFIX), "--save-exact", *pinned], env=env)
         # uvx installs on first use: do it here, so the daemon's start is not the download.
         _run([str(UVX), f"mcp-server-time=={MCP_SERVER_TIME}", "--help"], env=env, stdin=subprocess.DEVNULL)
+        if run is not None:
+            INSTALLED_BY.write_text(run)
     return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 _installing: Future[str | None] | None = None
