@@ -119,14 +119,18 @@ def short_tmp() -> Iterator[Path]:
 # ---- daemons ----------------------------------------------------------------------------------
 
 
+_STARTED = pytest.StashKey[list[tuple[Daemon, End]]]()
+
+
 @pytest.fixture
-def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
+def daemons(short_tmp: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemon]]:
     """Make a :class:`Daemon` (started unless asked not to); after the test none of its processes is left.
 
     ``end`` says what happens to one still running at the end: "kill" (SIGKILL), "terminate"
     (SIGTERM), or "exit 0" (SIGTERM, and it must exit 0).
     """
     started: list[tuple[Daemon, End]] = []
+    request.node.stash[_STARTED] = started  # for the report of a failure: their logs
 
     def make(
         extensions: dict[str, Any] | None = None,
@@ -140,7 +144,6 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
         started.append((daemon, end))
         return daemon.start() if start else daemon
 
-    make.logs = lambda: list(dict.fromkeys(daemon.log for daemon, _ in started))  # type: ignore[attr-defined]
     yield make
     unclean = []
     for daemon, end in started:
@@ -170,9 +173,8 @@ def daemons(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
 def logs_of(item: pytest.Item, tail: int = 6000) -> list[tuple[str, str]]:
     """The end of each log the test's daemons wrote, as report sections: a failure under load
     happens once in a hundred runs, and without the daemon's side it cannot be understood."""
-    make = getattr(item, "funcargs", {}).get("daemons")
     sections = []
-    for log in getattr(make, "logs", list)():
+    for log in dict.fromkeys(daemon.log for daemon, _ in item.stash.get(_STARTED, [])):
         with contextlib.suppress(OSError):
             sections.append((f"daemon log {log}", log.read_text(errors="replace")[-tail:]))
     return sections
